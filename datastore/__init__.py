@@ -1,0 +1,1 @@
+"""Trajectory data platform: atomic Parquet datasets and DuckDB views. Never imports dagster."""

@@ -1,0 +1,72 @@
+"""DuckDB views over every stored dataset, for analysts and for the run summary.
+
+Views: trajectories, test_results, evaluations, stages, checkpoints, iterations.
+A dataset with no partitions yet still has its view (empty, correctly typed), so queries never
+fail just because an experiment has not reached a stage.
+"""
+
+from __future__ import annotations
+
+import duckdb
+from fsspec.implementations.local import LocalFileSystem
+
+from datastore.schema import DATASETS
+from datastore.store import DatasetStore
+
+DERIVED_VIEWS = {
+    "test_results": """
+        SELECT experiment, iteration, task_id, group_id, sample_index,
+               t.name AS test_name, t.outcome, t.message
+        FROM (SELECT *, unnest(test_results) AS t FROM trajectories)
+    """,
+    "iterations": """
+        WITH rollout AS (
+            SELECT experiment, iteration,
+                   count(DISTINCT task_id) AS tasks,
+                   count(*) AS samples,
+                   avg(passed::INT) AS pass_rate,
+                   avg(reward) AS mean_reward,
+                   sum(response_tokens) AS generated_tokens,
+                   avg((reward_status = 'infra_error')::INT) AS infra_error_rate
+            FROM trajectories GROUP BY ALL
+        ),
+        held_out AS (
+            SELECT experiment, iteration,
+                   avg(passed::INT) AS eval_pass_rate,
+                   sqrt(avg(passed::INT) * (1 - avg(passed::INT)) / count(*)) AS eval_stderr
+            FROM evaluations GROUP BY ALL
+        ),
+        timing AS (
+            PIVOT (SELECT experiment, iteration, stage, seconds FROM stages)
+            ON stage IN ('rollouts', 'verified_rollouts', 'trajectories', 'checkpoint',
+                         'checkpoint_eval')
+            USING sum(seconds) GROUP BY experiment, iteration
+        )
+        SELECT * FROM rollout
+        LEFT JOIN held_out USING (experiment, iteration)
+        LEFT JOIN timing USING (experiment, iteration)
+        ORDER BY experiment, iteration
+    """,
+}
+
+VIEWS = (*DATASETS, *DERIVED_VIEWS)
+
+
+def connect(root_uri: str, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per dataset under `root_uri`."""
+    store = DatasetStore(root_uri)
+    con = duckdb.connect(database)
+    if not isinstance(store.fs, LocalFileSystem):
+        # httpfs cannot be downloaded offline; DuckDB reads remote files through fsspec instead.
+        con.register_filesystem(store.fs)
+    for name, schema in DATASETS.items():
+        if store.has_files(name):
+            glob = store.uri_of(f"{store.root}/{name}") + "/*/*/data.parquet"
+            source = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
+        else:
+            con.register(f"_empty_{name}", schema.empty_table())
+            source = f"(SELECT *, NULL::VARCHAR AS experiment, NULL::BIGINT AS iteration FROM _empty_{name})"
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {source}")
+    for name, query in DERIVED_VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
+    return con

@@ -1,0 +1,113 @@
+"""Arrow schemas of the datasets Crucible stores, documented column by column.
+
+Every dataset is hive-partitioned by `experiment=` and `iteration=`; those two columns live in
+the directory names, not in the files, and every reader (DuckDB, polars, pyarrow) restores them.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+
+def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable, metadata={"doc": doc})
+
+
+TURN = pa.struct(
+    [
+        ("role", pa.string()),
+        ("action", pa.string()),
+        ("exit_status", pa.string()),
+        ("observation_excerpt", pa.string()),
+    ]
+)
+
+TEST_RESULT = pa.struct([("name", pa.string()), ("outcome", pa.string()), ("message", pa.string())])
+
+TIMINGS = pa.struct(
+    [
+        ("queue_s", pa.float64()),
+        ("generate_s", pa.float64()),
+        ("sandbox_start_s", pa.float64()),
+        ("exec_s", pa.float64()),
+        ("verify_s", pa.float64()),
+    ]
+)
+
+TRAJECTORIES = pa.schema(
+    [
+        _field("task_id", pa.string(), "task identifier", nullable=False),
+        _field("task_version", pa.string(), "content hash of the task the sample answered"),
+        _field("split", pa.string(), "train or eval"),
+        _field("difficulty", pa.string(), "easy, medium or hard"),
+        _field("family", pa.string(), "task family (generator template)"),
+        _field("group_id", pa.string(), "samples of one prompt share a group (GRPO baseline)"),
+        _field("sample_index", pa.int32(), "index of the sample within its group"),
+        _field("policy_version", pa.string(), "content hash of the checkpoint that sampled"),
+        _field("prompt_token_ids", pa.list_(pa.int32()), "prompt as token ids"),
+        _field("response_token_ids", pa.list_(pa.int32()), "sampled token ids, stop token included"),
+        _field("loss_mask", pa.list_(pa.int8()), "1 for tokens the policy produced, 0 otherwise"),
+        _field("behaviour_logprobs", pa.list_(pa.float32()), "log-prob of each sampled token"),
+        _field("response_text", pa.string(), "decoded response"),
+        _field("turns", pa.list_(TURN), "episode turns (role, action, exit status, observation)"),
+        _field("patch", pa.string(), "the submission: contents of solution.py"),
+        _field("test_results", pa.list_(TEST_RESULT), "per hidden test outcome"),
+        _field("reward_components", pa.map_(pa.string(), pa.float64()), "named reward terms"),
+        _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
+        _field("reward_status", pa.string(), "scored, invalid or infra_error"),
+        _field("passed", pa.bool_(), "scored and every hidden test passed"),
+        _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader"),
+        _field("exec_status", pa.string(), "ExecResult status of the grading run"),
+        _field("timings", TIMINGS, "seconds spent per phase for this sample"),
+        _field("prompt_tokens", pa.int32(), "number of prompt tokens"),
+        _field("response_tokens", pa.int32(), "number of generated tokens"),
+        _field("finish_reason", pa.string(), "stop or length"),
+        _field("error_class", pa.string(), "exception class of an infrastructure error, else null"),
+        _field("sandbox_backend", pa.string(), "sandbox backend that graded the sample"),
+        _field("sandbox_spec_hash", pa.string(), "hash of the SandboxSpec used for grading"),
+    ]
+)
+
+EVALUATIONS = pa.schema(
+    [
+        _field("task_id", pa.string(), "held-out task identifier", nullable=False),
+        _field("difficulty", pa.string(), "easy, medium or hard"),
+        _field("family", pa.string(), "task family"),
+        _field("policy_version", pa.string(), "content hash of the evaluated checkpoint"),
+        _field("response_text", pa.string(), "greedy response"),
+        _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
+        _field("passed", pa.bool_(), "every hidden test passed"),
+        _field("reward_status", pa.string(), "scored, invalid or infra_error"),
+    ]
+)
+
+STAGES = pa.schema(
+    [
+        _field("stage", pa.string(), "asset that ran: rollouts, verified_rollouts, …", nullable=False),
+        _field("seconds", pa.float64(), "wall-clock seconds of the stage"),
+        _field("started_at", pa.timestamp("us", tz="UTC"), "when the stage started"),
+    ]
+)
+
+CHECKPOINTS = pa.schema(
+    [
+        _field("path", pa.string(), "checkpoint directory (Hugging Face format)", nullable=False),
+        _field("content_hash", pa.string(), "hash over every file of the checkpoint"),
+        _field("parent_path", pa.string(), "checkpoint the step started from"),
+        _field("parent_hash", pa.string(), "content hash of the parent"),
+        _field("loss", pa.float64(), "mean policy loss of the step"),
+        _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
+        _field("grad_norm", pa.float64(), "mean gradient norm before clipping"),
+        _field("train_tokens", pa.int64(), "response tokens trained on"),
+        _field("tokens_per_s", pa.float64(), "training throughput"),
+    ]
+)
+
+DATASETS: dict[str, pa.Schema] = {
+    "trajectories": TRAJECTORIES,
+    "evaluations": EVALUATIONS,
+    "stages": STAGES,
+    "checkpoints": CHECKPOINTS,
+}

@@ -1,0 +1,1 @@
+"""Isolated execution of untrusted code and the grading protocol. Never imports dagster."""

@@ -1,0 +1,48 @@
+"""The ExecResult contract: what one command in a sandbox did."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+
+class ExecStatus(str, enum.Enum):
+    """Closed set of outcomes for one command.
+
+    XX is reserved for failures of the sandbox itself (it could not start, a limit could not be
+    set up): it is never the model's fault and is never scored as a failure.
+    """
+
+    OK = "OK"  # exit code 0
+    RE = "RE"  # non-zero exit
+    SG = "SG"  # killed by a signal it did not ask for (other than our timeout / memory kill)
+    TO = "TO"  # wall-clock timeout: the whole process tree was killed
+    ML = "ML"  # memory limit hit (cgroup OOM kill)
+    OL = "OL"  # output limit exceeded: the process tree was killed
+    XX = "XX"  # infrastructure error
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    status: ExecStatus
+    exit_code: int | None
+    signal: int | None
+    wall_s: float
+    cpu_s: float
+    peak_memory_bytes: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    spec_hash: str
+    backend: str
+    error: str | None = None  # what went wrong, for XX
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ExecStatus.OK
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d

@@ -1,0 +1,47 @@
+"""SandboxSpec: everything that decides how a command is isolated, with a stable hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 10.0
+    cpu_s: int = 10
+    memory_mb: int = 512
+    pids: int = 64
+    disk_mb: int = 64  # largest file the command may write (RLIMIT_FSIZE)
+    output_bytes: int = 1 << 20  # stdout+stderr beyond this kills the command (status OL)
+    excerpt_bytes: int = 16 << 10  # how much of each stream is kept in the result
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """How to run: the interpreter image, limits, network and environment.
+
+    `image` names the root filesystem; the local backend uses the host's read-only system
+    directories and records "host" here (Docker images are referred to by digest).
+    """
+
+    image: str = "host"
+    limits: Limits = field(default_factory=Limits)
+    network: bool = False
+    env: tuple[tuple[str, str], ...] = (
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("LANG", "C.UTF-8"),
+        ("HOME", "/workspace"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+    )
+    uid: int = 65534
+    gid: int = 65534
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def hash(self) -> str:
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]

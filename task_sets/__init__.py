@@ -1,0 +1,1 @@
+"""Task schema, loaders and the built-in task sets. Never imports dagster."""

@@ -1,0 +1,160 @@
+"""Parquet partitions written atomically and read back through DuckDB views."""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing
+import os
+import signal
+
+import pyarrow.parquet as pq
+import pytest
+
+from datastore import catalog
+from datastore.schema import DATASETS
+from datastore.store import DatasetStore, SchemaError, rows_to_table
+
+
+def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 1.0) -> dict:
+    return {
+        "task_id": task_id,
+        "task_version": "abc",
+        "split": "train",
+        "difficulty": "easy",
+        "family": "add_k",
+        "group_id": f"{task_id}#g",
+        "sample_index": sample_index,
+        "policy_version": "p0",
+        "prompt_token_ids": [1, 2, 3],
+        "response_token_ids": [4, 5],
+        "loss_mask": [1, 1],
+        "behaviour_logprobs": [-0.5, -0.25],
+        "response_text": "def f(x):\n    return x\n",
+        "turns": [{"role": "assistant", "action": "submit", "exit_status": "OK", "observation_excerpt": ""}],
+        "patch": "def f(x):\n    return x\n",
+        "test_results": [
+            {"name": "test_a", "outcome": "passed", "message": ""},
+            {"name": "test_b", "outcome": "passed" if reward == 1.0 else "failed", "message": ""},
+        ],
+        "reward_components": {"tests_passed_fraction": reward},
+        "reward": reward,
+        "reward_status": "scored",
+        "passed": reward == 1.0,
+        "tamper_flags": [],
+        "exec_status": "OK",
+        "timings": {"queue_s": 0.0, "generate_s": 0.1, "sandbox_start_s": 0.01, "exec_s": 0.02, "verify_s": 0.03},
+        "prompt_tokens": 3,
+        "response_tokens": 2,
+        "finish_reason": "stop",
+        "error_class": None,
+        "sandbox_backend": "local",
+        "sandbox_spec_hash": "s",
+    }
+
+
+def write_trajectories(store: DatasetStore, iteration: int, rewards: list[float]) -> None:
+    rows = [trajectory_row(f"t/{i}", i, r) for i, r in enumerate(rewards)]
+    store.write_partition("trajectories", "exp", iteration, rows_to_table("trajectories", rows))
+
+
+def test_partition_round_trips_through_parquet(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    write_trajectories(store, 1, [1.0, 0.5])
+    path = store.partition_file("trajectories", "exp", 1)
+    assert path.endswith("trajectories/experiment=exp/iteration=1/data.parquet")
+    table = pq.read_table(path)
+    assert table.num_rows == 2
+    assert table.schema.metadata[b"crucible_schema_version"] == b"1"
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
+    assert store.read_partition("trajectories", "exp", 1).column("reward").to_pylist() == [1.0, 0.5]
+
+
+def test_rewriting_an_iteration_replaces_it(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    write_trajectories(store, 1, [1.0, 0.5, 0.0])
+    write_trajectories(store, 1, [0.25])
+    con = catalog.connect(str(tmp_path))
+    assert con.execute("SELECT count(*), sum(reward) FROM trajectories").fetchall() == [(1, 0.25)]
+    assert not os.listdir(tmp_path / "_staging" / "trajectories")
+
+
+def _write_forever(root: str) -> None:
+    store = DatasetStore(root)
+    rows = [trajectory_row(f"t/{i}", i) for i in range(20_000)]
+    while True:
+        store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
+
+
+def test_killed_writer_leaves_previous_partition_intact(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    write_trajectories(store, 1, [0.5])
+    writer = multiprocessing.get_context("spawn").Process(target=_write_forever, args=(str(tmp_path),))
+    writer.start()
+    staging = tmp_path / "_staging" / "trajectories"
+    while not (staging.exists() and any(staging.iterdir())):  # wait until a write is under way
+        pass
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join()
+    table = store.read_partition("trajectories", "exp", 1)
+    assert table.num_rows in (1, 20_000)  # the old partition or a complete new one, never a part
+    assert [p.name for p in (tmp_path / "trajectories" / "experiment=exp" / "iteration=1").iterdir()] == [
+        "data.parquet"
+    ]
+
+
+def test_rows_missing_a_column_are_rejected_with_its_name():
+    row = trajectory_row()
+    del row["reward"]
+    with pytest.raises(SchemaError, match=r"trajectories row 0: missing columns \['reward'\]"):
+        rows_to_table("trajectories", [row])
+
+
+def test_rows_with_a_wrong_type_are_rejected():
+    row = trajectory_row()
+    row["sample_index"] = "first"
+    with pytest.raises(SchemaError, match="trajectories"):
+        rows_to_table("trajectories", [row])
+
+
+def test_every_view_answers_on_an_empty_store(tmp_path):
+    con = catalog.connect(str(tmp_path))
+    for view in catalog.VIEWS:
+        assert con.execute(f"SELECT count(*) FROM {view}").fetchone() == (0,)
+
+
+def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    write_trajectories(store, 1, [1.0, 0.0])
+    write_trajectories(store, 2, [1.0, 1.0, 0.5, 1.0])
+    evaluations = [
+        {"task_id": f"e/{i}", "difficulty": "easy", "family": "add_k", "policy_version": "p",
+         "response_text": "", "reward": float(i % 2), "passed": bool(i % 2), "reward_status": "scored"}
+        for i in range(4)
+    ]
+    store.write_partition("evaluations", "exp", 2, rows_to_table("evaluations", evaluations))
+    started = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    stages = [{"stage": "rollouts", "seconds": 3.0, "started_at": started},
+              {"stage": "checkpoint", "seconds": 5.0, "started_at": started}]
+    store.write_partition("stages", "exp", 2, rows_to_table("stages", stages))
+
+    rows = catalog.connect(str(tmp_path)).execute(
+        "SELECT iteration, tasks, samples, pass_rate, mean_reward, generated_tokens, "
+        "eval_pass_rate, eval_stderr, rollouts, checkpoint FROM iterations"
+    ).fetchall()
+    assert rows[0] == (1, 2, 2, 0.5, 0.5, 4, None, None, None, None)
+    assert rows[1] == (2, 4, 4, 0.75, 0.875, 8, 0.5, 0.25, 3.0, 5.0)
+
+
+def test_test_results_view_has_one_row_per_test(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    write_trajectories(store, 1, [1.0, 0.5])
+    con = catalog.connect(str(tmp_path))
+    assert con.execute(
+        "SELECT outcome, count(*) FROM test_results GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [("failed", 1), ("passed", 3)]
+
+
+def test_every_dataset_has_a_documented_schema():
+    for name, schema in DATASETS.items():
+        undocumented = [f.name for f in schema if not (f.metadata or {}).get(b"doc")]
+        assert not undocumented, f"{name}: {undocumented}"
