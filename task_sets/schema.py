@@ -7,11 +7,14 @@ grading time.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import keyword
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, computed_field, field_validator
+from pydantic_core import PydanticCustomError
 
 Difficulty = Literal["easy", "medium", "hard"]
 Split = Literal["train", "eval"]
@@ -48,6 +51,28 @@ class Task(BaseModel):
     image: str = "host"
     split: Split
 
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point_is_identifier(cls, name: str) -> str:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise _source_error(f"{name!r} is not a Python identifier")
+        return name
+
+    @field_validator("reference_solution")
+    @classmethod
+    def _reference_defines_entry_point(cls, source: str, info: ValidationInfo) -> str:
+        entry_point = info.data.get("entry_point")  # absent when entry_point itself was invalid
+        if entry_point is not None and entry_point not in _top_level_definitions(source):
+            raise _source_error(f"does not define {entry_point!r} at top level")
+        return source
+
+    @field_validator("tests")
+    @classmethod
+    def _tests_define_test_functions(cls, source: str) -> str:
+        if not any(name.startswith("test_") for name in _top_level_definitions(source)):
+            raise _source_error("defines no top-level test_* function")
+        return source
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def version(self) -> str:
@@ -55,3 +80,19 @@ class Task(BaseModel):
         body = self.model_dump(exclude={"version"}, mode="json")
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _top_level_definitions(source: str) -> list[str]:
+    """Names of the functions and classes a module defines at top level."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise _source_error(f"is not valid Python: {err.msg} (line {err.lineno})") from None
+    definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return [node.name for node in tree.body if isinstance(node, definitions)]
+
+
+def _source_error(reason: str) -> PydanticCustomError:
+    # A custom error keeps pydantic's "Value error, " prefix out of loader messages; the
+    # reason travels as context because source snippets may contain braces.
+    return PydanticCustomError("python_source", "{reason}", {"reason": reason})

@@ -1,0 +1,181 @@
+"""Load a task set from plain data files into validated `Task`s, all or nothing.
+
+A task set is a single `.jsonl` file (one task per line), a single `.yaml`/`.yml` file (a
+list of tasks, or a mapping whose only key is `tasks`), or a directory of such files read in
+sorted order. A bare name such as "default" refers to `task_sets/builtin/<name>/`.
+
+Every problem raises `TaskSetError` with a message that says where it is:
+`default/tasks.jsonl:14: task 'add_3': field 'difficulty': Input should be ...`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+from pydantic import ValidationError
+
+from task_sets.schema import Split, Task
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+TASK_FILE_SUFFIXES = (".jsonl", ".yaml", ".yml")
+_BUILTIN_NAME = re.compile(r"[A-Za-z0-9_\-]+")  # no dot or slash: anything else is a path
+
+# A record is one task's raw data together with where it came from ("set/file.jsonl:14").
+Record = tuple[str, object]
+
+
+class TaskSetError(ValueError):
+    """A task set could not be loaded; the message names the file, line, task and field."""
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    name: str
+    tasks: tuple[Task, ...]
+
+    @cached_property
+    def version(self) -> str:
+        """Content hash over the task versions: changes when any task is edited, added or removed."""
+        task_versions = "\n".join(sorted(task.version for task in self.tasks))
+        return hashlib.sha256(task_versions.encode()).hexdigest()[:16]
+
+    @cached_property
+    def by_id(self) -> Mapping[str, Task]:
+        return MappingProxyType({task.id: task for task in self.tasks})
+
+    def train(self) -> list[Task]:
+        return self._split("train")
+
+    def eval(self) -> list[Task]:
+        return self._split("eval")
+
+    def _split(self, split: Split) -> list[Task]:
+        return [task for task in self.tasks if task.split == split]
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+
+def builtin_task_set_names() -> list[str]:
+    return sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir() and p.name[0] not in "._")
+
+
+def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
+    """Load a built-in set by bare name, or a task file or directory by path."""
+    root, name = _resolve(name_or_path)
+    tasks = _validate_all(_records(root))
+    if not tasks:
+        raise TaskSetError(f"{root.name}: task set is empty")
+    return TaskSet(name=name, tasks=tuple(tasks))
+
+
+def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:
+    """The set's root file or directory, and the set's name."""
+    if isinstance(name_or_path, str) and _BUILTIN_NAME.fullmatch(name_or_path):
+        root = BUILTIN_DIR / name_or_path
+        if not root.is_dir():
+            available = ", ".join(builtin_task_set_names()) or "none"
+            raise TaskSetError(f"unknown built-in task set {name_or_path!r}; available: {available}")
+        return root, name_or_path
+    root = Path(name_or_path).resolve()
+    if root.is_dir():
+        return root, root.name
+    if not root.is_file():
+        raise TaskSetError(f"{name_or_path}: no such task set file or directory")
+    if root.suffix not in TASK_FILE_SUFFIXES:
+        raise TaskSetError(f"{root.name}: not a task file (expected {', '.join(TASK_FILE_SUFFIXES)})")
+    return root, root.stem
+
+
+def _records(root: Path) -> Iterator[Record]:
+    """Raw task records of every task file in the set, with their locations, in load order."""
+    if root.is_file():
+        yield from _file_records(root, shown=root.name)
+        return
+    for path in sorted(root.iterdir()):
+        if path.is_file() and path.suffix in TASK_FILE_SUFFIXES:
+            yield from _file_records(path, shown=f"{root.name}/{path.name}")
+
+
+def _file_records(path: Path, shown: str) -> Iterator[Record]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return _jsonl_records(text, shown)
+    return _yaml_records(text, shown)
+
+
+def _jsonl_records(text: str, shown: str) -> Iterator[Record]:
+    # split("\n") rather than splitlines(): a JSON string may hold U+2028 and friends raw.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{shown}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TaskSetError(f"{where}: malformed JSON: {err.msg} (column {err.colno})") from None
+        yield where, record
+
+
+def _yaml_records(text: str, shown: str) -> Iterator[Record]:
+    # Composing the node tree alongside the data gives each task the line it starts on.
+    loader = yaml.SafeLoader(text)
+    try:
+        document = loader.get_single_node()
+        data = loader.construct_document(document) if document is not None else None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{shown}:{mark.line + 1}" if mark else shown
+        reason = getattr(err, "problem", None) or err
+        raise TaskSetError(f"{where}: malformed YAML: {reason}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        return
+    if isinstance(data, dict) and list(data) == ["tasks"]:
+        document = next(value for key, value in document.value if key.value == "tasks")
+        data = data["tasks"]
+    if not isinstance(data, list):
+        raise TaskSetError(f"{shown}: expected a list of tasks, or a mapping whose only key is 'tasks'")
+    for node, record in zip(document.value, data):
+        yield f"{shown}:{node.start_mark.line + 1}", record
+
+
+def _validate_all(records: Iterator[Record]) -> list[Task]:
+    tasks: list[Task] = []
+    first_seen: dict[str, str] = {}
+    for where, record in records:
+        task = _validate(where, record)
+        if task.id in first_seen:
+            first = first_seen[task.id]
+            raise TaskSetError(f"{where}: task {task.id!r}: duplicate id, first defined at {first}")
+        first_seen[task.id] = where
+        tasks.append(task)
+    return tasks
+
+
+def _validate(where: str, record: object) -> Task:
+    try:
+        return Task.model_validate(record)
+    except ValidationError as err:
+        task_id = record.get("id") if isinstance(record, dict) else None
+        prefix = f"{where}: task {task_id!r}" if isinstance(task_id, str) else where
+        problems = [_describe(prefix, error["loc"], error["msg"]) for error in err.errors()]
+        raise TaskSetError("\n".join(problems)) from None
+
+
+def _describe(prefix: str, loc: tuple[int | str, ...], reason: str) -> str:
+    field = ".".join(str(part) for part in loc)
+    return f"{prefix}: field {field!r}: {reason}" if field else f"{prefix}: {reason}"
