@@ -37,6 +37,9 @@ class ExecResult:
     spec_hash: str
     backend: str
     error: str | None = None  # what went wrong, for XX
+    # How the limits were enforced when it differs from the backend's normal way (e.g. a
+    # memory limit by RLIMIT_AS because no cgroup was usable), so weaker runs can be found.
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

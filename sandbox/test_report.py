@@ -1,0 +1,93 @@
+"""Parse a JUnit XML report (ours from harness/run_tests.py, or pytest --junitxml) into outcomes.
+
+The report is written inside the sandbox, so it is untrusted input: size is capped, DTDs
+(entity expansion) are refused, and anything off-shape raises ReportError.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+__test__ = False  # not a pytest module, despite the name
+
+MAX_REPORT_BYTES = 16 << 20
+OUTCOMES = ("passed", "failed", "error", "skipped")
+# When a testcase carries several result children (pytest: a failure plus a teardown error),
+# the first listed here wins.
+_CHILD_OUTCOME = (("error", "error"), ("failure", "failed"), ("skipped", "skipped"))
+
+
+class ReportError(ValueError):
+    """The report is missing, too large, not XML, or not shaped like JUnit XML."""
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    __test__ = False
+
+    name: str
+    outcome: str  # one of OUTCOMES
+    message: str
+    seconds: float
+    classname: str = ""  # our harness: the test file's stem; pytest: the dotted module path
+
+
+def read_report(path: Path) -> list[TestOutcome]:
+    """Read and parse a report file, refusing symlinks and non-regular files: the sandbox
+    could plant a link to a host file or to a FIFO that would block us forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ReportError(f"cannot open report {path}: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ReportError(f"report {path} is not a regular file")
+        if info.st_size > MAX_REPORT_BYTES:
+            raise ReportError(f"report {path} is {info.st_size} bytes (limit {MAX_REPORT_BYTES})")
+        return parse_junit(f.read(MAX_REPORT_BYTES + 1))
+
+
+def parse_junit(data: str | bytes) -> list[TestOutcome]:
+    raw = data.encode() if isinstance(data, str) else data
+    if len(raw) > MAX_REPORT_BYTES:
+        raise ReportError(f"report is {len(raw)} bytes (limit {MAX_REPORT_BYTES})")
+    if b"<!DOCTYPE" in raw or b"<!ENTITY" in raw:
+        raise ReportError("report declares a DTD; JUnit reports have none")
+    try:
+        root = ET.fromstring(raw)
+    except ET.ParseError as e:
+        raise ReportError(f"report is not well-formed XML: {e}") from e
+    return [_testcase(case) for suite in _suites(root) for case in suite.iter("testcase")]
+
+
+def _suites(root: ET.Element) -> list[ET.Element]:
+    if root.tag == "testsuite":  # older pytest (and some tools) write a bare testsuite
+        return [root]
+    if root.tag == "testsuites":
+        return root.findall("testsuite")
+    raise ReportError(f"report root is <{root.tag}>, expected <testsuites> or <testsuite>")
+
+
+def _testcase(case: ET.Element) -> TestOutcome:
+    name = case.get("name")
+    if not name:
+        raise ReportError("a <testcase> has no name")
+    outcome, message = "passed", ""
+    for tag, label in _CHILD_OUTCOME:
+        child = case.find(tag)
+        if child is not None:
+            outcome, message = label, child.get("message") or (child.text or "").strip()[:1000]
+            break
+    return TestOutcome(name, outcome, message, _seconds(case), case.get("classname", ""))
+
+
+def _seconds(case: ET.Element) -> float:
+    try:
+        return float(case.get("time", "0") or 0)
+    except ValueError as e:
+        raise ReportError(f"testcase {case.get('name')!r} has a bad time {case.get('time')!r}") from e

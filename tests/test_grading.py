@@ -1,0 +1,283 @@
+"""The grading protocol end to end, with real sandbox runs, plus the JUnit report parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sandbox.grading import grade
+from sandbox.local import BWRAP, LocalSandbox
+from sandbox.result import ExecStatus
+from sandbox.spec import Limits, SandboxSpec
+from sandbox.test_report import ReportError, parse_junit, read_report
+
+needs_sandbox = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(BWRAP, os.X_OK), reason="LocalSandbox needs root and bubblewrap"
+)
+
+TESTS = {
+    "test_task.py": textwrap.dedent(
+        """
+        from solution import add
+
+        def test_small():
+            assert add(1, 2) == 3
+
+        def test_zero():
+            assert add(0, 0) == 0
+
+        def test_negative():
+            assert add(-2, -3) == -5
+
+        def test_large():
+            assert add(10**12, 1) == 10**12 + 1
+        """
+    )
+}
+CORRECT = "def add(a, b):\n    return a + b\n"
+HALF_WRONG = "def add(a, b):\n    return a + b if a >= 0 and b >= 0 and a < 100 else 0\n"
+
+
+@pytest.fixture
+def make_sandbox(tmp_path):
+    made: list[LocalSandbox] = []
+
+    def make(**limits) -> LocalSandbox:
+        spec = SandboxSpec(limits=Limits(**{"wall_s": 5.0, **limits}))
+        sb = LocalSandbox(spec, scratch_dir=tmp_path, cgroup_parent=f"crucible-test-{secrets.token_hex(4)}")
+        made.append(sb)
+        return sb
+
+    yield make
+    for sb in made:
+        host = sb.cgroup_host
+        for parent in {p for p in (host.memory_parent, host.pids_parent) if p} if host else ():
+            if parent.exists():
+                parent.rmdir()
+
+
+@pytest.fixture
+def sandbox(make_sandbox) -> LocalSandbox:
+    return make_sandbox()
+
+
+def _grade(sandbox, solution: str, **kwargs):
+    return grade(sandbox, {"solution.py": solution}, TESTS, **kwargs)
+
+
+# -- rewards ---------------------------------------------------------------------------------
+
+
+@needs_sandbox
+def test_correct_solution_scores_one(sandbox):
+    g = _grade(sandbox, CORRECT)
+    assert (g.reward, g.reward_status, g.suite_ran, g.tamper_flags) == (1.0, "scored", True, ())
+    assert set(g.outcomes.values()) == {"passed"} and g.tests_expected == g.tests_collected == 4
+
+
+@needs_sandbox
+def test_half_wrong_solution_scores_half(sandbox):
+    g = _grade(sandbox, HALF_WRONG)
+    assert (g.reward, g.reward_components) == (0.5, {"tests_passed_fraction": 0.5, "all_passed": 0.0})
+    assert g.outcomes["test_task.py::test_negative"] == "failed"
+
+
+@needs_sandbox
+def test_binary_reward_is_all_or_nothing(sandbox):
+    g = _grade(sandbox, HALF_WRONG, binary=True)
+    assert (g.reward, g.reward_components["tests_passed_fraction"]) == (0.0, 0.5)
+
+
+@needs_sandbox
+def test_syntax_error_is_scored_zero_with_errors(sandbox):
+    g = _grade(sandbox, "def add(a, b) return a + b\n")
+    assert (g.reward, g.reward_status, set(g.outcomes.values())) == (0.0, "scored", {"error"})
+
+
+@needs_sandbox
+def test_sys_exit_in_solution_is_not_a_pass(sandbox):
+    g = _grade(sandbox, "import sys\nsys.exit(0)\n" + CORRECT)
+    assert (g.reward, set(g.outcomes.values())) == (0.0, {"error"})
+
+
+@needs_sandbox
+def test_os_exit_in_solution_is_not_a_pass(sandbox):
+    g = _grade(sandbox, "import os\nos._exit(0)\n" + CORRECT)
+    assert (g.reward, g.reward_status, g.suite_ran, g.tamper_flags) == (0.0, "scored", False, ("no_report",))
+    assert set(g.outcomes.values()) == {"missing"}
+
+
+@needs_sandbox
+def test_infinite_loop_times_out_and_scores_zero(make_sandbox):
+    g = _grade(make_sandbox(wall_s=0.5), "while True:\n    pass\n")
+    assert (g.exec.status, g.reward, g.reward_status) == (ExecStatus.TO, 0.0, "scored")
+
+
+@needs_sandbox
+def test_timeout_after_some_passes_gives_no_credit(make_sandbox):
+    # The first tests pass quickly, then test_negative hangs.
+    solution = CORRECT + textwrap.dedent(
+        """
+        import time
+        _add = add
+        def add(a, b):
+            if a < 0:
+                time.sleep(60)
+            return _add(a, b)
+        """
+    )
+    g = _grade(make_sandbox(wall_s=0.5), solution)
+    assert (g.exec.status, g.reward) == (ExecStatus.TO, 0.0)
+
+
+# -- tampering -------------------------------------------------------------------------------
+
+
+@needs_sandbox
+def test_solution_cannot_rewrite_hidden_tests(sandbox):
+    overwrite = textwrap.dedent(
+        """
+        import glob, os
+        for path in glob.glob("/grader/tests/*.py") + ["/grader/run_tests.py"]:
+            for attempt in (lambda: open(path, "w").write("def test_ok(): pass\\n"),
+                            lambda: os.unlink(path), lambda: os.chmod(path, 0o777)):
+                try:
+                    attempt()
+                except OSError:
+                    pass
+        def add(a, b):
+            return -1
+        """
+    )
+    g = _grade(sandbox, overwrite)
+    assert (g.reward, g.outcomes["test_task.py::test_small"]) == (0.0, "failed")
+
+
+@needs_sandbox
+def test_solution_cannot_reach_another_runs_report(sandbox, tmp_path):
+    other = tmp_path / "other-run" / "report"
+    other.mkdir(parents=True)
+    (other / "junit.xml").write_text("original")
+    other.chmod(0o777)
+    attack = textwrap.dedent(
+        f"""
+        import glob
+        targets = glob.glob("/*/crucible-grade-*/report/junit.xml") + glob.glob("/dev/shm/crucible-*/**")
+        for path in [{str(other / "junit.xml")!r}] + targets:
+            try:
+                open(path, "w").write("forged")
+            except OSError:
+                pass
+        """
+    ) + CORRECT
+    g = _grade(sandbox, attack)
+    assert ((other / "junit.xml").read_text(), g.reward) == ("original", 1.0)
+
+
+@needs_sandbox
+def test_hidden_tests_are_absent_from_workspace(sandbox):
+    test = "from solution import listing\n\ndef test_only_solution():\n    assert listing() == ['solution.py']\n"
+    tests = {"test_look.py": test}
+    solution = "import os\ndef listing():\n    return sorted(os.listdir('/workspace'))\n"
+    g = grade(sandbox, {"solution.py": solution}, tests)
+    assert g.reward == 1.0, g.messages
+
+
+@needs_sandbox
+def test_report_claiming_passes_with_failing_exit_is_tamper(sandbox):
+    forge = _forger(TESTS, outcome="passed", exit_code=1)
+    g = grade(sandbox, {"solution.py": CORRECT}, TESTS, command=forge)
+    assert (g.reward, g.tamper_flags) == (0.0, ("exit_code_disagrees",))
+
+
+@needs_sandbox
+def test_report_claiming_failures_with_exit_zero_is_tamper(sandbox):
+    forge = _forger(TESTS, outcome="failed", exit_code=0)
+    g = grade(sandbox, {"solution.py": CORRECT}, TESTS, command=forge)
+    assert (g.reward, g.tamper_flags) == (0.0, ("exit_code_disagrees",))
+
+
+def _forger(tests, outcome: str, exit_code: int) -> list[str]:
+    """A command that writes a report with every test at `outcome`, then exits `exit_code`."""
+    child = "" if outcome == "passed" else '<failure message="no"/>'
+    cases = "".join(f'<testcase classname="test_task" name="{n}" time="0">{child}</testcase>'
+                    for n in ("test_small", "test_zero", "test_negative", "test_large"))
+    xml = f"<testsuites><testsuite>{cases}</testsuite></testsuites>"
+    code = f"open('/report/junit.xml', 'w').write({xml!r}); raise SystemExit({exit_code})"
+    return ["/usr/bin/python3", "-I", "-S", "-c", code]
+
+
+# -- invalid and infrastructure --------------------------------------------------------------
+
+
+@needs_sandbox
+def test_tests_without_test_functions_are_invalid(sandbox):
+    g = grade(sandbox, {"solution.py": CORRECT}, {"test_task.py": "x = 1\n"})
+    assert (g.reward, g.reward_status) == (None, "invalid")
+
+
+def test_sandbox_failure_is_infra_error(tmp_path):
+    broken = LocalSandbox(SandboxSpec(image="not-a-local-image"), scratch_dir=tmp_path)
+    g = grade(broken, {"solution.py": CORRECT}, TESTS)
+    assert (g.reward, g.reward_status, g.exec.status) == (None, "infra_error", ExecStatus.XX)
+
+
+@needs_sandbox
+def test_grade_result_serialises_to_json(sandbox):
+    d = json.loads(json.dumps(_grade(sandbox, CORRECT).to_dict()))
+    assert (d["reward"], d["exec"]["status"]) == (1.0, "OK")
+
+
+@needs_sandbox
+def test_grading_leaves_no_directories_behind(sandbox, tmp_path):
+    _grade(sandbox, CORRECT)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- report parser ---------------------------------------------------------------------------
+
+
+def test_parser_reads_pytest_junitxml(tmp_path):
+    (tmp_path / "test_mod.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_fail(): assert 1 == 2\n"
+        "def test_skip(): pytest.skip('later')\n"
+        "@pytest.fixture\ndef broken(): raise RuntimeError('x')\n"
+        "def test_err(broken): pass\n"
+    )
+    report = tmp_path / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                    str(tmp_path / "test_mod.py")], check=False, cwd=tmp_path, capture_output=True, timeout=60)
+    outcomes = {t.name: t.outcome for t in read_report(report)}
+    assert outcomes == {"test_ok": "passed", "test_fail": "failed", "test_skip": "skipped", "test_err": "error"}
+
+
+def test_parser_reads_our_harness_report(tmp_path):
+    from sandbox.harness.run_tests import Case, junit_xml
+
+    bad = Case("test_x", "test_b")
+    bad.outcome, bad.message = "failed", "nope \x00 <&>"
+    outcomes = parse_junit(junit_xml([Case("test_x", "test_a"), bad], 0.1))
+    assert [(t.classname, t.name, t.outcome) for t in outcomes] == [
+        ("test_x", "test_a", "passed"), ("test_x", "test_b", "failed")
+    ]
+
+
+@pytest.mark.parametrize("text", ["<testsuites><testsuite>", "<html/>", "<testsuite><testcase/></testsuite>",
+                                  '<!DOCTYPE x [<!ENTITY a "b">]><testsuites/>'])
+def test_malformed_report_raises_report_error(text):
+    with pytest.raises(ReportError):
+        parse_junit(text)
+
+
+def test_report_that_is_a_symlink_is_refused(tmp_path):
+    (tmp_path / "junit.xml").symlink_to("/etc/hostname")
+    with pytest.raises(ReportError):
+        read_report(tmp_path / "junit.xml")
