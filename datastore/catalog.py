@@ -61,7 +61,7 @@ def connect(root_uri: str, database: str = ":memory:") -> duckdb.DuckDBPyConnect
         con.register_filesystem(store.fs)
     for name, schema in DATASETS.items():
         if store.has_files(name):
-            glob = store.uri_of(f"{store.root}/{name}") + "/*/*/data.parquet"
+            glob = store.uri_of(f"{store.root}/{name}") + "/*/*/*.parquet"
             source = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
         else:
             con.register(f"_empty_{name}", schema.empty_table())

@@ -2,10 +2,11 @@
 
 Layout under the storage root:
 
-    <root>/<dataset>/experiment=<name>/iteration=<n>/data.parquet
+    <root>/<dataset>/experiment=<name>/iteration=<n>/<part>.parquet
     <root>/_staging/<dataset>/<uuid>.parquet        (never read; swept on the next write)
 
-A partition is one file. It is written completely under `_staging/`, outside every reader's
+Each file is written by one writer (most datasets have a single part, `data`; `stages` has
+one part per stage, written by the asset that ran it). It is written completely under `_staging/`, outside every reader's
 glob, and then moved to its final name: a local rename and an S3 object write are both atomic,
 so a reader sees the old partition or the new one, never a mix, and re-writing an iteration
 replaces it instead of adding to it.
@@ -56,22 +57,24 @@ class DatasetStore:
     def partition_dir(self, dataset: str, experiment: str, iteration: int) -> str:
         return f"{self.root}/{dataset}/experiment={experiment}/iteration={iteration}"
 
-    def partition_file(self, dataset: str, experiment: str, iteration: int) -> str:
-        return f"{self.partition_dir(dataset, experiment, iteration)}/data.parquet"
+    def partition_file(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> str:
+        return f"{self.partition_dir(dataset, experiment, iteration)}/{part}.parquet"
 
     def uri_of(self, path: str) -> str:
         """Full URI of a path inside this store (what DuckDB and people are given)."""
         return self.fs.unstrip_protocol(path)
 
-    def write_partition(self, dataset: str, experiment: str, iteration: int, table: pa.Table) -> str:
-        """Replace one partition atomically; returns the final path."""
+    def write_partition(
+        self, dataset: str, experiment: str, iteration: int, table: pa.Table, part: str = "data"
+    ) -> str:
+        """Replace one partition (or one part of it) atomically; returns the final path."""
         expected = DATASETS[dataset]
         if not table.schema.equals(expected):
             raise SchemaError(f"{dataset}: table schema differs from schema v{SCHEMA_VERSION}")
         self._sweep_stale_staging(dataset)
         staging_dir = f"{self.root}/{STAGING}/{dataset}"
         staged = f"{staging_dir}/{uuid.uuid4().hex}.parquet"
-        final = self.partition_file(dataset, experiment, iteration)
+        final = self.partition_file(dataset, experiment, iteration, part)
         self.fs.makedirs(staging_dir, exist_ok=True)
         self.fs.makedirs(self.partition_dir(dataset, experiment, iteration), exist_ok=True)
         pq.write_table(
@@ -84,15 +87,15 @@ class DatasetStore:
         self.fs.mv(staged, final)
         return final
 
-    def read_partition(self, dataset: str, experiment: str, iteration: int) -> pa.Table:
-        path = self.partition_file(dataset, experiment, iteration)
+    def read_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> pa.Table:
+        path = self.partition_file(dataset, experiment, iteration, part)
         return pq.read_table(path, filesystem=self.fs, schema=DATASETS[dataset])
 
-    def has_partition(self, dataset: str, experiment: str, iteration: int) -> bool:
-        return self.fs.exists(self.partition_file(dataset, experiment, iteration))
+    def has_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> bool:
+        return self.fs.exists(self.partition_file(dataset, experiment, iteration, part))
 
     def has_files(self, dataset: str) -> bool:
-        return bool(self.fs.glob(f"{self.root}/{dataset}/experiment=*/iteration=*/data.parquet"))
+        return bool(self.fs.glob(f"{self.root}/{dataset}/experiment=*/iteration=*/*.parquet"))
 
     def _sweep_stale_staging(self, dataset: str) -> None:
         """Remove files left by writes that died half-way (older than any live write)."""

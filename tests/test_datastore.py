@@ -133,9 +133,9 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
     ]
     store.write_partition("evaluations", "exp", 2, rows_to_table("evaluations", evaluations))
     started = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    stages = [{"stage": "rollouts", "seconds": 3.0, "started_at": started},
-              {"stage": "checkpoint", "seconds": 5.0, "started_at": started}]
-    store.write_partition("stages", "exp", 2, rows_to_table("stages", stages))
+    for stage, seconds in (("rollouts", 3.0), ("checkpoint", 5.0)):
+        row = {"stage": stage, "seconds": seconds, "started_at": started}
+        store.write_partition("stages", "exp", 2, rows_to_table("stages", [row]), part=stage)
 
     rows = catalog.connect(str(tmp_path)).execute(
         "SELECT iteration, tasks, samples, pass_rate, mean_reward, generated_tokens, "
