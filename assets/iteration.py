@@ -1,0 +1,210 @@
+"""One RL iteration as assets, partitioned by `<experiment>-<iteration>`.
+
+    task_set -> rollouts -> verified_rollouts -> trajectories -> checkpoint -> checkpoint_eval
+
+Iteration N samples from checkpoint N-1 (the base policy for N = 1). Dagster has no partition
+mapping for "the previous dynamic partition", so that edge is resolved by path and the exact
+checkpoint hash is recorded in the metadata; the sensor only starts N+1 once checkpoint N exists.
+"""
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, Output, asset
+
+from assets.partitions import iterations, parse_iteration_key
+from assets.resources import CrucibleResource
+from assets.stages import timed_stage
+from datastore.store import rows_to_table
+from task_sets.grading import grade_solution
+from task_sets.loader import load_task_set
+from task_sets.schema import Task
+from training.checkpoint import CheckpointError, verify_checkpoint
+from training.engine import SamplingParams, TransformersEngine
+from training.experiment import ExperimentConfig
+from training.rollout import Rollout, sample_rollouts
+from training.trainer import train_policy
+from training.trajectory import VerifiedRollout, evaluation_row, train_samples, trajectory_row
+
+ITERATION = dict(partitions_def=iterations, group_name="iteration")
+
+
+def _experiment(context: AssetExecutionContext, crucible: CrucibleResource) -> tuple[ExperimentConfig, int]:
+    name, iteration = parse_iteration_key(context.partition_key)
+    return crucible.experiment(name), iteration
+
+
+def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tuple[Path, str]:
+    """The checkpoint iteration `iteration` samples from, verified, and its content hash."""
+    policy_dir = crucible.checkpoint_dir(experiment, iteration - 1)
+    try:
+        return policy_dir, verify_checkpoint(policy_dir)["content_hash"]
+    except CheckpointError as error:
+        raise Failure(
+            f"iteration {iteration} samples from checkpoint {iteration - 1}, which is not usable: "
+            f"{error}. Materialize iteration {iteration - 1} (or base_policy) first."
+        ) from None
+
+
+def _grade_all(
+    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[Task, str]]
+) -> list:
+    """Grade every (task, solution) in its own fresh sandbox, a few at a time."""
+    step = max(1, len(work) // 5)
+    grades = []
+    with ThreadPoolExecutor(crucible.grading_workers) as pool:
+        for done, grade in enumerate(pool.map(lambda item: grade_solution(*item), work), start=1):
+            grades.append(grade)
+            if done % step == 0 or done == len(work):
+                context.log.info(f"graded {done}/{len(work)}")
+    return grades
+
+
+@asset(**ITERATION)
+def task_set(context: AssetExecutionContext, crucible: CrucibleResource) -> Output[list[Task]]:
+    """The train tasks this iteration samples (a seeded subset when the experiment asks for one)."""
+    experiment, iteration = _experiment(context, crucible)
+    tasks = load_task_set(experiment.task_set).train()
+    if experiment.tasks_per_iteration and experiment.tasks_per_iteration < len(tasks):
+        tasks = random.Random(experiment.seed * 100_003 + iteration).sample(tasks, experiment.tasks_per_iteration)
+    by_difficulty = {d: sum(t.difficulty == d for t in tasks) for d in ("easy", "medium", "hard")}
+    return Output(tasks, metadata={"tasks": len(tasks), **{f"tasks/{d}": n for d, n in by_difficulty.items()}})
+
+
+@asset(**ITERATION, kinds={"pytorch"})
+def rollouts(
+    context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[Task]
+) -> Output[list[Rollout]]:
+    """K samples per task from the previous iteration's checkpoint, with behaviour log-probs."""
+    experiment, iteration = _experiment(context, crucible)
+    with timed_stage(crucible.store(), experiment.name, iteration, "rollouts"):
+        policy_dir, policy_version = _policy(crucible, experiment.name, iteration)
+        engine = TransformersEngine(policy_dir, policy_version)
+        params = SamplingParams(
+            n=experiment.samples_per_task,
+            max_new_tokens=experiment.max_new_tokens,
+            temperature=experiment.temperature,
+            seed=experiment.seed * 100_003 + iteration,
+        )
+        samples = sample_rollouts(
+            engine, engine.tokenizer, task_set, params, context.partition_key,
+            progress=lambda done, total: context.log.info(f"sampled {done}/{total} tasks"),
+        )
+    tokens = sum(len(r.response_ids) for r in samples)
+    seconds = sum(r.generate_s for r in samples)
+    return Output(
+        samples,
+        metadata={
+            "policy": MetadataValue.path(str(policy_dir)),
+            "policy_version": policy_version,
+            "samples": len(samples),
+            "generated_tokens": tokens,
+            "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+            "truncated": sum(r.finish_reason == "length" for r in samples),
+            "example": MetadataValue.md(f"```python\n{samples[0].response_text}\n```"),
+        },
+    )
+
+
+@asset(**ITERATION)
+def verified_rollouts(
+    context: AssetExecutionContext,
+    crucible: CrucibleResource,
+    task_set: list[Task],
+    rollouts: list[Rollout],
+) -> Output[list[VerifiedRollout]]:
+    """Every sample graded in a fresh sandbox against its task's hidden tests."""
+    experiment, iteration = _experiment(context, crucible)
+    tasks = {task.id: task for task in task_set}
+    with timed_stage(crucible.store(), experiment.name, iteration, "verified_rollouts"):
+        grades = _grade_all(context, crucible, [(tasks[r.task_id], r.solution) for r in rollouts])
+    verified = [VerifiedRollout(r, tasks[r.task_id], g) for r, g in zip(rollouts, grades)]
+    scored = [v for v in verified if v.grade.reward_status == "scored"]
+    return Output(
+        verified,
+        metadata={
+            "samples": len(verified),
+            "pass_rate": sum(v.passed for v in verified) / len(verified),
+            "mean_reward": sum(v.grade.reward for v in scored) / max(len(scored), 1),
+            "infra_errors": sum(v.grade.reward_status == "infra_error" for v in verified),
+            "invalid": sum(v.grade.reward_status == "invalid" for v in verified),
+        },
+    )
+
+
+@asset(**ITERATION, kinds={"parquet"})
+def trajectories(
+    context: AssetExecutionContext, crucible: CrucibleResource, verified_rollouts: list[VerifiedRollout]
+) -> MaterializeResult:
+    """The iteration's samples as one atomically written Parquet partition."""
+    experiment, iteration = _experiment(context, crucible)
+    store = crucible.store()
+    with timed_stage(store, experiment.name, iteration, "trajectories"):
+        table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
+        path = store.write_partition("trajectories", experiment.name, iteration, table)
+    return MaterializeResult(
+        metadata={"path": MetadataValue.path(store.uri_of(path)), "rows": table.num_rows}
+    )
+
+
+@asset(**ITERATION, deps=[trajectories], kinds={"pytorch"})
+def checkpoint(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
+    """One GRPO step on this iteration's trajectories, starting from the policy that sampled them."""
+    experiment, iteration = _experiment(context, crucible)
+    store = crucible.store()
+    with timed_stage(store, experiment.name, iteration, "checkpoint"):
+        parent_dir, parent_hash = _policy(crucible, experiment.name, iteration)
+        table = store.read_partition("trajectories", experiment.name, iteration)
+        out_dir = crucible.checkpoint_dir(experiment.name, iteration)
+        metrics = train_policy(
+            parent_dir, train_samples(table), out_dir, experiment.grpo,
+            progress=lambda step, total, loss: context.log.info(f"train step {step}/{total}: loss {loss:.4f}"),
+            lineage={
+                "parent": {"path": str(parent_dir), "content_hash": parent_hash},
+                "trajectories": store.uri_of(store.partition_file("trajectories", experiment.name, iteration)),
+                "experiment": experiment.model_dump(mode="json"),
+            },
+        )
+        manifest = verify_checkpoint(out_dir)
+        row = {
+            "path": str(out_dir),
+            "content_hash": manifest["content_hash"],
+            "parent_path": str(parent_dir),
+            "parent_hash": parent_hash,
+            "loss": metrics["loss"],
+            "clip_fraction": metrics["clip_fraction"],
+            "grad_norm": metrics["grad_norm"],
+            "train_tokens": metrics["tokens"],
+            "tokens_per_s": metrics["tokens_per_s"],
+        }
+        store.write_partition("checkpoints", experiment.name, iteration, rows_to_table("checkpoints", [row]))
+    return MaterializeResult(
+        metadata={
+            "path": MetadataValue.path(str(out_dir)),
+            "content_hash": manifest["content_hash"],
+            "parent_hash": parent_hash,
+            **{key: value for key, value in metrics.items() if isinstance(value, (int, float))},
+        }
+    )
+
+
+@asset(**ITERATION, deps=[checkpoint])
+def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
+    """Greedy pass rate of the new checkpoint on the held-out split, with its standard error."""
+    experiment, iteration = _experiment(context, crucible)
+    store = crucible.store()
+    with timed_stage(store, experiment.name, iteration, "checkpoint_eval"):
+        policy_dir = crucible.checkpoint_dir(experiment.name, iteration)
+        engine = TransformersEngine(policy_dir, verify_checkpoint(policy_dir)["content_hash"])
+        tasks = load_task_set(experiment.task_set).eval()[: experiment.eval_tasks]
+        params = SamplingParams(n=1, max_new_tokens=experiment.max_new_tokens, temperature=0.0)
+        samples = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{context.partition_key}/eval")
+        grades = _grade_all(context, crucible, [(task, s.solution) for task, s in zip(tasks, samples)])
+        rows = [evaluation_row(VerifiedRollout(s, t, g)) for s, t, g in zip(samples, tasks, grades)]
+        store.write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
+    pass_rate = sum(row["passed"] for row in rows) / len(rows)
+    stderr = (pass_rate * (1 - pass_rate) / len(rows)) ** 0.5
+    return MaterializeResult(
+        metadata={"eval_pass_rate": pass_rate, "eval_stderr": stderr, "eval_tasks": len(rows)}
+    )

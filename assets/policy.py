@@ -1,0 +1,51 @@
+"""base_policy: the default model, built locally and warmed up on reference solutions."""
+
+import tempfile
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+
+from assets.resources import CrucibleResource
+from task_sets.loader import load_task_set
+from training.checkpoint import verify_checkpoint
+from training.model import PolicyConfig, build_base_policy
+from training.sft import SFTConfig, supervised_warmup
+
+
+class BasePolicyConfig(Config):
+    """Defaults build the documented 2.84M-parameter model; tests shrink it."""
+
+    task_set: str = "default"
+    seed: int = 0
+    hidden_size: int = PolicyConfig.hidden_size
+    num_layers: int = PolicyConfig.num_layers
+    sft_steps: int = SFTConfig.steps
+
+
+@asset(group_name="policy", kinds={"pytorch"})
+def base_policy(
+    context: AssetExecutionContext, config: BasePolicyConfig, crucible: CrucibleResource
+) -> MaterializeResult:
+    """A small Llama built from a config (nothing is downloaded), fine-tuned on the train split's
+    reference solutions so that RL starts from a policy that sometimes succeeds."""
+    task_set = load_task_set(config.task_set)
+    examples = [(task.prompt, task.reference_solution) for task in task_set.train()]
+    sft_config = SFTConfig(seed=config.seed, steps=config.sft_steps)
+    policy_config = PolicyConfig(seed=config.seed, hidden_size=config.hidden_size, num_layers=config.num_layers)
+
+    def report(step: int, total: int, loss: float) -> None:
+        if step == total or step % max(1, total // 10) == 0:
+            context.log.info(f"warm-up step {step}/{total}: loss {loss:.3f}")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        initial = build_base_policy(f"{scratch}/init", policy_config)
+        metrics = supervised_warmup(initial, examples, crucible.base_policy_dir(), sft_config, report)
+    manifest = verify_checkpoint(crucible.base_policy_dir())
+    return MaterializeResult(
+        metadata={
+            "path": MetadataValue.path(str(crucible.base_policy_dir())),
+            "content_hash": manifest["content_hash"],
+            "task_set_version": task_set.version,
+            "examples": len(examples),
+            **{f"sft/{key}": value for key, value in metrics.items() if isinstance(value, (int, float))},
+        }
+    )

@@ -1,0 +1,1 @@
+"""Dagster Definitions, jobs, sensors and the `crucible` command line."""

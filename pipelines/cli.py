@@ -1,0 +1,161 @@
+"""The `crucible` command: run an experiment, query its data with SQL, open the Dagster UI.
+
+`crucible run` drives the same assets and jobs as the UI, through the same Dagster instance
+(./.crucible/dagster by default), so every run it makes shows in the UI afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import duckdb
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+console = Console(stderr=False)
+errors = Console(stderr=True)
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed without a traceback."""
+
+
+def prepare_instance() -> Path:
+    """Point DAGSTER_HOME at ./.crucible/dagster (unless set) and give it Crucible's dagster.yaml."""
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".crucible/dagster").resolve())))
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        shutil.copy(PROJECT_DIR / "dagster.yaml", home / "dagster.yaml")
+    return home
+
+
+def _use_storage(storage: str | None) -> None:
+    if storage:
+        os.environ["CRUCIBLE_STORAGE_ROOT"] = storage
+
+
+def command_run(args: argparse.Namespace) -> int:
+    prepare_instance()
+    _use_storage(args.storage)
+    from pipelines.experiment_runner import ExperimentRunner
+
+    runner = ExperimentRunner.for_experiment(args.experiment, iterations=args.iterations,
+                                             samples_per_task=args.samples_per_task)
+    runner.run()
+    print_summary(runner.crucible.storage_root, args.experiment)
+    storage = runner.crucible.storage_root
+    console.print(f"\n[bold]Data[/bold]: {storage}  (checkpoints: {runner.crucible.checkpoint_root})")
+    console.print(
+        "[bold]Query[/bold]: crucible sql \"SELECT iteration, avg(reward) FROM trajectories "
+        "GROUP BY 1 ORDER BY 1\""
+    )
+    console.print("[bold]UI[/bold]:    crucible ui   (then open http://127.0.0.1:3000)")
+    return 0
+
+
+SUMMARY_QUERY = """
+    SELECT iteration, tasks, samples, pass_rate, mean_reward, generated_tokens,
+           rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval,
+           eval_pass_rate, eval_stderr
+    FROM iterations WHERE experiment = ? ORDER BY iteration
+"""
+
+
+def print_summary(storage_root: str, experiment: str) -> None:
+    """One row per iteration, read back from the stored datasets."""
+    from datastore import catalog
+
+    rows = catalog.connect(storage_root).execute(SUMMARY_QUERY, [experiment]).fetchall()
+    table = Table(title=f"experiment {experiment!r}")
+    for header in ("iter", "tasks", "samples", "pass rate", "mean reward", "gen tokens",
+                   "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass"):
+        table.add_column(header, justify="right")
+    for (it, tasks, samples, pass_rate, reward, tokens, s_roll, s_ver, s_traj, s_train, s_eval,
+         eval_rate, eval_se) in rows:
+        held_out = "" if eval_rate is None else f"{eval_rate:.3f} ± {eval_se:.3f}"
+        table.add_row(
+            str(it), str(tasks), str(samples), f"{pass_rate:.3f}", f"{reward:.3f}", str(tokens),
+            *(f"{s:.1f}" if s is not None else "" for s in (s_roll, s_ver, s_traj, s_train, s_eval)),
+            held_out,
+        )
+    console.print(table)
+
+
+def command_sql(args: argparse.Namespace) -> int:
+    from datastore import catalog
+    from pipelines.resources import crucible_resource
+
+    _use_storage(args.storage)
+    con = catalog.connect(crucible_resource().storage_root)
+    try:
+        result = con.execute(args.query)
+    except duckdb.Error as error:
+        raise UserError(f"{error}\navailable views: {', '.join(catalog.VIEWS)}") from None
+    if result.description is None:
+        return 0
+    table = Table()
+    for column in result.description:
+        table.add_column(column[0])
+    for row in result.fetchall():
+        table.add_row(*("NULL" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    console.print(table)
+    return 0
+
+
+def command_ui(args: argparse.Namespace) -> int:
+    prepare_instance()
+    _use_storage(args.storage)
+    # dagster dev started from a background shell would otherwise inherit ignored SIGINT/SIGTERM
+    # and outlive its caller.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    dagster = shutil.which("dagster") or str(Path(sys.executable).parent / "dagster")
+    os.chdir(PROJECT_DIR)
+    os.execv(dagster, [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(args.port)])
+    return 0  # not reached
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="crucible", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run (or continue) an experiment's iterations")
+    run.add_argument("--experiment", default="default", help="experiment name (default: default)")
+    run.add_argument("--iterations", type=int, default=None, help="total iterations (default 3)")
+    run.add_argument("--samples-per-task", type=int, default=None, help="GRPO group size")
+    run.add_argument("--storage", help="storage root: a directory or any fsspec URI (s3://…)")
+    run.set_defaults(handler=command_run)
+
+    sql = commands.add_parser("sql", help="query trajectories and summaries with DuckDB")
+    sql.add_argument("query")
+    sql.add_argument("--storage", help="storage root (default ./.crucible/data)")
+    sql.set_defaults(handler=command_sql)
+
+    ui = commands.add_parser("ui", help="open the Dagster UI on 127.0.0.1")
+    ui.add_argument("--port", type=int, default=3000)
+    ui.add_argument("--storage", help="storage root (default ./.crucible/data)")
+    ui.set_defaults(handler=command_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UserError as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        return 2
+    except ValidationError as error:
+        errors.print(f"[red]error:[/red] invalid setting: {error}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

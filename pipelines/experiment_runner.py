@@ -1,0 +1,87 @@
+"""Drive an experiment's iterations through the Dagster instance, one run per iteration.
+
+The runs execute in this process (no daemon, no server) but are recorded in the instance, so
+the UI shows them; an iteration whose evaluation is already materialized is skipped, which makes
+`crucible run` resumable and idempotent.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dagster import AssetKey, DagsterInstance, Definitions
+from rich.console import Console
+
+from assets.partitions import iteration_key, iterations
+from assets.resources import CrucibleResource
+from pipelines.resources import crucible_resource
+from training.checkpoint import CheckpointError, verify_checkpoint
+from training.experiment import ExperimentConfig
+
+console = Console(stderr=True)
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+class ExperimentRunner:
+    def __init__(self, instance: DagsterInstance, defs: Definitions, crucible: CrucibleResource,
+                 config: ExperimentConfig):
+        self.instance, self.defs, self.crucible, self.config = instance, defs, crucible, config
+
+    @classmethod
+    def for_experiment(cls, name: str, **overrides: int | None) -> ExperimentRunner:
+        """Stored settings of `name` (or defaults), updated with the overrides that are set."""
+        from pipelines.definitions import defs  # after the caller has chosen the environment
+
+        crucible = crucible_resource()
+        stored = crucible.experiment(name).model_dump()
+        config = ExperimentConfig.model_validate(
+            {**stored, **{key: value for key, value in overrides.items() if value is not None}}
+        )
+        crucible.save_experiment(config)
+        return cls(DagsterInstance.get(), defs, crucible, config)
+
+    def run(self) -> None:
+        self._ensure_base_policy()
+        evaluated = self.instance.get_materialized_partitions(AssetKey("checkpoint_eval"))
+        for iteration in range(1, self.config.iterations + 1):
+            key = iteration_key(self.config.name, iteration)
+            if key in evaluated:
+                console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
+                continue
+            console.rule(f"iteration {iteration}/{self.config.iterations}  ({key})")
+            self.instance.add_dynamic_partitions(iterations.name, [key])
+            self._execute("iteration", partition_key=key)
+        self._execute("reward_analytics_job")
+
+    def _ensure_base_policy(self) -> None:
+        materialized = self.instance.get_latest_materialization_event(AssetKey("base_policy"))
+        try:
+            verify_checkpoint(self.crucible.base_policy_dir())
+            if materialized:
+                return
+        except CheckpointError:
+            pass
+        console.rule("base policy: build the model and warm it up on reference solutions")
+        self._execute("base_policy_job")
+
+    def _execute(self, job_name: str, partition_key: str | None = None) -> None:
+        started = time.perf_counter()
+        result = self.defs.resolve_job_def(job_name).execute_in_process(
+            instance=self.instance,
+            partition_key=partition_key,
+            tags={"crucible/experiment": self.config.name},
+            raise_on_error=False,
+        )
+        if not result.success:
+            failures = [
+                event.step_failure_data.error.message.strip()
+                for event in result.all_events
+                if event.is_step_failure and event.step_failure_data.error
+            ]
+            raise RunFailed(
+                f"{job_name} {partition_key or ''} failed (run {result.run_id}):\n" + "\n".join(failures)
+            )
+        console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")

@@ -1,0 +1,44 @@
+"""Continuous training: start iteration N+1 once checkpoint N exists."""
+
+from dagster import (
+    AssetKey,
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from assets.partitions import iteration_key, iterations, parse_iteration_key
+from assets.resources import CrucibleResource
+from pipelines.jobs import iteration_job
+
+
+def latest_iterations(partition_keys: list[str]) -> dict[str, int]:
+    """Highest iteration of every experiment among the partition keys."""
+    latest: dict[str, int] = {}
+    for key in partition_keys:
+        experiment, iteration = parse_iteration_key(key)
+        latest[experiment] = max(iteration, latest.get(experiment, 0))
+    return latest
+
+
+# Stopped by default: `crucible run` drives iterations itself; turn this on in the UI to let an
+# experiment continue on its own up to its `iterations` setting.
+@sensor(job=iteration_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.STOPPED)
+def advance_iteration(context: SensorEvaluationContext, crucible: CrucibleResource):
+    existing = context.instance.get_dynamic_partitions(iterations.name)
+    trained = context.instance.get_materialized_partitions(AssetKey("checkpoint"))
+    next_keys = [
+        iteration_key(experiment, iteration + 1)
+        for experiment, iteration in latest_iterations(existing).items()
+        if iteration_key(experiment, iteration) in trained
+        and iteration < crucible.experiment(experiment).iterations
+    ]
+    if not next_keys:
+        return SkipReason("no experiment has a new checkpoint below its iteration limit")
+    return SensorResult(
+        run_requests=[RunRequest(run_key=key, partition_key=key) for key in next_keys],
+        dynamic_partitions_requests=[iterations.build_add_request(next_keys)],
+    )

@@ -1,0 +1,75 @@
+"""The Dagster code location: its graph, partitions and the advance_iteration sensor."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, SkipReason, build_sensor_context
+
+from assets.partitions import iteration_key, iterations, parse_iteration_key
+from assets.resources import CrucibleResource
+from pipelines.definitions import defs
+from pipelines.sensors import advance_iteration
+from training.experiment import ExperimentConfig
+
+
+def test_definitions_snapshot():
+    graph = defs.resolve_asset_graph()
+    assert sorted(key.to_user_string() for key in graph.get_all_asset_keys()) == [
+        "base_policy", "checkpoint", "checkpoint_eval", "reward_analytics", "rollouts",
+        "task_set", "trajectories", "verified_rollouts",
+    ]
+    assert sorted(job.name for job in defs.resolve_all_job_defs() if not job.name.startswith("__")) == [
+        "base_policy_job", "iteration", "reward_analytics_job",
+    ]
+    assert [sensor.name for sensor in defs.sensors] == ["advance_iteration"]
+
+
+def test_iteration_assets_are_partitioned_by_iteration():
+    graph = defs.resolve_asset_graph()
+    for key in ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval"):
+        assert graph.get(AssetKey(key)).partitions_def == iterations
+    assert graph.get(AssetKey("base_policy")).partitions_def is None
+    assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories")}
+
+
+def test_iteration_keys_round_trip():
+    assert iteration_key("default", 3) == "default-0003"
+    assert parse_iteration_key("my-exp-0012") == ("my-exp", 12)
+    with pytest.raises(ValueError, match="'<experiment>-<iteration>'"):
+        parse_iteration_key("default")
+
+
+@pytest.fixture
+def instance(tmp_path):
+    with DagsterInstance.ephemeral() as instance:
+        yield instance
+
+
+@pytest.fixture
+def crucible(tmp_path):
+    resource = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    resource.save_experiment(ExperimentConfig(name="exp", iterations=2))
+    return resource
+
+
+def _evaluate(instance, crucible):
+    context = build_sensor_context(instance=instance, resources={"crucible": crucible})
+    return advance_iteration(context)
+
+
+def test_sensor_starts_next_iteration_once_checkpoint_exists(instance, crucible):
+    instance.add_dynamic_partitions(iterations.name, ["exp-0001"])
+    assert isinstance(_evaluate(instance, crucible), SkipReason)
+
+    instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition="exp-0001"))
+    result = _evaluate(instance, crucible)
+    assert [request.partition_key for request in result.run_requests] == ["exp-0002"]
+    assert [request.run_key for request in result.run_requests] == ["exp-0002"]
+    assert result.dynamic_partitions_requests[0].partition_keys == ["exp-0002"]
+
+
+def test_sensor_stops_at_the_experiment_iteration_limit(instance, crucible):
+    instance.add_dynamic_partitions(iterations.name, ["exp-0001", "exp-0002"])
+    for key in ("exp-0001", "exp-0002"):
+        instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition=key))
+    assert isinstance(_evaluate(instance, crucible), SkipReason)

@@ -1,0 +1,34 @@
+"""Every built-in task is solvable and discriminating under the real sandbox grader."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from task_sets.grading import grade_solution
+from task_sets.loader import load_task_set
+
+
+def _grade_all(pairs):
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda pair: grade_solution(*pair), pairs))
+
+
+def test_every_reference_solution_scores_full_reward_in_the_sandbox():
+    tasks = load_task_set("default").tasks
+    grades = _grade_all([(task, task.reference_solution) for task in tasks])
+    failing = [task.id for task, grade in zip(tasks, grades) if (grade.reward_status, grade.reward) != ("scored", 1.0)]
+    assert not failing
+
+
+def test_a_solution_returning_none_scores_below_full_reward():
+    tasks = load_task_set("default").tasks
+    stubs = [(task, f"def {task.entry_point}(*args):\n    return None\n") for task in tasks[::5]]
+    grades = _grade_all(stubs)
+    assert all(grade.reward_status == "scored" and grade.reward < 1.0 for grade in grades)
+
+
+def test_grading_records_the_task_limits_in_the_spec_hash():
+    task = load_task_set("default").tasks[0]
+    grade = grade_solution(task, task.reference_solution)
+    assert grade.exec.backend == "local"
+    assert len(grade.exec.spec_hash) == 16
