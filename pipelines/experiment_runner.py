@@ -72,6 +72,8 @@ class ExperimentRunner:
         result = self.defs.resolve_job_def(job_name).execute_in_process(
             instance=self.instance,
             partition_key=partition_key,
+            # Dagster instantiates a job's own loggers only when the run config names them.
+            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
             tags={"crucible/experiment": self.config.name},
             raise_on_error=False,
         )

@@ -6,6 +6,10 @@ import logging
 import sys
 
 from dagster import Field, logger
+from transformers.utils import logging as transformers_logging
+
+# Per-file "Loading weights" bars drown the per-stage lines; stages report their own progress.
+transformers_logging.disable_progress_bar()
 
 
 class _ProgressFormatter(logging.Formatter):

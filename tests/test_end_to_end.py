@@ -1,0 +1,130 @@
+"""One tiny iteration through real Dagster runs, the real sandbox, real Parquet and DuckDB.
+
+The base policy is materialized in-process with a shrunken model; `crucible run` and
+`crucible sql` then run as a user would run them, as subprocesses on the same instance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import AssetKey, DagsterInstance, materialize
+
+from assets.policy import base_policy
+from assets.resources import CrucibleResource
+from pipelines.cli import prepare_instance
+from training.checkpoint import verify_checkpoint
+from training.experiment import ExperimentConfig
+
+pytestmark = pytest.mark.slow
+
+TINY_BASE = {"ops": {"base_policy": {"config": {"hidden_size": 64, "num_layers": 2, "sft_steps": 8}}}}
+ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def environment(workdir) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(workdir / "dagster"),
+        "CRUCIBLE_STORAGE_ROOT": str(workdir / "data"),
+        "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "checkpoints"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    return env
+
+
+def crucible_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent,
+    )
+
+
+@pytest.fixture(scope="module")
+def finished_run(workdir, environment) -> subprocess.CompletedProcess:
+    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
+    try:
+        prepare_instance()
+        crucible = CrucibleResource(
+            storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
+            checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"],
+        )
+        crucible.save_experiment(
+            ExperimentConfig(name="tiny", tasks_per_iteration=4, samples_per_task=2, max_new_tokens=24, eval_tasks=3)
+        )
+        with DagsterInstance.get() as instance:
+            result = materialize([base_policy], instance=instance, resources={"crucible": crucible},
+                                 run_config=TINY_BASE)
+            assert result.success
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    return crucible_cli(environment, "run", "--experiment", "tiny", "--iterations", "1")
+
+
+def test_crucible_run_completes_an_iteration_and_prints_the_summary(finished_run):
+    assert finished_run.returncode == 0, finished_run.stderr[-3000:]
+    assert "experiment 'tiny'" in finished_run.stdout
+    assert "crucible sql" in finished_run.stdout and "crucible ui" in finished_run.stdout
+    assert "sampled 4/4 tasks" in finished_run.stderr  # the assets' progress lines reach the terminal
+
+
+def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, environment):
+    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            for asset in ITERATION_ASSETS:
+                assert instance.get_materialized_partitions(AssetKey(asset)) == {"tiny-0001"}, asset
+            assert instance.get_latest_materialization_event(AssetKey("reward_analytics"))
+    finally:
+        del os.environ["DAGSTER_HOME"]
+
+
+def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir):
+    path = workdir / "data" / "trajectories" / "experiment=tiny" / "iteration=1" / "data.parquet"
+    table = pq.read_table(path)
+    assert table.num_rows == 4 * 2
+    row = table.slice(0, 1).to_pylist()[0]
+    assert len(row["behaviour_logprobs"]) == len(row["response_token_ids"]) == row["response_tokens"]
+    assert row["reward_status"] == "scored" and row["sandbox_backend"] == "local"
+
+
+def test_checkpoint_records_its_lineage(finished_run, workdir):
+    base = verify_checkpoint(workdir / "checkpoints" / "base")
+    manifest = verify_checkpoint(workdir / "checkpoints" / "experiment=tiny" / "iteration=1")
+    assert manifest["lineage"]["parent"]["content_hash"] == base["content_hash"]
+    assert manifest["lineage"]["trajectories"].endswith("trajectories/experiment=tiny/iteration=1/data.parquet")
+    assert manifest["lineage"]["experiment"]["name"] == "tiny"
+
+
+def test_sql_answers_over_the_stored_iteration(finished_run, environment):
+    result = crucible_cli(environment, "sql", "SELECT iteration, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1")
+    assert result.returncode == 0, result.stderr
+    rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in result.stdout.splitlines() if "│" in line]
+    assert ["1", "8"] in rows
+
+
+def test_sql_error_names_the_views_without_a_traceback(finished_run, environment):
+    result = crucible_cli(environment, "sql", "SELECT * FROM trajectoriez")
+    assert result.returncode == 2
+    assert "trajectoriez" in result.stderr and "available views: trajectories" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_running_again_skips_the_finished_iteration(finished_run, environment):
+    again = crucible_cli(environment, "run", "--experiment", "tiny", "--iterations", "1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "iteration 1: already materialized" in again.stderr
+    stored = json.loads((Path(environment["CRUCIBLE_STORAGE_ROOT"]) / "experiments" / "tiny.json").read_text())
+    assert stored["tasks_per_iteration"] == 4

@@ -1,0 +1,349 @@
+"""Fast tests for training/: tokenizer, checkpoints, engine, GRPO math, SFT and the trainer.
+
+Everything runs on a tiny Llama (hidden 64, 2 layers) on CPU; no network (HF_HUB_OFFLINE).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from training.batching import make_batch, token_logprobs
+from training.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
+from training.engine import Completion, InferenceEngine, SamplingParams, TransformersEngine
+from training.grpo import clipped_policy_loss, group_advantages
+from training.model import PolicyConfig, build_base_policy, load_policy
+from training.prompts import extract_solution, render_prompt
+from training.sft import SFTConfig, supervised_warmup
+from training.tokenizer import EOS_TOKEN, IM_END, IM_START, build_tokenizer, save_tokenizer
+from training.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, train_policy
+
+EOT_ID, IM_START_ID, IM_END_ID = 256, 257, 258
+TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
+                    max_position_embeddings=256, seed=0)  # fmt: skip
+EXAMPLES = [
+    ("Write a function add_3(x) that returns x + 3.", "def add_3(x):\n    return x + 3\n"),
+    ("Write a function add_5(x) that returns x + 5.", "def add_5(x):\n    return x + 5\n"),
+    ("Write a function mul_2(x) that returns x * 2.", "def mul_2(x):\n    return x * 2\n"),
+    ("Write a function mul_4(x) that returns x * 4.", "def mul_4(x):\n    return x * 4\n"),
+]
+TEXTS = [
+    "def add_7(x):\n    return x + 7\n",
+    "héllo wörld — ünïcödé ✓ 世界 🙂\t\r\n",
+    "    if x > 0:\n\treturn [v for v in xs if v > 3]  # {'a': \"b\"}\\n",
+    "",
+    "\x00\x7f",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory) -> Path:
+    return build_base_policy(tmp_path_factory.mktemp("base") / "policy", TINY)
+
+
+@pytest.fixture(scope="module")
+def sft_result(base_dir, tmp_path_factory):
+    """The tiny policy after a short warm-up: it has learned to end its answer with <|im_end|>."""
+    out = tmp_path_factory.mktemp("sft") / "policy"
+    config = SFTConfig(steps=40, lr=1e-2, warmup_steps=5, batch_size=4, seed=0)
+    metrics = supervised_warmup(base_dir, EXAMPLES, out, config)
+    return out, metrics
+
+
+@pytest.fixture(scope="module")
+def engine(sft_result) -> TransformersEngine:
+    return TransformersEngine(sft_result[0], policy_version="sft-0", threads=1, batch_size=8)
+
+
+# --- tokenizer and prompts -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenizer_round_trips_bytes(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids == list(text.encode("utf-8"))  # token id == byte value
+    assert tokenizer.decode(ids) == text
+
+
+def test_tokenizer_specials(tokenizer):
+    ids = tokenizer.encode(f"{IM_START}user\nhi{IM_END}{EOS_TOKEN}", add_special_tokens=False)
+    im_start, im_end, eos = (tokenizer.convert_tokens_to_ids(t) for t in (IM_START, IM_END, EOS_TOKEN))
+    assert ids == [im_start, *b"user\nhi", im_end, eos]
+    assert (eos, im_start, im_end) == (EOT_ID, IM_START_ID, IM_END_ID)
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == eos
+
+
+def test_tokenizer_reload_gives_identical_ids(tokenizer, tmp_path):
+    save_tokenizer(tokenizer, tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert "<|im_start|>assistant" in config["chat_template"]
+    assert (tmp_path / "special_tokens_map.json").is_file()
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    for text in [*TEXTS, f"{IM_START}system\nx{IM_END}\n{EOS_TOKEN}"]:
+        assert reloaded.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
+    assert render_prompt(reloaded, "Write f.") == render_prompt(tokenizer, "Write f.")
+
+
+def test_render_prompt_is_chatml_with_generation_prompt(tokenizer):
+    text = tokenizer.decode(render_prompt(tokenizer, "Write a function f(x)."))
+    assert text.startswith(f"{IM_START}system\n")
+    assert f"{IM_START}user\nWrite a function f(x).{IM_END}\n" in text
+    assert text.endswith(f"{IM_START}assistant\n")
+
+
+@pytest.mark.parametrize(
+    ("response", "solution"),
+    [
+        ("def f(x):\n    return x\n<|im_end|>garbage", "def f(x):\n    return x\n"),
+        ("Here:\n```python\ndef f(x):\n    return 1\n```\nDone.<|im_end|>", "def f(x):\n    return 1\n"),
+        ("```\ndef g():\n    pass\n", "def g():\n    pass\n"),
+        ("def h():\n    return 2\n", "def h():\n    return 2\n"),
+        ("x = 1<|endoftext|>y", "x = 1"),
+    ],
+)
+def test_extract_solution(response, solution):
+    assert extract_solution(response) == solution
+
+
+# --- model and checkpoints -----------------------------------------------------------------
+
+
+def test_base_policy_is_standard_hf_dir_and_seeded(base_dir, tmp_path):
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", MANIFEST_FILE):  # fmt: skip
+        assert (base_dir / name).is_file(), name
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    assert model.config.model_type == "llama" and model.config.vocab_size == 320
+    assert model.generation_config.eos_token_id == [IM_END_ID, EOT_ID]
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    assert tokenizer.encode("def", add_special_tokens=False) == [100, 101, 102]
+    same = verify_checkpoint(build_base_policy(tmp_path / "again", TINY))
+    other = verify_checkpoint(build_base_policy(tmp_path / "other", PolicyConfig(**{**TINY.__dict__, "seed": 1})))
+    manifest = verify_checkpoint(base_dir)
+    assert same["files"]["model.safetensors"] == manifest["files"]["model.safetensors"]
+    assert other["files"]["model.safetensors"] != manifest["files"]["model.safetensors"]
+    assert manifest["kind"] == "base" and manifest["policy_config"]["hidden_size"] == 64
+
+
+def test_verify_checkpoint_detects_corruption(base_dir, tmp_path):
+    model, tokenizer = load_policy(base_dir)
+    ckpt = save_checkpoint(model, tokenizer, tmp_path / "ckpt", {"note": "x"})
+    assert verify_checkpoint(ckpt)["note"] == "x"
+
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
+        verify_checkpoint(ckpt)
+
+    ckpt = save_checkpoint(model, tokenizer, ckpt, {"note": "y"})  # replaces the corrupt one
+    assert verify_checkpoint(ckpt)["note"] == "y"
+    (ckpt / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="tokenizer.json is missing"):
+        verify_checkpoint(ckpt)
+
+    (ckpt / MANIFEST_FILE).unlink()
+    with pytest.raises(CheckpointError, match="no crucible_manifest.json"):
+        verify_checkpoint(ckpt)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        verify_checkpoint(tmp_path / "nope")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp dirs left behind
+
+
+def test_checkpoint_rejects_reserved_manifest_keys(base_dir, tmp_path):
+    model, tokenizer = load_policy(base_dir)
+    with pytest.raises(ValueError, match="reserved"):
+        save_checkpoint(model, tokenizer, tmp_path / "c", {"files": {}})
+
+
+# --- GRPO math -----------------------------------------------------------------------------
+
+
+def test_group_advantages_hand_computed():
+    rewards = torch.tensor([1.0, 0.5, 0.0, 2.0, 0.0, 0.5, 1.0])
+    groups = torch.tensor([7, 3, 7, 9, 7, 3, 7])  # group 7: [1, 0, 0, 1]; 3: all equal; 9: singleton
+    adv = group_advantages(rewards, groups)
+    s = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    expected = torch.tensor([0.5 / s, 0.0, -0.5 / s, 0.0, -0.5 / s, 0.0, 0.5 / s])
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+    assert adv[1] == 0 and adv[5] == 0 and adv[3] == 0  # exact zeros, not 1e-7
+    unscaled = group_advantages(rewards, groups, scale_by_std=False)
+    torch.testing.assert_close(unscaled, torch.tensor([0.5, 0.0, -0.5, 0.0, -0.5, 0.0, 0.5]))
+
+
+def test_group_advantages_all_equal_float_group_is_exactly_zero():
+    adv = group_advantages(torch.tensor([0.1, 0.1, 0.1]), torch.tensor([0, 0, 0]))
+    assert torch.equal(adv, torch.zeros(3))
+
+
+def test_clipped_policy_loss_hand_computed():
+    eps = 0.2
+    ratios = torch.tensor([[1.5, 0.5, 1.5, 0.5, 1.1, 9.0]])
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0, 2.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])  # last token is padding
+    behaviour = torch.full((1, 6), -2.0)
+    logprobs = (behaviour + ratios.log()).requires_grad_(True)
+    loss, stats = clipped_policy_loss(logprobs, behaviour, adv, mask, clip_eps=eps)
+    # per token: -min(r*A, clip(r)*A)
+    # 1.5,+1 -> -1.2 (clipped high) | 0.5,-1 -> 0.8 (clipped low) | 1.5,-1 -> 1.5 | 0.5,+1 -> -0.5 | 1.1,+2 -> -2.2
+    expected = (-1.2 + 0.8 + 1.5 - 0.5 - 2.2) / 5
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(2 / 5)
+    assert stats["mean_ratio"] == pytest.approx((1.5 + 0.5 + 1.5 + 0.5 + 1.1) / 5, abs=1e-6)
+    kl = sum((r - 1) - math.log(r) for r in (1.5, 0.5, 1.5, 0.5, 1.1)) / 5
+    assert stats["approx_kl"] == pytest.approx(kl, abs=1e-6)
+    assert stats["tokens"] == 5
+    loss.backward()
+    # clipped tokens and padding get no gradient; others get -A * r / N
+    expected_grad = torch.tensor([[0.0, 0.0, 1.5 / 5, -0.5 / 5, -2.0 * 1.1 / 5, 0.0]])
+    torch.testing.assert_close(logprobs.grad, expected_grad, atol=1e-6, rtol=0)
+
+
+def test_clipped_policy_loss_broadcasts_sequence_advantages():
+    lp = torch.zeros(2, 3)
+    loss, stats = clipped_policy_loss(lp, lp, torch.tensor([1.0, -3.0]), torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    assert loss.item() == pytest.approx((-1 - 1 + 3) / 3)
+    assert stats["mean_ratio"] == pytest.approx(1.0) and stats["approx_kl"] == pytest.approx(0.0)
+
+
+# --- SFT and the engine --------------------------------------------------------------------
+
+
+def test_sft_lowers_loss_and_saves_checkpoint(sft_result):
+    out, metrics = sft_result
+    assert metrics["steps"] == 40 and metrics["examples"] == 4
+    assert metrics["final_loss"] < 0.5 * metrics["initial_loss"]
+    manifest = verify_checkpoint(out)
+    assert manifest["kind"] == "sft"
+    assert AutoModelForCausalLM.from_pretrained(out).config.hidden_size == 64
+
+
+def test_sft_masks_the_prompt(tokenizer):
+    prompt, response = [1, 2, 3], [4, 5, IM_END_ID]
+    batch = make_batch([prompt], [response], pad_id=EOT_ID)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5]]
+    assert batch.targets[batch.mask.bool()].tolist() == response
+    assert batch.mask.tolist() == [[0, 0, 1, 1, 1]]
+
+
+def test_engine_returns_n_completions_with_logprobs(engine, tokenizer):
+    assert isinstance(engine, InferenceEngine) and engine.policy_version == "sft-0"
+    prompts = [render_prompt(tokenizer, p) for p, _ in EXAMPLES[:3]]
+    out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=40, temperature=1.0, seed=1))
+    assert len(out) == 3 and all(len(group) == 3 for group in out)
+    for group in out:
+        for c in group:
+            assert isinstance(c, Completion)
+            assert len(c.logprobs) == len(c.token_ids) >= 1
+            assert all(lp <= 0.0 and math.isfinite(lp) for lp in c.logprobs)
+            assert c.text == tokenizer.decode(c.token_ids)
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] in (IM_END_ID, EOT_ID)
+                assert not {IM_END_ID, EOT_ID} & set(c.token_ids[:-1])
+            else:
+                assert len(c.token_ids) == 40 and not {IM_END_ID, EOT_ID} & set(c.token_ids)
+
+
+def test_engine_finish_reasons(engine, tokenizer):
+    prompt = render_prompt(tokenizer, EXAMPLES[0][0])
+    greedy = engine.generate([prompt], SamplingParams(n=1, max_new_tokens=60, temperature=0.0))[0][0]
+    assert greedy.finish_reason == "stop"
+    assert greedy.token_ids[-1] == IM_END_ID and greedy.text.endswith(IM_END)
+    assert extract_solution(greedy.text).startswith("def ")
+    short = engine.generate([prompt], SamplingParams(n=2, max_new_tokens=3, temperature=1.0))[0]
+    assert [c.finish_reason for c in short] == ["length", "length"]
+    assert all(len(c.token_ids) == 3 for c in short)
+
+
+def test_engine_is_deterministic_by_seed(engine, tokenizer):
+    prompts = [render_prompt(tokenizer, p) for p, _ in EXAMPLES[:2]]
+    params = SamplingParams(n=4, max_new_tokens=24, temperature=1.5, seed=7)
+    a = engine.generate(prompts, params)
+    b = engine.generate(prompts, params)
+    c = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=24, temperature=1.5, seed=8))
+    ids = lambda out: [[x.token_ids for x in group] for group in out]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert [[x.logprobs for x in g] for g in a] == [[x.logprobs for x in g] for g in b]
+    assert ids(a) != ids(c)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_match_teacher_forcing(engine, tokenizer, temperature):
+    # Prompts of different lengths exercise the engine's left padding.
+    prompts = [render_prompt(tokenizer, "Hi."), render_prompt(tokenizer, EXAMPLES[2][0] + " Please.")]
+    out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=30, temperature=temperature, seed=3))
+    flat = [(p, c) for p, group in zip(prompts, out) for c in group]
+    batch = make_batch([p for p, _ in flat], [c.token_ids for _, c in flat], pad_id=EOT_ID)
+    with torch.no_grad():
+        lp = token_logprobs(engine.model, batch, temperature)
+    for row, (_, c) in enumerate(flat):
+        recomputed = lp[row, batch.response_slices[row]]
+        torch.testing.assert_close(recomputed, torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
+# --- GRPO trainer --------------------------------------------------------------------------
+
+
+def _sequence_logprob(policy_dir: Path, sample: TrainSample) -> float:
+    model, _ = load_policy(policy_dir)
+    batch = make_batch([sample.prompt_ids], [sample.response_ids], pad_id=EOT_ID)
+    with torch.no_grad():
+        return float((token_logprobs(model, batch) * batch.mask).sum())
+
+
+def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, tokenizer, tmp_path):
+    prompt = render_prompt(tokenizer, EXAMPLES[1][0])
+    group = engine.generate([prompt], SamplingParams(n=4, max_new_tokens=30, temperature=1.5, seed=5))[0]
+    rewards = [1.0, 0.0, 0.0, 0.0]
+    samples = [
+        TrainSample(prompt, c.token_ids, c.logprobs, r, group_id="g0") for c, r in zip(group, rewards)
+    ] + [TrainSample(prompt, group[0].token_ids, group[0].logprobs, 0.5, group_id="flat")] * 2
+    before = [_sequence_logprob(sft_result[0], s) for s in samples[:4]]
+
+    out = tmp_path / "policy-1"
+    steps = []
+    config = GRPOConfig(lr=1e-3, minibatch_size=16, micro_batch_size=2, temperature=1.5)  # as sampled
+    metrics = train_policy(sft_result[0], samples, out, config, progress=lambda *a: steps.append(a))
+    manifest = verify_checkpoint(out)
+    assert manifest["kind"] == "grpo" and (out / OPTIMIZER_FILE).is_file()
+    assert steps and steps[-1][:2] == (1, 1)
+    assert metrics["optimizer_steps"] == 1 and metrics["samples"] == 6 and metrics["groups"] == 2
+    assert metrics["mean_ratio"] == pytest.approx(1.0, abs=1e-3)  # on-policy: ratio 1 at step one
+    assert metrics["clip_fraction"] == 0.0 and metrics["grad_norm"] > 0
+    assert metrics["frac_zero_advantage"] == pytest.approx(2 / 6)
+    assert metrics["mean_advantage"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["tokens_per_s"] > 0
+
+    old, _ = load_policy(sft_result[0])
+    new, _ = load_policy(out)
+    assert any(not torch.equal(a, b) for a, b in zip(old.state_dict().values(), new.state_dict().values()))
+    after = [_sequence_logprob(out, s) for s in samples[:4]]
+    assert after[0] > before[0]  # the rewarded completion became more likely
+    assert sum(after[1:]) < sum(before[1:])
+
+    # A second round resumes the AdamW state saved with the first.
+    metrics2 = train_policy(out, samples, tmp_path / "policy-2", config)
+    assert metrics2["optimizer_steps"] == 1
+    verify_checkpoint(tmp_path / "policy-2")
+
+
+def test_train_policy_rejects_mismatched_logprobs(sft_result, tmp_path):
+    bad = TrainSample([1, 2], [3, 4], [-0.1], 1.0, "g")
+    with pytest.raises(ValueError, match="behaviour logprobs"):
+        train_policy(sft_result[0], [bad], tmp_path / "x")

@@ -1,0 +1,150 @@
+"""Atomic, verifiable policy checkpoints.
+
+A checkpoint is a plain Hugging Face directory (config.json, model.safetensors,
+generation_config.json, tokenizer files) plus `crucible_manifest.json`: the caller's
+manifest, the sha256 of every other file and one content hash over all of them. It is
+written into a temporary sibling directory and renamed into place, so a reader sees either
+the old checkpoint, the new one, or nothing, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+MANIFEST_FILE = "crucible_manifest.json"
+FORMAT = "crucible-checkpoint/1"
+REQUIRED_FILES: tuple[str, ...] = (
+    "config.json",
+    "model.safetensors",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+_RESERVED_KEYS = ("format", "files", "content_hash")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is missing, incomplete or corrupt."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_hash(files: dict[str, str]) -> str:
+    """One hash for the whole directory: sha256 over sorted 'name:sha256' lines."""
+    lines = "".join(f"{name}:{digest}\n" for name, digest in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def write_checkpoint_dir(out_dir: str | Path, write: Callable[[Path], None], manifest: dict[str, Any]) -> Path:
+    """Atomically create `out_dir` from `write(tmp_dir)` and a manifest; replaces an existing dir."""
+    clash = [k for k in _RESERVED_KEYS if k in manifest]
+    if clash:
+        raise ValueError(f"manifest keys {clash} are reserved by the checkpoint format")
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        write(tmp)
+        _write_manifest(tmp, manifest)
+        _fsync_dir_files(tmp)
+        _replace_dir(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def save_checkpoint(
+    model: Any,
+    tokenizer: Any,
+    out_dir: str | Path,
+    manifest: dict[str, Any],
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Save `model` (HF PreTrainedModel, safetensors) and `tokenizer` atomically with a manifest.
+
+    `extra(tmp_dir)` may add more files (e.g. optimizer state); they are hashed too.
+    """
+    from .tokenizer import save_tokenizer
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)
+        if extra is not None:
+            extra(tmp)
+
+    return write_checkpoint_dir(out_dir, write, manifest)
+
+
+def verify_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """Check every file against the manifest; return the manifest or raise CheckpointError."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint {root} does not exist or is not a directory")
+    manifest_path = root / MANIFEST_FILE
+    if not manifest_path.is_file():
+        raise CheckpointError(f"checkpoint {root} has no {MANIFEST_FILE} (partial or foreign directory)")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files: dict[str, str] = manifest["files"]
+        recorded = manifest["content_hash"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {root}: unreadable {MANIFEST_FILE}: {exc}") from exc
+    missing_required = [name for name in REQUIRED_FILES if name not in files]
+    if missing_required:
+        raise CheckpointError(f"checkpoint {root}: manifest lists no {missing_required}")
+    for name, digest in sorted(files.items()):
+        path = root / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {root}: file {name} is missing")
+        actual = sha256_file(path)
+        if actual != digest:
+            raise CheckpointError(
+                f"checkpoint {root}: file {name} is corrupt (sha256 {actual[:12]}…, manifest says {digest[:12]}…)"
+            )
+    if content_hash(files) != recorded:
+        raise CheckpointError(f"checkpoint {root}: content hash does not match its file list")
+    return manifest
+
+
+def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    files = {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_FILE
+    }
+    body = {**manifest, "format": FORMAT, "files": files, "content_hash": content_hash(files)}
+    (root / MANIFEST_FILE).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _fsync_dir_files(root: Path) -> None:
+    """Flush every file to disk; also make them world-readable (safetensors writes 0600)."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            p.chmod(0o644)
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename src onto dst; an existing dst is moved aside first and deleted afterwards."""
+    old = None
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(dst, old)
+    os.rename(src, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,30 @@
+"""ExperimentConfig: every setting of one experiment's iterations in one typed, documented place.
+
+The base policy it starts from is shared by experiments and configured on its own asset.
+
+Stored as JSON beside the experiment's data, so that an iteration launched later (from the UI or
+by the sensor) samples and trains exactly as the earlier ones did.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.trainer import GRPOConfig
+
+
+class ExperimentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    task_set: str = Field("default", description="built-in task set name or a path")
+    iterations: int = Field(3, ge=1, description="the sensor stops advancing after this many")
+    tasks_per_iteration: int | None = Field(
+        None, ge=1, description="train tasks sampled each iteration (seeded); None means all"
+    )
+    samples_per_task: int = Field(4, ge=2, description="GRPO group size K")
+    max_new_tokens: int = Field(96, ge=8, description="response budget per sample")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature for rollouts")
+    eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
+    seed: int = 0
+    grpo: GRPOConfig = GRPOConfig()

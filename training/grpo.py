@@ -1,0 +1,71 @@
+"""GRPO math as pure tensor functions (no model, no I/O).
+
+group_advantages: A_i = (r_i - mean_g) / (std_g + eps) over the completions of one prompt
+(std is the unbiased sample std, as in TRL's GRPOTrainer); groups whose rewards are all
+equal, and singleton groups, get exactly 0.
+
+clipped_policy_loss: PPO's clipped surrogate with token-level aggregation
+(DAPO / TRL "token" loss): every masked token of the batch weighs the same.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def group_advantages(rewards: Tensor, group_ids: Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """Per-sample advantages; `group_ids` are integer labels, any order, any group sizes."""
+    rewards = rewards.to(torch.float64).flatten()
+    _, index = torch.unique(group_ids.flatten(), return_inverse=True)
+    groups = int(index.max()) + 1 if index.numel() else 0
+    count = torch.zeros(groups, dtype=torch.float64).index_add_(0, index, torch.ones_like(rewards))
+    mean = torch.zeros(groups, dtype=torch.float64).index_add_(0, index, rewards) / count
+    centred = rewards - mean[index]
+    sq = torch.zeros(groups, dtype=torch.float64).index_add_(0, index, centred**2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    lo = torch.full((groups,), float("inf"), dtype=torch.float64).scatter_reduce(0, index, rewards, "amin")
+    hi = torch.full((groups,), float("-inf"), dtype=torch.float64).scatter_reduce(0, index, rewards, "amax")
+    degenerate = (hi == lo) | (count < 2)
+    adv = centred / (std[index] + eps) if scale_by_std else centred
+    adv = torch.where(degenerate[index], torch.zeros_like(adv), adv)
+    return adv.to(torch.float32)
+
+
+def clipped_policy_loss(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate loss, averaged over all masked tokens.
+
+    logprobs, behaviour_logprobs, mask: [batch, tokens]; advantages: [batch] or [batch, tokens].
+    loss_t = -min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps) * A), ratio_t = exp(lp_t - lp_behaviour_t).
+    stats: clip_fraction (tokens where the clipped branch is active: ratio > 1+eps with A > 0,
+    or ratio < 1-eps with A < 0), mean_ratio, approx_kl (k3 estimator of KL(behaviour || current)),
+    tokens.
+    """
+    keep = mask.bool()
+    mask = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
+    # Padding positions get ratio 1 so that inf/nan there can never leak into the sums.
+    log_ratio = torch.where(keep, logprobs - behaviour_logprobs.to(logprobs.dtype), 0.0)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    tokens = mask.sum().clamp(min=1.0)
+    loss = (per_token * mask).sum() / tokens
+    with torch.no_grad():
+        is_clipped = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
+        stats = {
+            "clip_fraction": float((is_clipped.to(mask.dtype) * mask).sum() / tokens),
+            "mean_ratio": float((ratio * mask).sum() / tokens),
+            "approx_kl": float((((ratio - 1.0) - log_ratio) * mask).sum() / tokens),
+            "tokens": float(mask.sum()),
+        }
+    return loss, stats

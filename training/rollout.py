@@ -1,0 +1,68 @@
+"""Single-turn rollouts: K samples per task from an inference engine, with their log-probs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from task_sets.schema import Task
+from training.engine import InferenceEngine, SamplingParams
+from training.prompts import extract_solution, render_prompt
+
+TASKS_PER_CALL = 16  # one generate call per chunk, so progress shows while a big batch runs
+
+
+@dataclass(frozen=True)
+class Rollout:
+    task_id: str
+    group_id: str
+    sample_index: int
+    policy_version: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    finish_reason: str
+    response_text: str
+    generate_s: float  # this sample's share of its batch's generation time
+
+    @property
+    def solution(self) -> str:
+        return extract_solution(self.response_text)
+
+
+def sample_rollouts(
+    engine: InferenceEngine,
+    tokenizer,
+    tasks: Sequence[Task],
+    params: SamplingParams,
+    group_prefix: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Rollout]:
+    """`params.n` samples for every task; samples of one task share the group `prefix/task_id`."""
+    rollouts: list[Rollout] = []
+    for start in range(0, len(tasks), TASKS_PER_CALL):
+        chunk = tasks[start : start + TASKS_PER_CALL]
+        prompts = [render_prompt(tokenizer, task.prompt) for task in chunk]
+        began = time.perf_counter()
+        completions = engine.generate(prompts, params)
+        share = (time.perf_counter() - began) / (len(chunk) * params.n)
+        for task, prompt, group in zip(chunk, prompts, completions):
+            rollouts.extend(
+                Rollout(
+                    task_id=task.id,
+                    group_id=f"{group_prefix}/{task.id}",
+                    sample_index=index,
+                    policy_version=engine.policy_version,
+                    prompt_ids=prompt,
+                    response_ids=completion.token_ids,
+                    behaviour_logprobs=completion.logprobs,
+                    finish_reason=completion.finish_reason,
+                    response_text=completion.text,
+                    generate_s=share,
+                )
+                for index, completion in enumerate(group)
+            )
+        if progress:
+            progress(min(start + TASKS_PER_CALL, len(tasks)), len(tasks))
+    return rollouts

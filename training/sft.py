@@ -1,0 +1,154 @@
+"""Supervised warm-up: teach the base policy the answer format before RL.
+
+Each example is (task prompt, reference solution). The model sees the chat-templated prompt
+and learns only the response tokens, solution + <|im_end|> (prompt targets are masked, like
+labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .batching import make_batch, token_logprobs
+from .checkpoint import save_checkpoint
+from .model import load_policy
+from .prompts import render_prompt
+from .tokenizer import IM_END
+
+ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 600  # ~6-9k examples seen (~55 epochs of 130 tasks); see report for the curve
+    lr: float = 3e-3  # small (3M) from-scratch model: high peak LR with warm-up + cosine is stable
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    warmup_steps: int = 30
+    batch_size: int = 16  # examples per optimizer step
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    max_grad_norm: float = 1.0
+    max_len: int = 1024  # examples longer than this (prompt + response) are skipped
+    group_by_length: bool = True  # batch similar lengths together: less padding
+    prompt_loss_weight: float = 0.0  # 0 = prompt targets masked (labels -100); >0 also models the prompt
+    seed: int = 0
+    threads: int | None = 1  # torch threads; None leaves the process setting alone
+
+
+def supervised_warmup(
+    policy_dir: str | Path,
+    examples: list[tuple[str, str]],
+    out_dir: str | Path,
+    config: SFTConfig = SFTConfig(),
+    progress: ProgressFn | None = None,
+) -> dict:
+    """Fine-tune the policy in `policy_dir` on (prompt, solution) pairs; save to `out_dir`."""
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    model, tokenizer = load_policy(policy_dir)
+    data, skipped = _encode(tokenizer, examples, config.max_len)
+    if not data:
+        raise ValueError("no usable SFT examples (all empty or longer than max_len)")
+    rng = random.Random(config.seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model.train()
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
+        losses, tokens, start = [], 0, time.perf_counter()
+        for step, batch_rows in enumerate(_batches(data, config, rng), start=1):
+            batch = make_batch([p for p, _ in batch_rows], [r for _, r in batch_rows], tokenizer.pad_token_id)
+            lp = token_logprobs(model, batch)
+            loss = -(lp * batch.mask).sum() / batch.mask.sum()  # response tokens only
+            objective = loss
+            if config.prompt_loss_weight > 0:
+                weights = batch.mask + config.prompt_loss_weight * (batch.valid - batch.mask)
+                objective = -(lp * weights).sum() / weights.sum()
+            optimizer.zero_grad(set_to_none=True)
+            objective.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.detach().item())
+            tokens += batch.tokens
+            if progress is not None:
+                progress(step, config.steps, losses[-1])
+        seconds = time.perf_counter() - start
+    model.eval()
+    metrics = {
+        "steps": len(losses),
+        "examples": len(data),
+        "skipped_examples": skipped,
+        "initial_loss": losses[0],
+        "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+        "loss_curve": losses,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+    }
+    manifest = {
+        "kind": "sft",
+        "parent": str(policy_dir),
+        "sft_config": asdict(config),
+        "metrics": {k: v for k, v in metrics.items() if k != "loss_curve"},
+    }
+    save_checkpoint(model, tokenizer, out_dir, manifest)
+    return metrics
+
+
+def _encode(tokenizer, examples: list[tuple[str, str]], max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    data, skipped = [], 0
+    for prompt, solution in examples:
+        p = render_prompt(tokenizer, prompt)
+        r = list(tokenizer.encode(solution, add_special_tokens=False)) + [im_end]
+        if len(p) + len(r) > max_len:
+            skipped += 1
+            continue
+        data.append((p, r))
+    return data, skipped
+
+
+def _batches(data: list, config: SFTConfig, rng: random.Random):
+    """config.steps batches; every epoch is reshuffled.
+
+    With group_by_length, each window of 8 batches is sorted by length before it is cut into
+    batches (then the batches are shuffled): ~15% less padding, nearly as random.
+    """
+    pending: list[list[int]] = []
+    for _ in range(config.steps):
+        if not pending:
+            pending = _epoch_batches(data, config, rng)
+        yield [data[i] for i in pending.pop()]
+
+
+def _epoch_batches(data: list, config: SFTConfig, rng: random.Random) -> list[list[int]]:
+    order = list(range(len(data)))
+    rng.shuffle(order)
+    size = config.batch_size
+    window = size * 8 if config.group_by_length else size
+    batches = []
+    for w in range(0, len(order), window):
+        chunk = order[w : w + window]
+        if config.group_by_length:
+            chunk.sort(key=lambda i: len(data[i][0]) + len(data[i][1]))
+        batches.extend(chunk[k : k + size] for k in range(0, len(chunk), size))
+    rng.shuffle(batches)
+    return batches
+
+
+def _lr_factor(step: int, config: SFTConfig) -> float:
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine

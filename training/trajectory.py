@@ -1,0 +1,107 @@
+"""From graded rollouts to trajectory rows, and from stored rows back to training samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sandbox.grading import GradeResult
+from task_sets.schema import Task
+from training.rollout import Rollout
+from training.trainer import TrainSample
+
+
+@dataclass(frozen=True)
+class VerifiedRollout:
+    rollout: Rollout
+    task: Task
+    grade: GradeResult
+
+    @property
+    def passed(self) -> bool:
+        return self.grade.reward_status == "scored" and self.grade.reward_components.get("all_passed") == 1.0
+
+
+def trajectory_row(verified: VerifiedRollout) -> dict:
+    """One row of the `trajectories` dataset (schema: datastore/schema.py)."""
+    rollout, task, grade = verified.rollout, verified.task, verified.grade
+    execution = grade.exec
+    return {
+        "task_id": task.id,
+        "task_version": task.version,
+        "split": task.split,
+        "difficulty": task.difficulty,
+        "family": task.family,
+        "group_id": rollout.group_id,
+        "sample_index": rollout.sample_index,
+        "policy_version": rollout.policy_version,
+        "prompt_token_ids": rollout.prompt_ids,
+        "response_token_ids": rollout.response_ids,
+        "loss_mask": [1] * len(rollout.response_ids),
+        "behaviour_logprobs": rollout.behaviour_logprobs,
+        "response_text": rollout.response_text,
+        "turns": [
+            {
+                "role": "assistant",
+                "action": "submit",
+                "exit_status": execution.status.value,
+                "observation_excerpt": (execution.stdout + execution.stderr)[:2000],
+            }
+        ],
+        "patch": rollout.solution,
+        "test_results": [
+            {"name": name, "outcome": outcome, "message": grade.messages.get(name, "")}
+            for name, outcome in grade.outcomes.items()
+        ],
+        "reward_components": grade.reward_components,
+        "reward": grade.reward,
+        "reward_status": grade.reward_status,
+        "passed": verified.passed,
+        "tamper_flags": list(grade.tamper_flags),
+        "exec_status": execution.status.value,
+        "timings": {
+            "queue_s": 0.0,
+            "generate_s": rollout.generate_s,
+            "sandbox_start_s": 0.0,
+            "exec_s": execution.wall_s,
+            "verify_s": execution.wall_s,
+        },
+        "prompt_tokens": len(rollout.prompt_ids),
+        "response_tokens": len(rollout.response_ids),
+        "finish_reason": rollout.finish_reason,
+        "error_class": execution.error.split(":", 1)[0] if execution.error else None,
+        "sandbox_backend": execution.backend,
+        "sandbox_spec_hash": execution.spec_hash,
+    }
+
+
+def evaluation_row(verified: VerifiedRollout) -> dict:
+    """One row of the `evaluations` dataset: a held-out task answered greedily."""
+    return {
+        "task_id": verified.task.id,
+        "difficulty": verified.task.difficulty,
+        "family": verified.task.family,
+        "policy_version": verified.rollout.policy_version,
+        "response_text": verified.rollout.response_text,
+        "reward": verified.grade.reward,
+        "passed": verified.passed,
+        "reward_status": verified.grade.reward_status,
+    }
+
+
+def train_samples(table: pa.Table) -> list[TrainSample]:
+    """Scored rows as training samples; infrastructure errors and invalid grades are masked out."""
+    columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id"]
+    rows = table.filter(pc.equal(table["reward_status"], "scored")).select(columns).to_pylist()
+    return [
+        TrainSample(
+            prompt_ids=row["prompt_token_ids"],
+            response_ids=row["response_token_ids"],
+            behaviour_logprobs=row["behaviour_logprobs"],
+            reward=row["reward"],
+            group_id=row["group_id"],
+        )
+        for row in rows
+    ]
