@@ -3,8 +3,8 @@
     task_set -> rollouts -> verified_rollouts -> trajectories -> checkpoint -> checkpoint_eval
 
 Iteration N samples from checkpoint N-1 (the base policy for N = 1). Dagster has no partition
-mapping for "the previous dynamic partition", so that edge is resolved by path and the exact
-checkpoint hash is recorded in the metadata; the sensor only starts N+1 once checkpoint N exists.
+mapping for "the previous dynamic partition", so the graph shows only the edge from base_policy;
+checkpoint N-1 is resolved by path and its exact content hash is recorded in the metadata; the sensor only starts N+1 once checkpoint N exists.
 """
 
 import random
@@ -14,6 +14,7 @@ from pathlib import Path
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, Output, asset
 
 from assets.partitions import iterations, parse_iteration_key
+from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from datastore.store import rows_to_table
@@ -72,7 +73,7 @@ def task_set(context: AssetExecutionContext, crucible: CrucibleResource) -> Outp
     return Output(tasks, metadata={"tasks": len(tasks), **{f"tasks/{d}": n for d, n in by_difficulty.items()}})
 
 
-@asset(**ITERATION, kinds={"pytorch"})
+@asset(**ITERATION, deps=[base_policy], kinds={"pytorch"})
 def rollouts(
     context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[Task]
 ) -> Output[list[Rollout]]:

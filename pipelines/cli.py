@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-console = Console(stderr=False)
+# Piped output (CI logs, `| tee`) has no terminal width; the summary table needs ~130 columns.
+console = Console(width=shutil.get_terminal_size((140, 40)).columns)
 errors = Console(stderr=True)
 
 
@@ -32,7 +33,7 @@ def prepare_instance() -> Path:
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".crucible/dagster").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
-        shutil.copy(PROJECT_DIR / "dagster.yaml", home / "dagster.yaml")
+        shutil.copy(Path(__file__).with_name("dagster.yaml"), home / "dagster.yaml")
     return home
 
 
@@ -75,7 +76,7 @@ def print_summary(storage_root: str, experiment: str) -> None:
     rows = catalog.connect(storage_root).execute(SUMMARY_QUERY, [experiment]).fetchall()
     table = Table(title=f"experiment {experiment!r}")
     for header in ("iter", "tasks", "samples", "pass rate", "mean reward", "gen tokens",
-                   "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass"):
+                   "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass ± se"):
         table.add_column(header, justify="right")
     for (it, tasks, samples, pass_rate, reward, tokens, s_roll, s_ver, s_traj, s_train, s_eval,
          eval_rate, eval_se) in rows:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster import AssetSelection, define_asset_job
+from dagster import AssetSelection, define_asset_job, in_process_executor
 
 ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval")
 
@@ -10,6 +10,8 @@ iteration_job = define_asset_job(
     "iteration",
     selection=AssetSelection.assets(*ITERATION_ASSETS),
     description="One RL iteration: sample, verify, store trajectories, train, evaluate.",
+    # The steps form a chain and each loads torch: a process per step would only add start-up time.
+    executor_def=in_process_executor,
 )
 
 base_policy_job = define_asset_job(

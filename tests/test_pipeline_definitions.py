@@ -30,6 +30,7 @@ def test_iteration_assets_are_partitioned_by_iteration():
         assert graph.get(AssetKey(key)).partitions_def == iterations
     assert graph.get(AssetKey("base_policy")).partitions_def is None
     assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories")}
+    assert graph.get(AssetKey("rollouts")).parent_keys == {AssetKey("task_set"), AssetKey("base_policy")}
 
 
 def test_iteration_keys_round_trip():
