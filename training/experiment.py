@@ -20,7 +20,7 @@ class ExperimentConfig(BaseModel):
     task_set: str = Field("default", description="built-in task set name or a path")
     iterations: int = Field(3, ge=1, description="the sensor stops advancing after this many")
     tasks_per_iteration: int | None = Field(
-        None, ge=1, description="train tasks sampled each iteration (seeded); None means all"
+        64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
     samples_per_task: int = Field(4, ge=2, description="GRPO group size K")
     max_new_tokens: int = Field(96, ge=8, description="response budget per sample")

@@ -27,7 +27,7 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 600  # ~6-9k examples seen (~55 epochs of 130 tasks); see report for the curve
+    steps: int = 160  # ~2.6k examples (~15 epochs of the train split): ~3 min on 2 cores
     lr: float = 3e-3  # small (3M) from-scratch model: high peak LR with warm-up + cosine is stable
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     warmup_steps: int = 30
@@ -39,7 +39,7 @@ class SFTConfig:
     group_by_length: bool = True  # batch similar lengths together: less padding
     prompt_loss_weight: float = 0.0  # 0 = prompt targets masked (labels -100); >0 also models the prompt
     seed: int = 0
-    threads: int | None = 1  # torch threads; None leaves the process setting alone
+    threads: int | None = 2  # training is compute-bound: 2 threads ~1.7x faster than 1 here
 
 
 def supervised_warmup(

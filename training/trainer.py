@@ -46,7 +46,7 @@ class GRPOConfig:
     keep_optimizer_state: bool = True  # carry AdamW moments across rounds via optimizer.pt
     skip_zero_advantage: bool = True  # exact: such samples have zero gradient
     seed: int = 0  # minibatch shuffling
-    threads: int | None = 1  # torch threads; None leaves the process setting alone
+    threads: int | None = 2  # training is compute-bound: 2 threads ~1.7x faster than 1 here
 
 
 @dataclass
