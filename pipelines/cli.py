@@ -18,14 +18,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from datastore import catalog
+from pipelines import environment
+from pipelines.errors import RunFailed, UserError
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 # Piped output (CI logs, `| tee`) has no terminal width; the summary table needs ~130 columns.
 console = Console(width=shutil.get_terminal_size((140, 40)).columns)
 errors = Console(stderr=True)
-
-
-class UserError(Exception):
-    """A mistake the user can fix; printed without a traceback."""
 
 
 def prepare_instance() -> Path:
@@ -45,7 +45,7 @@ def _use_storage(storage: str | None) -> None:
 def command_run(args: argparse.Namespace) -> int:
     prepare_instance()
     _use_storage(args.storage)
-    from pipelines.experiment_runner import ExperimentRunner
+    from pipelines.experiment_runner import ExperimentRunner  # torch and dagster: only when running
 
     runner = ExperimentRunner.for_experiment(args.experiment, iterations=args.iterations,
                                              samples_per_task=args.samples_per_task)
@@ -71,8 +71,6 @@ SUMMARY_QUERY = """
 
 def print_summary(storage_root: str, experiment: str) -> None:
     """One row per iteration, read back from the stored datasets."""
-    from datastore import catalog
-
     rows = catalog.connect(storage_root).execute(SUMMARY_QUERY, [experiment]).fetchall()
     table = Table(title=f"experiment {experiment!r}")
     for header in ("iter", "tasks", "samples", "pass rate", "mean reward", "gen tokens",
@@ -90,11 +88,8 @@ def print_summary(storage_root: str, experiment: str) -> None:
 
 
 def command_sql(args: argparse.Namespace) -> int:
-    from datastore import catalog
-    from pipelines.resources import crucible_resource
-
     _use_storage(args.storage)
-    con = catalog.connect(crucible_resource().storage_root)
+    con = catalog.connect(environment.storage_root())
     try:
         result = con.execute(args.query)
     except duckdb.Error as error:
@@ -156,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as error:
         errors.print(f"[red]error:[/red] invalid setting: {error}", highlight=False)
         return 2
+    except RunFailed as error:
+        errors.print(f"[red]run failed:[/red] {error}", highlight=False)
+        errors.print("The run's full event log is in the UI: crucible ui", highlight=False)
+        return 1
 
 
 if __name__ == "__main__":

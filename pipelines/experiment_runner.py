@@ -14,15 +14,12 @@ from rich.console import Console
 
 from assets.partitions import iteration_key, iterations
 from assets.resources import CrucibleResource
+from pipelines.errors import RunFailed
 from pipelines.resources import crucible_resource
 from training.checkpoint import CheckpointError, verify_checkpoint
 from training.experiment import ExperimentConfig
 
 console = Console(stderr=True)
-
-
-class RunFailed(RuntimeError):
-    pass
 
 
 class ExperimentRunner:

@@ -1,30 +1,14 @@
-"""Resources per environment, chosen in one place from environment variables.
-
-CRUCIBLE_STORAGE_ROOT     any fsspec URI for datasets (default ./.crucible/data)
-CRUCIBLE_CHECKPOINT_ROOT  local directory for checkpoints (default ./.crucible/checkpoints)
-CRUCIBLE_SANDBOX          sandbox backend (default local)
-"""
+"""Resources per environment, chosen in one place (see pipelines/environment.py)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from assets.resources import CrucibleResource
-
-DEFAULT_HOME = Path(".crucible")
-
-
-def _local_or_uri(value: str) -> str:
-    """Relative local paths become absolute, so the UI and the CLI agree wherever they start."""
-    return value if "://" in value else str(Path(value).resolve())
+from pipelines import environment
 
 
 def crucible_resource() -> CrucibleResource:
     return CrucibleResource(
-        storage_root=_local_or_uri(os.environ.get("CRUCIBLE_STORAGE_ROOT", str(DEFAULT_HOME / "data"))),
-        checkpoint_root=_local_or_uri(
-            os.environ.get("CRUCIBLE_CHECKPOINT_ROOT", str(DEFAULT_HOME / "checkpoints"))
-        ),
-        sandbox_backend=os.environ.get("CRUCIBLE_SANDBOX", "local"),
+        storage_root=environment.storage_root(),
+        checkpoint_root=environment.checkpoint_root(),
+        sandbox_backend=environment.sandbox_backend(),
     )

@@ -1,0 +1,30 @@
+"""Where this environment keeps things, from environment variables (light: no torch, no dagster).
+
+CRUCIBLE_STORAGE_ROOT     any fsspec URI for datasets (default ./.crucible/data)
+CRUCIBLE_CHECKPOINT_ROOT  local directory for checkpoints (default ./.crucible/checkpoints)
+CRUCIBLE_SANDBOX          sandbox backend (default local)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_HOME = Path(".crucible")
+
+
+def _local_or_uri(value: str) -> str:
+    """Relative local paths become absolute, so the UI and the CLI agree wherever they start."""
+    return value if "://" in value else str(Path(value).resolve())
+
+
+def storage_root() -> str:
+    return _local_or_uri(os.environ.get("CRUCIBLE_STORAGE_ROOT", str(DEFAULT_HOME / "data")))
+
+
+def checkpoint_root() -> str:
+    return _local_or_uri(os.environ.get("CRUCIBLE_CHECKPOINT_ROOT", str(DEFAULT_HOME / "checkpoints")))
+
+
+def sandbox_backend() -> str:
+    return os.environ.get("CRUCIBLE_SANDBOX", "local")
