@@ -7,6 +7,7 @@ mapping for "the previous dynamic partition", so the graph shows only the edge f
 checkpoint N-1 is resolved by path and its exact content hash is recorded in the metadata; the sensor only starts N+1 once checkpoint N exists.
 """
 
+import dataclasses
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -158,8 +159,10 @@ def checkpoint(context: AssetExecutionContext, crucible: CrucibleResource) -> Ma
         parent_dir, parent_hash = _policy(crucible, experiment.name, iteration)
         table = store.read_partition("trajectories", experiment.name, iteration)
         out_dir = crucible.checkpoint_dir(experiment.name, iteration)
+        # Log-probs are recomputed at the temperature the samples were drawn at.
+        grpo = dataclasses.replace(experiment.grpo, temperature=experiment.temperature)
         metrics = train_policy(
-            parent_dir, train_samples(table), out_dir, experiment.grpo,
+            parent_dir, train_samples(table), out_dir, grpo,
             progress=lambda step, total, loss: context.log.info(f"train step {step}/{total}: loss {loss:.4f}"),
             lineage={
                 "parent": {"path": str(parent_dir), "content_hash": parent_hash},

@@ -54,15 +54,19 @@ class ExperimentRunner:
         self._execute("reward_analytics_job")
 
     def _ensure_base_policy(self) -> None:
-        materialized = self.instance.get_latest_materialization_event(AssetKey("base_policy"))
+        if not self._base_policy_ready():
+            console.rule("base policy: build the model and warm it up on reference solutions")
+            self._execute("base_policy_job")
+
+    def _base_policy_ready(self) -> bool:
+        """Materialized in this instance and intact on disk (a half-deleted one is rebuilt)."""
+        if not self.instance.get_latest_materialization_event(AssetKey("base_policy")):
+            return False
         try:
             verify_checkpoint(self.crucible.base_policy_dir())
-            if materialized:
-                return
         except CheckpointError:
-            pass
-        console.rule("base policy: build the model and warm it up on reference solutions")
-        self._execute("base_policy_job")
+            return False
+        return True
 
     def _execute(self, job_name: str, partition_key: str | None = None) -> None:
         started = time.perf_counter()

@@ -1,9 +1,11 @@
 """Seeded generator for the built-in "default" task set.
 
 The policy is a tiny byte-level model trained from scratch, so the set holds many instances
-of a few task families: solving a new instance mostly means copying a name and constants
-from the prompt into a code shape the family never changes. Function names reveal the
-constants in the easy tier, only the family in the medium tier, and nothing in the hard tier.
+of a few task families: solving a new instance means copying constants from the prompt into
+a code shape the family never changes. Each family keeps one function name (`add`, `scale`,
+…): copying an arbitrary identifier byte by byte is beyond a 3M-parameter model after a few
+minutes of warm-up (measured: 0 of 40 after 1,200 steps), and a wrong name fails every test,
+which would leave reinforcement learning with no reward to work from.
 
 Run `python -m task_sets.generator` to rewrite `builtin/default/generated.jsonl`; the same
 seed always gives a byte-identical file.
@@ -64,26 +66,16 @@ def _calls(name: str, arguments: Sequence[object]) -> tuple[str, ...]:
     return tuple(f"{name}({argument!r})" for argument in arguments)
 
 
-def _family_tag(rng: random.Random) -> str:
-    """Medium-tier name suffix such as `k4`: tells instances apart, reveals no constant."""
-    return f"{rng.choice(string.ascii_lowercase)}{rng.randint(0, 9)}"
-
-
-def _opaque_name(rng: random.Random) -> str:
-    """Hard-tier name such as `f_q12`: reveals neither the family nor the constants."""
-    return f"{rng.choice('fgh')}_{rng.choice(string.ascii_lowercase)}{rng.randint(10, 99)}"
-
-
 def _int_list(rng: random.Random, low: int, high: int) -> list[int]:
     return [rng.randint(low, high) for _ in range(rng.randint(3, 6))]
 
 
-# --- easy: the name carries the constant --------------------------------------------------
+# --- easy: one operation with one constant --------------------------------------------------
 
 
 def _add_k(rng: random.Random) -> Instance:
     k = rng.randint(2, 40)
-    name = f"{rng.choice(('add', 'plus', 'inc_by'))}_{k}"
+    name = "add"
     return Instance(
         name,
         _prompt(f"{name}(x)", f"takes an integer x and returns x plus {k}"),
@@ -93,8 +85,8 @@ def _add_k(rng: random.Random) -> Instance:
 
 
 def _scale_k(rng: random.Random) -> Instance:
-    k = rng.randint(2, 12)
-    name = f"{rng.choice(('times', 'scale_by', 'mul'))}_{k}"
+    k = rng.randint(2, 30)
+    name = "scale"
     # x = 0 passes for any factor: a near-miss constant still earns partial credit.
     inputs = [0, *rng.sample([x for x in range(-15, 30) if x != 0], 3)]
     return Instance(
@@ -107,7 +99,7 @@ def _scale_k(rng: random.Random) -> Instance:
 
 def _const_str(rng: random.Random) -> Instance:
     word = rng.choice(_WORDS)
-    name = f"{rng.choice(('say', 'get', 'word'))}_{word}"
+    name = "word"
     # Length and end letters give a near-miss spelling partial credit.
     call = f"{name}()"
     return Instance(
@@ -118,12 +110,12 @@ def _const_str(rng: random.Random) -> Instance:
     )
 
 
-# --- medium: the name carries the family, the prompt the constants ------------------------
+# --- medium: a library call or two constants ------------------------
 
 
 def _affine(rng: random.Random) -> Instance:
     a, b = rng.randint(2, 9), rng.randint(1, 20)
-    name = f"{rng.choice(('affine', 'line'))}_{_family_tag(rng)}"
+    name = "affine"
     inputs = [0, 1, *rng.sample(range(2, 25), 2)]
     return Instance(
         name,
@@ -134,8 +126,8 @@ def _affine(rng: random.Random) -> Instance:
 
 
 def _repeat_str(rng: random.Random) -> Instance:
-    k = rng.randint(2, 6)
-    name = f"{rng.choice(('repeat', 'echo'))}_{_family_tag(rng)}"
+    k = rng.randint(2, 30)
+    name = "repeat"
     words = ["".join(rng.choices("abcxyz", k=rng.randint(1, 3))) for _ in range(3)]
     return Instance(
         name,
@@ -147,7 +139,7 @@ def _repeat_str(rng: random.Random) -> Instance:
 
 def _max_plus(rng: random.Random) -> Instance:
     k = rng.randint(1, 20)
-    name = f"{rng.choice(('max_plus', 'top_plus'))}_{_family_tag(rng)}"
+    name = "max_plus"
     lists = [_int_list(rng, -30, 30), _int_list(rng, -30, 30), _int_list(rng, -30, -1), [rng.randint(-9, 9)]]
     return Instance(
         name,
@@ -158,9 +150,9 @@ def _max_plus(rng: random.Random) -> Instance:
 
 
 def _count_char(rng: random.Random) -> Instance:
-    char = rng.choice("abdeilnorst")
-    others = rng.sample([c for c in "abdeilnorst" if c != char], 3)
-    name = f"{rng.choice(('count', 'tally'))}_{_family_tag(rng)}"
+    char = rng.choice(string.ascii_lowercase)
+    others = rng.sample([c for c in string.ascii_lowercase if c != char], 3)
+    name = "count_char"
 
     def text_with(occurrences: int) -> str:
         letters = [char] * occurrences + rng.choices(others, k=rng.randint(3, 7))
@@ -175,12 +167,12 @@ def _count_char(rng: random.Random) -> Instance:
     )
 
 
-# --- hard: an opaque name, a condition or a loop ------------------------------------------
+# --- hard: a condition or a loop ------------------------------------------
 
 
 def _threshold_negate(rng: random.Random) -> Instance:
     k = rng.randint(1, 20)
-    name = _opaque_name(rng)
+    name = "threshold"
     # Inputs around the threshold: a near-miss threshold fails only the boundary cases.
     inputs = [k + 1, k, k - rng.randint(1, 3), k + rng.randint(4, 15), -rng.randint(1, 9)]
     return Instance(
@@ -192,8 +184,8 @@ def _threshold_negate(rng: random.Random) -> Instance:
 
 
 def _sum_multiples(rng: random.Random) -> Instance:
-    k = rng.randint(2, 9)
-    name = _opaque_name(rng)
+    k = rng.randint(2, 30)
+    name = "sum_multiples"
     inputs = [k, k + 1, 3 * k + rng.randint(1, k - 1), rng.randint(20, 60)]
     return Instance(
         name,
@@ -206,7 +198,7 @@ def _sum_multiples(rng: random.Random) -> Instance:
 
 def _filter_above(rng: random.Random) -> Instance:
     k = rng.randint(0, 20)
-    name = _opaque_name(rng)
+    name = "filter_above"
     lists = [[], _int_list(rng, k - 10, k + 10), _int_list(rng, k - 10, k + 10), [k - 1, k, k + 1]]
     behaviour = f"takes a list of integers xs and returns a list of its elements greater than {k}, in order"
     return Instance(
@@ -243,9 +235,13 @@ def _family_tasks(family: str, seed: int) -> list[Task]:
     # One stream per family, so adding or changing a family leaves the others' instances alone.
     rng = random.Random(f"{seed}/{family}")
     instances: dict[str, Instance] = {}
-    while len(instances) < INSTANCES_PER_FAMILY:
+    for _ in range(100 * INSTANCES_PER_FAMILY):
         instance = make_instance(rng)
         instances.setdefault(instance.reference_solution, instance)
+        if len(instances) == INSTANCES_PER_FAMILY:
+            break
+    else:
+        raise ValueError(f"family {family}: only {len(instances)} distinct instances exist")
     ids = [f"default/{family}/{index:04d}" for index in range(INSTANCES_PER_FAMILY)]
     splits = _splits(ids)
     return [

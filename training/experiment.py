@@ -24,7 +24,11 @@ class ExperimentConfig(BaseModel):
     )
     samples_per_task: int = Field(4, ge=2, description="GRPO group size K")
     max_new_tokens: int = Field(96, ge=8, description="response budget per sample")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature for rollouts")
+    temperature: float = Field(
+        0.6, gt=0,
+        description="sampling temperature of rollouts, and the trainer's (they must agree); 0.6 "
+        "keeps the warmed-up default model's samples mostly valid Python",
+    )
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
     seed: int = 0
     grpo: GRPOConfig = GRPOConfig()
