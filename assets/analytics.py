@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: render to PNG bytes
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from assets.iteration import checkpoint_eval, trajectories
@@ -33,6 +34,7 @@ def reward_curve_png(rows: list[dict]) -> bytes:
             marker="^", capsize=3, label=f"{experiment}: held-out pass rate",
         )
     axis.set(xlabel="iteration", ylabel="rate", ylim=(0, 1), title="Crucible reward curve")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
     buffer = io.BytesIO()

@@ -57,7 +57,7 @@ class TransformersEngine:
         self,
         checkpoint_dir: str | Path,
         policy_version: str,
-        threads: int | None = 1,  # 1 is steady on small CPUs; 2 threads stalled for seconds here
+        threads: int | None = 1,  # 1 is steady; 2 threads on the 2-core box stalled decoding for seconds
         batch_size: int = 64,  # sequences (prompt copies) per generate call
         static_cache: bool = True,  # preallocated KV cache: ~25% faster than DynamicCache on CPU
     ) -> None:

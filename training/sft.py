@@ -3,6 +3,13 @@
 Each example is (task prompt, reference solution). The model sees the chat-templated prompt
 and learns only the response tokens, solution + <|im_end|> (prompt targets are masked, like
 labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
+
+Measured on the 2-core CPU box (default 3.25M Llama, 160 train tasks of the default set):
+the loss falls from ~5.8 to ~0.2 within a few hundred steps, but that is memorisation of the
+train tasks; copying an unseen instance's name and constants out of the prompt (an
+induction-style lookup at a variable distance) had not emerged after 1,200 steps (~16 min)
+even with 1,700 distinct generated instances. Expect the warm-up to teach the answer format
+and the train tasks, not generalisation, within minutes of CPU.
 """
 
 from __future__ import annotations
