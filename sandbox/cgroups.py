@@ -18,7 +18,7 @@ _REMOVE_TIMEOUT_S = 5.0
 
 
 class CgroupError(RuntimeError):
-    pass
+    """A cgroup could not be created, limited or joined: the run becomes an XX result."""
 
 
 @dataclass(frozen=True)
