@@ -9,6 +9,7 @@ checkpoint N-1 is resolved by path and its exact content hash is recorded in the
 
 import dataclasses
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,17 +51,24 @@ def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tupl
 
 
 def _grade_all(
-    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[Task, str]]
-) -> list:
-    """Grade every (task, solution) in its own fresh sandbox, a few at a time."""
+    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[Task, Rollout]]
+) -> list[VerifiedRollout]:
+    """Grade every (task, rollout) in its own fresh sandbox, a few at a time."""
+
+    def verify(item: tuple[Task, Rollout]) -> VerifiedRollout:
+        task, rollout = item
+        started = time.perf_counter()
+        grade = grade_solution(task, rollout.solution)
+        return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started)
+
     step = max(1, len(work) // 5)
-    grades = []
+    verified = []
     with ThreadPoolExecutor(crucible.grading_workers) as pool:
-        for done, grade in enumerate(pool.map(lambda item: grade_solution(*item), work), start=1):
-            grades.append(grade)
+        for done, result in enumerate(pool.map(verify, work), start=1):
+            verified.append(result)
             if done % step == 0 or done == len(work):
                 context.log.info(f"graded {done}/{len(work)}")
-    return grades
+    return verified
 
 
 @asset(**ITERATION)
@@ -120,8 +128,7 @@ def verified_rollouts(
     experiment, iteration = _experiment(context, crucible)
     tasks = {task.id: task for task in task_set}
     with timed_stage(crucible.store(), experiment.name, iteration, "verified_rollouts"):
-        grades = _grade_all(context, crucible, [(tasks[r.task_id], r.solution) for r in rollouts])
-    verified = [VerifiedRollout(r, tasks[r.task_id], g) for r, g in zip(rollouts, grades)]
+        verified = _grade_all(context, crucible, [(tasks[r.task_id], r) for r in rollouts])
     scored = [v for v in verified if v.grade.reward_status == "scored"]
     return Output(
         verified,
@@ -204,8 +211,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
         tasks = load_task_set(experiment.task_set).eval()[: experiment.eval_tasks]
         params = SamplingParams(n=1, max_new_tokens=experiment.max_new_tokens, temperature=0.0)
         samples = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{context.partition_key}/eval")
-        grades = _grade_all(context, crucible, [(task, s.solution) for task, s in zip(tasks, samples)])
-        rows = [evaluation_row(VerifiedRollout(s, t, g)) for s, t, g in zip(samples, tasks, grades)]
+        rows = [evaluation_row(v) for v in _grade_all(context, crucible, list(zip(tasks, samples)))]
         store.write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
     pass_rate = sum(row["passed"] for row in rows) / len(rows)
     stderr = (pass_rate * (1 - pass_rate) / len(rows)) ** 0.5

@@ -18,6 +18,7 @@ class VerifiedRollout:
     rollout: Rollout
     task: Task
     grade: GradeResult
+    verify_s: float  # grading wall time: sandbox set-up, tests, report parsing
 
     @property
     def passed(self) -> bool:
@@ -61,12 +62,12 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "passed": verified.passed,
         "tamper_flags": list(grade.tamper_flags),
         "exec_status": execution.status.value,
-        "timings": {
-            "queue_s": 0.0,
+        "timings": {  # null: not measured by the single-turn skeleton
+            "queue_s": None,
             "generate_s": rollout.generate_s,
-            "sandbox_start_s": 0.0,
+            "sandbox_start_s": None,
             "exec_s": execution.wall_s,
-            "verify_s": execution.wall_s,
+            "verify_s": verified.verify_s,
         },
         "prompt_tokens": len(rollout.prompt_ids),
         "response_tokens": len(rollout.response_ids),
