@@ -12,7 +12,7 @@ from training.sft import SFTConfig, supervised_warmup
 
 
 class BasePolicyConfig(Config):
-    """Defaults build the documented 2.84M-parameter model; tests shrink it."""
+    """Defaults build the 3.25M-parameter default model; tests shrink it."""
 
     task_set: str = "default"
     seed: int = 0
