@@ -8,6 +8,7 @@ sandbox turns that into an infrastructure error (XX), never into the model's fau
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -180,10 +181,8 @@ class RunCgroup:
     def pids(self) -> set[int]:
         found: set[int] = set()
         for f in self.procs_files:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # the cgroup went away meanwhile
                 found.update(int(p) for p in Path(f).read_text().split())
-            except (OSError, ValueError):
-                pass
         return found
 
     def kill_all(self, timeout_s: float = _REMOVE_TIMEOUT_S) -> bool:
@@ -191,19 +190,15 @@ class RunCgroup:
         for d in self._dirs:
             kill_file = d / "cgroup.kill"  # v2, kernel >= 5.14: atomic, beats fork races
             if kill_file.exists():
-                try:
+                with contextlib.suppress(OSError):  # fall back to killing pid by pid below
                     kill_file.write_text("1")
-                except OSError:
-                    pass
         deadline = time.monotonic() + timeout_s
         while pids := self.pids():
             if time.monotonic() > deadline:
                 return False
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):  # already exited
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.002)
         return True
 

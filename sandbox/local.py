@@ -21,6 +21,7 @@ Requires root (bwrap without a user namespace, cgroup writes, chown).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import selectors
@@ -324,10 +325,8 @@ def _classify(outcome: _Outcome, cgroup) -> tuple[ExecStatus, int | None, int | 
 
 def _kill_group(pgid: int) -> None:
     # bwrap leads its own process group; killing it takes its pid namespace (all of it) down.
-    try:
+    with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _default_scratch(cgroup_host: cgroups.CgroupHost | None) -> str:

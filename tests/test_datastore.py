@@ -6,6 +6,7 @@ import datetime as dt
 import multiprocessing
 import os
 import signal
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -92,7 +93,7 @@ def test_killed_writer_leaves_previous_partition_intact(tmp_path):
     writer.start()
     staging = tmp_path / "_staging" / "trajectories"
     while not (staging.exists() and any(staging.iterdir())):  # wait until a write is under way
-        pass
+        time.sleep(0.001)
     os.kill(writer.pid, signal.SIGKILL)
     writer.join()
     table = store.read_partition("trajectories", "exp", 1)
