@@ -1,14 +1,50 @@
-"""What every sandbox backend offers: run one command over a fresh workspace, with extra mounts."""
+"""What every sandbox backend offers.
+
+A backend (`Sandbox`) opens sessions. A `Session` is one isolated workspace with its own
+limits, used for many commands in a row (an agent's turns), and closed when done:
+
+    with sandbox.session(files) as s:
+        s.exec(["python3", "main.py"])       # ExecResult; s.log keeps every one
+        s.put_files({"main.py": b"..."})
+        s.get_files(["out.txt"])             # {"out.txt": b"..."}
+        snap = s.snapshot()                  # the workspace as a tar archive (bytes)
+        s.restore(snap)
+        s.reset()                            # back to the files the session opened with
+
+Contract shared by the backends:
+- Nothing a command starts outlives its `exec`: the process tree is killed when the command
+  ends, times out or floods output. State lives in the workspace (and /tmp) only.
+- `exec` never raises for a problem of the sandbox itself: it returns status XX.
+- `put_files` / `get_files` take relative paths inside the workspace; absolute paths, `..`
+  and symlinks planted by the command are refused with WorkspacePathError.
+- `close` is idempotent and leaves nothing behind: no process, mount, cgroup, container or file.
+- `run` is one command in a fresh session: what grading uses.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sandbox.result import ExecResult
+from sandbox.result import ExecResult, infrastructure_error
 from sandbox.spec import SandboxSpec
+
+WORKSPACE = "/workspace"
+
+# Called with ("stdout" | "stderr", chunk) as output arrives, for streaming.
+OutputCallback = Callable[[str, bytes], None]
+
+
+class SandboxUnavailable(RuntimeError):
+    """A session could not be opened or kept alive: an infrastructure failure, never the
+    model's fault. A pool retries it on a fresh sandbox."""
+
+
+class WorkspacePathError(ValueError):
+    """A put/get path leaves the workspace, or names something that is not a regular file."""
 
 
 @dataclass(frozen=True)
@@ -20,14 +56,39 @@ class Mount:
     writable: bool = False
 
 
+class Session(Protocol):
+    id: str
+    spec: SandboxSpec
+    log: list[ExecResult]
+
+    def exec(
+        self, command: Sequence[str], *, timeout_s: float | None = None, on_output: OutputCallback | None = None
+    ) -> ExecResult: ...
+    def put_files(self, files: Mapping[str, str | bytes]) -> None: ...
+    def get_files(self, paths: Sequence[str]) -> dict[str, bytes]: ...
+    def snapshot(self) -> bytes: ...
+    def restore(self, snapshot: bytes) -> None: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Session: ...
+    def __exit__(self, *exc) -> None: ...
+
+
 class Sandbox(Protocol):
     name: str
     spec: SandboxSpec
-    scratch_dir: Path  # host directory for per-run directories (workspace, grading mounts)
+    scratch_dir: Path  # host directory for grading mounts (test files, report)
 
-    def run(
-        self,
-        command: list[str],
-        files: Mapping[str, str | bytes],
-        mounts: Sequence[Mount] = (),
-    ) -> ExecResult: ...
+    def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> Session: ...  # noqa: B006
+    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult: ...
+
+
+def run_once(sandbox: Sandbox, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount]) -> ExecResult:
+    """One command in a fresh session (what `Sandbox.run` does); a session that cannot open
+    is an XX result."""
+    started = time.monotonic()
+    try:
+        with sandbox.session(files, mounts) as session:
+            return session.exec(command)
+    except SandboxUnavailable as e:
+        return infrastructure_error(sandbox.spec.hash, sandbox.name, str(e), started)

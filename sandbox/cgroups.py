@@ -202,19 +202,27 @@ class RunCgroup:
             time.sleep(0.002)
         return True
 
-    def oom_killed(self) -> bool:
+    def oom_kills(self) -> int:
+        """OOM kills so far; a session compares the count before and after each run."""
         if not self._memory_dir:
-            return False
+            return 0
         events = _flat_keyed(self._memory_dir / self._names.oom_events)
         if "oom_kill" in events:
-            return events["oom_kill"] > 0
-        # Kernels before 4.13 have no counter; a hit limit is the best evidence left.
-        return _read_int(self._memory_dir / "memory.failcnt", 0) > 0
+            return events["oom_kill"]
+        # Kernels before 4.13 have no counter; times the limit was hit is the best evidence left.
+        return _read_int(self._memory_dir / "memory.failcnt", 0)
 
     def peak_memory_bytes(self) -> int | None:
         if not self._memory_dir:
             return None
         return _read_int(self._memory_dir / self._names.peak_memory, None)
+
+    def reset_peak_memory(self) -> None:
+        """Start a new peak for the next run (v1, and v2 on kernels >= 6.12); where the peak
+        cannot be reset it stays the session's peak so far."""
+        if self._memory_dir:
+            with contextlib.suppress(OSError):
+                (self._memory_dir / self._names.peak_memory).write_text("0")
 
     def destroy(self) -> None:
         """Kill what is left and remove the directories; CgroupError if that is impossible."""

@@ -1,9 +1,12 @@
 """LocalSandbox: run untrusted code on this host under bubblewrap, as an unprivileged user.
 
-Layers, outermost first:
+A session is a directory on its own size-capped tmpfs (workspace/ and tmp/, so a full disk or
+inode table is ENOSPC inside the session, never on the host) plus one cgroup for memory and
+process limits; every `exec` is one bubblewrap run over that directory. Layers, outermost first:
   /bin/sh (root)       joins the run's cgroup(s), then execs bwrap; children inherit the cgroup
   bwrap (root)         new pid/net/ipc/uts/cgroup namespaces, a fresh root with read-only /usr,
                        private /workspace, empty /tmp, own /proc, minimal /dev, empty environment
+  seccomp              bwrap installs the deny-list of sandbox/seccomp.py before the next exec
   setpriv              becomes uid/gid 65534 for real (no user namespace), drops every capability,
                        sets no_new_privs
   /bin/sh (65534)      lowers rlimits, tells us that the sandbox is up by writing one byte to
@@ -16,12 +19,14 @@ then sweep the cgroup), output bytes (same kill), memory and process count (a pe
 or RLIMIT_AS / RLIMIT_NPROC where no cgroup is usable, recorded in ExecResult.notes), and
 RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0 set by the sandbox user's shell.
 
-Requires root (bwrap without a user namespace, cgroup writes, chown).
+Requires root (bwrap without a user namespace, cgroup writes, mount, chown).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import secrets
 import selectors
@@ -32,18 +37,18 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from sandbox import cgroups
-from sandbox.base import Mount
-from sandbox.result import ExecResult, ExecStatus
+from sandbox import cgroups, seccomp
+from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, run_once
+from sandbox.result import ExecResult, ExecStatus, infrastructure_error
 from sandbox.spec import Limits, SandboxSpec
+from sandbox.workspace import HostWorkspace, clear_directory
 
 BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"
 SH = "/bin/sh"
-WORKSPACE = "/workspace"
 NOFILE = 1024
 # With a pids cgroup the per-run limit lives there; RLIMIT_NPROC counts every uid-65534
 # process on the machine, so it is only a machine-wide backstop that parallel runs share.
@@ -63,14 +68,11 @@ _ETC_BASE = ("alternatives", "ld.so.cache", "localtime")
 _ETC_NETWORK = ("resolv.conf", "hosts", "nsswitch.conf", "gai.conf", "ssl", "ca-certificates")
 
 
-class SandboxSetupError(RuntimeError):
-    """Our own machinery failed; the run is reported as XX."""
-
-
 @dataclass
 class _Capture:
     """The first `keep` bytes of one stream, and how many bytes it produced in all."""
 
+    name: str  # "stdout" or "stderr"
     keep: int
     data: bytearray = field(default_factory=bytearray)
     total: int = 0
@@ -99,9 +101,13 @@ class _Outcome:
     wait_status: int | None = None
     cpu_s: float = 0.0
     max_rss_bytes: int | None = None
+    oom_killed: bool = False  # the session cgroup counted an OOM kill during this run
+    wall_s: float = 0.0
 
 
 class LocalSandbox:
+    """Sessions on this host under bubblewrap; see the module docstring for the layers."""
+
     name = "local"
 
     def __init__(
@@ -111,93 +117,171 @@ class LocalSandbox:
         scratch_dir: Path | None = None,
         cgroup_parent: str = "crucible",
     ):
-        """`scratch_dir` holds the per-run host directories (default: see `_default_scratch`);
-        `cgroup_parent` names the cgroup directory that per-run cgroups are created in."""
+        """`scratch_dir` holds session and grading directories (default: see `_default_scratch`);
+        `cgroup_parent` names the cgroup directory that per-session cgroups are created in.
+
+        Raises SandboxUnavailable when this host cannot isolate as `spec` asks."""
         self.spec = spec
         self.cgroup_host = cgroups.detect(cgroup_parent)
         self.scratch_dir = Path(scratch_dir or _default_scratch(self.cgroup_host))
+        self.weaknesses = self._weaknesses()
+        if self.weaknesses and not spec.allow_weak_isolation:
+            raise SandboxUnavailable(
+                "the local sandbox cannot isolate as asked on this host: " + "; ".join(self.weaknesses)
+                + " (set SandboxSpec(allow_weak_isolation=True) to run anyway with rlimits)"
+            )
 
-    def run(
-        self,
-        command: list[str],
-        files: Mapping[str, str | bytes],
-        mounts: Sequence[Mount] = (),
-    ) -> ExecResult:
-        if not command:
-            raise ValueError("command must not be empty")
-        started = time.monotonic()
+    def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> LocalSession:  # noqa: B006
+        return LocalSession(self, files, mounts)
+
+    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult:
+        return run_once(self, command, files, mounts)
+
+    def _weaknesses(self) -> list[str]:
+        found = []
+        host = self.cgroup_host
+        if host is None or host.memory_parent is None:
+            found.append("no writable memory cgroup: memory limited by RLIMIT_AS, MemoryError instead of ML")
+        if host is None or host.pids_parent is None:
+            found.append("no writable pids cgroup: processes limited by RLIMIT_NPROC, shared by all runs")
         try:
-            self._check_host()
-            with self._run_dir() as run_dir:
-                workspace = _populate_workspace(run_dir, files, self.spec)
-                with self._cgroup() as cgroup:
-                    return self._execute(command, run_dir, workspace, mounts, cgroup, started)
-        except (SandboxSetupError, cgroups.CgroupError, OSError) as e:
-            return self._infra_error(f"{type(e).__name__}: {e}", started)
+            seccomp.bpf_program()
+            self.has_seccomp = True
+        except seccomp.SeccompUnavailable as e:
+            self.has_seccomp = False
+            found.append(f"no seccomp filter: {e}")
+        return found
 
-    # -- setup -------------------------------------------------------------------------------
 
-    def _check_host(self) -> None:
-        if self.spec.image != "host":
-            raise SandboxSetupError(f"the local backend runs image 'host' only, not {self.spec.image!r}")
-        for tool in (BWRAP, SETPRIV, SH):
-            if not os.access(tool, os.X_OK):
-                raise SandboxSetupError(f"{tool} is missing (install bubblewrap / util-linux)")
+class LocalSession:
+    """One workspace on a size-capped tmpfs, one cgroup, many bwrap runs."""
 
-    @contextmanager
-    def _run_dir(self):
-        run_dir = Path(tempfile.mkdtemp(prefix="crucible-run-", dir=self.scratch_dir))
+    def __init__(self, backend: LocalSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount]):
+        self.id = secrets.token_hex(8)
+        self.spec = backend.spec
+        self.log: list[ExecResult] = []
+        self._backend, self._mounts, self._closed = backend, tuple(mounts), False
+        self._cgroup: cgroups.RunCgroup | None = None
+        _check_host(self.spec)
+        self._dir = Path(tempfile.mkdtemp(prefix=f"crucible-{os.getpid()}-{self.id}-", dir=backend.scratch_dir))
         try:
-            yield run_dir
-        finally:
-            # rmtree never follows symlinks the command may have planted; root ignores modes.
-            shutil.rmtree(run_dir)
+            self._mount_tmpfs()
+            self._make_layout()
+            self._cgroup = self._make_cgroup()
+            self.workspace.put(files)
+            self._initial = self.workspace.snapshot()
+        except BaseException as e:  # bad input files included: nothing may be left behind
+            self.close()
+            if isinstance(e, (OSError, cgroups.CgroupError)):
+                raise SandboxUnavailable(f"cannot open a local session: {type(e).__name__}: {e}") from e
+            raise
 
-    @contextmanager
-    def _cgroup(self):
-        if self.cgroup_host is None:
-            yield None
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill what runs, remove the cgroup, unmount and delete the session directory."""
+        if self._closed:
             return
-        cgroup = cgroups.RunCgroup(self.cgroup_host, secrets.token_hex(8))
-        cgroup.create(self.spec.limits.memory_mb << 20, self.spec.limits.pids)
+        self._closed = True
         try:
-            yield cgroup
+            if self._cgroup is not None:
+                self._cgroup.destroy()
         finally:
-            cgroup.destroy()
+            _unmount(self._dir)
+            shutil.rmtree(self._dir)
+
+    def reset(self) -> None:
+        """Back to the files the session was opened with; /tmp emptied."""
+        self._check_open()
+        clear_directory(self._dir / "tmp")
+        self.workspace.restore(self._initial)
+
+    # -- files -------------------------------------------------------------------------------
+
+    def put_files(self, files: Mapping[str, str | bytes]) -> None:
+        self._check_open()
+        self.workspace.put(files)
+
+    def get_files(self, paths: Sequence[str]) -> dict[str, bytes]:
+        self._check_open()
+        return self.workspace.get(paths)
+
+    def snapshot(self) -> bytes:
+        self._check_open()
+        return self.workspace.snapshot()
+
+    def restore(self, snapshot: bytes) -> None:
+        self._check_open()
+        self.workspace.restore(snapshot)
 
     # -- execution ---------------------------------------------------------------------------
 
-    def _execute(self, command, run_dir, workspace, mounts, cgroup, started) -> ExecResult:
+    def exec(
+        self, command: Sequence[str], *, timeout_s: float | None = None, on_output: OutputCallback | None = None
+    ) -> ExecResult:
+        self._check_open()
+        if not command:
+            raise ValueError("command must not be empty")
+        started_at, started = time.time(), time.monotonic()
         limits = self.spec.limits
-        argv = [SH, "-c", _JOIN_CGROUPS, "sh", *_join_args(cgroup)]
-        argv += self._bwrap_args(run_dir, workspace, mounts)
+        deadline = started + (limits.wall_s if timeout_s is None else timeout_s)
+        stdout, stderr = _Capture("stdout", limits.excerpt_bytes), _Capture("stderr", limits.excerpt_bytes)
+        outcome = _Outcome()
+        try:
+            oom_before = self._cgroup.oom_kills() if self._cgroup else 0
+            if self._cgroup:
+                self._cgroup.reset_peak_memory()
+            self._execute(list(command), stdout, stderr, outcome, deadline, on_output)
+            outcome.wall_s = time.monotonic() - started
+            if self._cgroup is not None:
+                self._cgroup.kill_all()  # nothing of this run may outlive it, even if bwrap misbehaved
+                outcome.oom_killed = self._cgroup.oom_kills() > oom_before
+            result = self._result(outcome, stdout, stderr)
+        except (OSError, cgroups.CgroupError, seccomp.SeccompUnavailable) as e:
+            result = infrastructure_error(self.spec.hash, LocalSandbox.name, f"{type(e).__name__}: {e}", started)
+        result = replace(result, command=tuple(command), started_at=started_at, session_id=self.id)
+        self.log.append(result)
+        return result
+
+    def _execute(self, command, stdout, stderr, outcome: _Outcome, deadline: float, on_output) -> None:
+        limits = self.spec.limits
+        seccomp_fd = self._seccomp_fd()
+        argv = [SH, "-c", _JOIN_CGROUPS, "sh", *_join_args(self._cgroup)]
+        argv += self._bwrap_args(seccomp_fd)
         argv += [SETPRIV, "--reuid", str(self.spec.uid), "--regid", str(self.spec.gid), "--clear-groups",
                  "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
-        argv += [SH, "-c", _LOWER_LIMITS_AND_EXEC.format(ulimits=_ulimits(limits, cgroup)), "sh", *command]
+        argv += [SH, "-c", _LOWER_LIMITS_AND_EXEC.format(ulimits=_ulimits(limits, self._cgroup)), "sh", *command]
         ready_r, ready_w = os.pipe()
         try:
             proc = subprocess.Popen(
                 argv, stdin=ready_w, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, env={}, cwd="/",
+                start_new_session=True, env={}, cwd="/", pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             )
-        except OSError:
-            os.close(ready_r)
-            raise
         finally:
             os.close(ready_w)
-        stdout, stderr = _Capture(limits.excerpt_bytes), _Capture(limits.excerpt_bytes)
-        outcome = _Outcome()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         try:
-            self._pump(proc, ready_r, stdout, stderr, outcome, started + limits.wall_s)
+            self._pump(proc, ready_r, stdout, stderr, outcome, deadline, on_output)
         finally:
             os.close(ready_r)
             proc.stdout.close()
             proc.stderr.close()
-        return self._result(outcome, stdout, stderr, cgroup, started)
 
-    def _bwrap_args(self, run_dir: Path, workspace: Path, mounts: Sequence[Mount]) -> list[str]:
+    def _seccomp_fd(self) -> int | None:
+        return seccomp.bpf_fd() if self._backend.has_seccomp else None
+
+    def _bwrap_args(self, seccomp_fd: int | None) -> list[str]:
         args = [BWRAP, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         if not self.spec.network:
             args.append("--unshare-net")  # a fresh namespace with loopback only
         for key, value in self.spec.env:
@@ -209,16 +293,17 @@ class LocalSandbox:
         for name in _ETC_BASE + (_ETC_NETWORK if self.spec.network else ()):
             if os.path.lexists(f"/etc/{name}"):
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        args += ["--ro-bind", str(run_dir / "passwd"), "/etc/passwd",
-                 "--ro-bind", str(run_dir / "group"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
-                 "--size", str(self.spec.limits.disk_mb << 20), "--tmpfs", "/tmp",
-                 "--bind", str(workspace), WORKSPACE]
-        for m in mounts:
+        args += ["--ro-bind", str(self._dir / "passwd"), "/etc/passwd",
+                 "--ro-bind", str(self._dir / "group"), "/etc/group",
+                 "--proc", "/proc", "--dev", "/dev",
+                 "--size", str(self.spec.limits.disk_mb << 20), "--tmpfs", "/dev/shm",
+                 "--bind", str(self._dir / "tmp"), "/tmp",
+                 "--bind", str(self._dir / "workspace"), WORKSPACE]
+        for m in self._mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(m.host_path), m.sandbox_path]
         return args + ["--chdir", WORKSPACE, "--"]
 
-    def _pump(self, proc, ready_r, stdout, stderr, outcome: _Outcome, deadline: float) -> None:
+    def _pump(self, proc, ready_r, stdout, stderr, outcome: _Outcome, deadline: float, on_output) -> None:
         """Read both streams and the ready pipe until the sandbox exits or a limit is hit."""
         sel = selectors.DefaultSelector()
         sel.register(ready_r, selectors.EVENT_READ, None)
@@ -238,66 +323,83 @@ class LocalSandbox:
                         outcome.ready = True
                     else:
                         key.data.add(chunk)
+                        if on_output is not None:
+                            on_output(key.data.name, chunk)
                 if stdout.total + stderr.total > self.spec.limits.output_bytes:
                     outcome.killed_for = ExecStatus.OL
         finally:
             sel.close()
         if outcome.killed_for is not None:
             _kill_group(proc.pid)
-        self._reap(proc, outcome, deadline)
+        _reap(proc, outcome, deadline)
 
-    def _reap(self, proc, outcome: _Outcome, deadline: float) -> None:
-        """Wait for bwrap, with its resource usage; kill it if it outlives the deadline."""
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline and outcome.killed_for is None:
-                outcome.killed_for = ExecStatus.TO
-                _kill_group(proc.pid)
-            time.sleep(0.001)
-        proc.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
-        outcome.wait_status = status
-        outcome.cpu_s = usage.ru_utime + usage.ru_stime
-        outcome.max_rss_bytes = usage.ru_maxrss * 1024
-
-    # -- result ------------------------------------------------------------------------------
-
-    def _result(self, outcome: _Outcome, stdout: _Capture, stderr: _Capture, cgroup, started) -> ExecResult:
-        if cgroup is not None:
-            cgroup.kill_all()  # nothing of this run may outlive it, even if bwrap misbehaved
-        status, exit_code, sig = _classify(outcome, cgroup)
+    def _result(self, outcome: _Outcome, stdout: _Capture, stderr: _Capture) -> ExecResult:
+        status, exit_code, sig = _classify(outcome)
         error = None
         if status is ExecStatus.XX:
             error = f"SandboxStartError: exit status {exit_code}: {stderr.text.strip()[-2000:]}"
+        cgroup = self._cgroup
         peak = cgroup.peak_memory_bytes() if cgroup is not None and cgroup.has_memory else None
         return ExecResult(
             status=status, exit_code=exit_code, signal=sig,
-            wall_s=round(time.monotonic() - started, 4), cpu_s=round(outcome.cpu_s, 4),
+            wall_s=round(outcome.wall_s, 4), cpu_s=round(outcome.cpu_s, 4),
             peak_memory_bytes=peak if peak is not None else outcome.max_rss_bytes,
             stdout=stdout.text, stderr=stderr.text,
             stdout_truncated=stdout.truncated, stderr_truncated=stderr.truncated,
-            spec_hash=self.spec.hash, backend=self.name, error=error, notes=self._notes(cgroup),
+            spec_hash=self.spec.hash, backend=LocalSandbox.name, error=error,
+            notes=tuple(self._backend.weaknesses),
         )
 
-    def _notes(self, cgroup) -> tuple[str, ...]:
-        notes = []
-        if cgroup is None or not cgroup.has_memory:
-            notes.append("memory limited by RLIMIT_AS (no memory cgroup): MemoryError, not ML; peak = max RSS")
-        if cgroup is None or not cgroup.has_pids:
-            notes.append("processes limited by RLIMIT_NPROC (no pids cgroup): shared by all uid runs")
-        return tuple(notes)
+    # -- setup -------------------------------------------------------------------------------
 
-    def _infra_error(self, error: str, started: float) -> ExecResult:
-        return ExecResult(
-            status=ExecStatus.XX, exit_code=None, signal=None,
-            wall_s=round(time.monotonic() - started, 4), cpu_s=0.0, peak_memory_bytes=None,
-            stdout="", stderr="", stdout_truncated=False, stderr_truncated=False,
-            spec_hash=self.spec.hash, backend=self.name, error=error,
+    def _mount_tmpfs(self) -> None:
+        limits = self.spec.limits
+        _mount_tmpfs(self._dir, f"size={limits.disk_mb}m,nr_inodes={limits.inodes},mode=0755")
+
+    def _make_layout(self) -> None:
+        spec = self.spec
+        workspace, tmp = self._dir / "workspace", self._dir / "tmp"
+        workspace.mkdir()
+        tmp.mkdir()
+        os.chown(workspace, spec.uid, spec.gid)
+        tmp.chmod(0o1777)
+        (self._dir / "passwd").write_text(
+            f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{spec.uid}:{spec.gid}::{WORKSPACE}:/usr/sbin/nologin\n"
         )
+        (self._dir / "group").write_text(f"root:x:0:\nsandbox:x:{spec.gid}:\n")
+        max_file = spec.limits.disk_mb << 20
+        self.workspace = HostWorkspace(workspace, spec.uid, spec.gid, max_file_bytes=max_file)
+
+    def _make_cgroup(self) -> cgroups.RunCgroup | None:
+        host = self._backend.cgroup_host
+        if host is None:
+            return None
+        cgroup = cgroups.RunCgroup(host, f"{os.getpid()}-{self.id}")
+        cgroup.create(self.spec.limits.memory_mb << 20, self.spec.limits.pids)
+        return cgroup
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"session {self.id} is closed")
 
 
-def _classify(outcome: _Outcome, cgroup) -> tuple[ExecStatus, int | None, int | None]:
+def _reap(proc, outcome: _Outcome, deadline: float) -> None:
+    """Wait for bwrap, with its resource usage; kill it if it outlives the deadline."""
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline and outcome.killed_for is None:
+            outcome.killed_for = ExecStatus.TO
+            _kill_group(proc.pid)
+        time.sleep(0.001)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
+    outcome.wait_status = status
+    outcome.cpu_s = usage.ru_utime + usage.ru_stime
+    outcome.max_rss_bytes = usage.ru_maxrss * 1024
+
+
+def _classify(outcome: _Outcome) -> tuple[ExecStatus, int | None, int | None]:
     """(status, exit code, signal) from how bwrap ended.
 
     bwrap reports a command killed by signal N as exit code 128+N, so a command that itself
@@ -314,13 +416,21 @@ def _classify(outcome: _Outcome, cgroup) -> tuple[ExecStatus, int | None, int | 
         return ExecStatus.XX, exit_code, sig
     if outcome.killed_for is not None:
         return outcome.killed_for, exit_code, sig
-    if cgroup is not None and cgroup.oom_killed():
+    if outcome.oom_killed:
         return ExecStatus.ML, exit_code, sig
     if sig == signal.SIGXCPU:  # RLIMIT_CPU: a time limit, like the wall clock
         return ExecStatus.TO, exit_code, sig
     if sig is not None:
         return ExecStatus.SG, exit_code, sig
     return (ExecStatus.OK if exit_code == 0 else ExecStatus.RE), exit_code, sig
+
+
+def _check_host(spec: SandboxSpec) -> None:
+    if spec.image != "host":
+        raise SandboxUnavailable(f"the local backend runs image 'host' only, not {spec.image!r}")
+    for tool in (BWRAP, SETPRIV, SH):
+        if not os.access(tool, os.X_OK):
+            raise SandboxUnavailable(f"{tool} is missing (install bubblewrap / util-linux)")
 
 
 def _kill_group(pgid: int) -> None:
@@ -367,25 +477,18 @@ def _ulimits(limits: Limits, cgroup) -> str:
     return " && ".join(cmds)
 
 
-def _populate_workspace(run_dir: Path, files: Mapping[str, str | bytes], spec: SandboxSpec) -> Path:
-    """Write `files` into a new workspace owned by the sandbox user, plus passwd/group files."""
-    workspace = run_dir / "workspace"
-    workspace.mkdir()
-    for rel, content in files.items():
-        target = workspace / _safe_relative(rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content.encode() if isinstance(content, str) else content)
-    for path in [workspace, *workspace.rglob("*")]:
-        os.chown(path, spec.uid, spec.gid)
-    (run_dir / "passwd").write_text(
-        f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{spec.uid}:{spec.gid}::{WORKSPACE}:/usr/sbin/nologin\n"
-    )
-    (run_dir / "group").write_text(f"root:x:0:\nsandbox:x:{spec.gid}:\n")
-    return workspace
+_libc = ctypes.CDLL(None, use_errno=True)
+_MNT_DETACH = 2
 
 
-def _safe_relative(rel: str) -> PurePosixPath:
-    path = PurePosixPath(rel)
-    if not rel or path.is_absolute() or ".." in path.parts:
-        raise ValueError(f"workspace file path must be relative and stay inside: {rel!r}")
-    return path
+def _mount_tmpfs(target: Path, options: str) -> None:
+    if _libc.mount(b"tmpfs", bytes(target), b"tmpfs", 0, options.encode()) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount tmpfs on {target}: {os.strerror(code)}")
+
+
+def _unmount(target: Path) -> None:
+    """Detach the session's tmpfs; a directory that was never mounted is fine."""
+    if _libc.umount2(bytes(target), _MNT_DETACH) != 0 and ctypes.get_errno() != errno.EINVAL:
+        code = ctypes.get_errno()
+        raise OSError(code, f"umount {target}: {os.strerror(code)}")

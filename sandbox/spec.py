@@ -13,7 +13,8 @@ class Limits:
     cpu_s: int = 10
     memory_mb: int = 512
     pids: int = 64
-    disk_mb: int = 64  # largest file the command may write (RLIMIT_FSIZE)
+    disk_mb: int = 64  # size of the workspace and /tmp together, and the largest file
+    inodes: int = 16384  # files and directories the workspace and /tmp may hold
     output_bytes: int = 1 << 20  # stdout+stderr beyond this kills the command (status OL)
     excerpt_bytes: int = 16 << 10  # how much of each stream is kept in the result
 
@@ -37,6 +38,10 @@ class SandboxSpec:
     )
     uid: int = 65534
     gid: int = 65534
+    # Run even where memory and process limits cannot be enforced by a cgroup, or seccomp is
+    # unavailable: limits fall back to rlimits and every result says so in `notes`. Off by
+    # default: a backend refuses to start rather than run weaker than asked.
+    allow_weak_isolation: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
