@@ -36,12 +36,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sandbox import cgroups, seccomp
 from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, run_once
+from sandbox.capture import OutputCapture
 from sandbox.result import ExecResult, ExecStatus, infrastructure_error
 from sandbox.spec import Limits, SandboxSpec
 from sandbox.workspace import HostWorkspace, clear_directory
@@ -66,30 +66,6 @@ _LOWER_LIMITS_AND_EXEC = "{ulimits} && unset PWD OLDPWD && printf R >&0 && exec 
 _SYSTEM_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64"}
 _ETC_BASE = ("alternatives", "ld.so.cache", "localtime")
 _ETC_NETWORK = ("resolv.conf", "hosts", "nsswitch.conf", "gai.conf", "ssl", "ca-certificates")
-
-
-@dataclass
-class _Capture:
-    """The first `keep` bytes of one stream, and how many bytes it produced in all."""
-
-    name: str  # "stdout" or "stderr"
-    keep: int
-    data: bytearray = field(default_factory=bytearray)
-    total: int = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.keep - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-
-    @property
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > len(self.data)
 
 
 @dataclass
@@ -231,7 +207,7 @@ class LocalSession:
         started_at, started = time.time(), time.monotonic()
         limits = self.spec.limits
         deadline = started + (limits.wall_s if timeout_s is None else timeout_s)
-        stdout, stderr = _Capture("stdout", limits.excerpt_bytes), _Capture("stderr", limits.excerpt_bytes)
+        stdout, stderr = OutputCapture("stdout", limits.excerpt_bytes), OutputCapture("stderr", limits.excerpt_bytes)
         outcome = _Outcome()
         try:
             oom_before = self._cgroup.oom_kills() if self._cgroup else 0
@@ -333,7 +309,7 @@ class LocalSession:
             _kill_group(proc.pid)
         _reap(proc, outcome, deadline)
 
-    def _result(self, outcome: _Outcome, stdout: _Capture, stderr: _Capture) -> ExecResult:
+    def _result(self, outcome: _Outcome, stdout: OutputCapture, stderr: OutputCapture) -> ExecResult:
         status, exit_code, sig = _classify(outcome)
         error = None
         if status is ExecStatus.XX:
