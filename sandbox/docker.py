@@ -1,0 +1,446 @@
+"""DockerSandbox: each session is one long-lived, locked-down container; each exec a docker exec.
+
+The container (see `_container_options`): the sandbox image by digest, no network, read-only
+root, size-capped tmpfs for /workspace and /tmp, every capability dropped, no-new-privileges,
+the seccomp deny-list of sandbox/seccomp.py, uid 65534, memory (no swap), pids and cpu limits,
+capped logs, and labels naming the owner process so that `reap` can remove orphans.
+
+Every command runs through a small shell that lowers rlimits and writes one "ready" byte to
+stderr before it execs the command: a run without it failed in our machinery (XX). When the
+command ends, anything it left running is killed (`kill -9 -1` as the sandbox user spares only
+the container's init, which its pid namespace protects), so nothing outlives an exec, as in
+the local backend. Files move in and out as tar streams through exec, never through the
+container's filesystem API, which cannot see tmpfs mounts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import selectors
+import signal
+import socket
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import docker
+import docker.errors
+from docker.types import LogConfig, Ulimit
+
+from sandbox import seccomp
+from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, WorkspacePathError, run_once
+from sandbox.capture import OutputCapture
+from sandbox.result import ExecResult, ExecStatus, infrastructure_error
+from sandbox.spec import SandboxSpec
+from sandbox.workspace import files_to_tar, regular_files_from_tar, safe_relative
+
+DEFAULT_IMAGE = "crucible-sandbox:bookworm"  # built by scripts/build-sandbox-image
+LABEL = "crucible.sandbox"
+OWNER_LABEL = "crucible.owner"  # "<hostname>:<pid>" of the process that opened the session
+NOFILE = 1024
+_READY = b"\x00crucible-ready\x00"
+_ENVELOPE = "{ulimits} && printf '\\000crucible-ready\\000' >&2 && exec \"$@\""
+_STREAMS = {1: "stdout", 2: "stderr"}
+_READ_CHUNK = 1 << 16
+_API_TIMEOUT_S = 60
+
+
+class DockerSandbox:
+    name = "docker"
+
+    def __init__(
+        self,
+        spec: SandboxSpec = SandboxSpec(),  # noqa: B008 (frozen: sharing the default is safe)
+        *,
+        scratch_dir: Path | None = None,
+        labels: Mapping[str, str] | None = None,
+    ):
+        """`spec.image` is a tag or digest; "host" (the local backend's default) means
+        DEFAULT_IMAGE. The spec is recorded with the image's digest, so results name exactly
+        what they ran in. `labels` are added to every container (tests use them to find theirs).
+
+        Raises SandboxUnavailable when the daemon does not answer or the image is missing."""
+        try:
+            self.client = docker.from_env(timeout=_API_TIMEOUT_S)
+            self.client.ping()
+        except docker.errors.DockerException as e:
+            raise SandboxUnavailable(f"the Docker daemon does not answer ({e}); start it with scripts/docker-daemon") from e
+        image = DEFAULT_IMAGE if spec.image == "host" else spec.image
+        try:
+            digest = self.client.images.get(image).id
+        except docker.errors.ImageNotFound as e:
+            raise SandboxUnavailable(f"no image {image!r}; build it with scripts/build-sandbox-image") from e
+        self.spec = replace(spec, image=digest)
+        self.scratch_dir = Path(scratch_dir or "/tmp")
+        self.labels = {LABEL: "1", OWNER_LABEL: _owner(), **(labels or {})}
+
+    def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> DockerSession:  # noqa: B006
+        return DockerSession(self, files, mounts)
+
+    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult:
+        return run_once(self, command, files, mounts)
+
+    def containers(self, **labels: str) -> list:
+        """Containers of any Crucible sandbox on this daemon, narrowed by `labels`."""
+        wanted = [LABEL] + [f"{k}={v}" for k, v in labels.items()]
+        return self.client.containers.list(all=True, filters={"label": wanted})
+
+    def reap(self) -> list[str]:
+        """Remove containers whose owner process on this host is gone; returns their names."""
+        removed = []
+        for container in self.containers():
+            host, _, pid = container.labels.get(OWNER_LABEL, ":").partition(":")
+            if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+                _remove(container)
+                removed.append(container.name)
+        return removed
+
+
+@dataclass
+class _Run:
+    """What one exec did, before it becomes an ExecResult."""
+
+    exit_code: int | None = None
+    ready: bool = False
+    killed_for: ExecStatus | None = None
+
+
+class DockerSession:
+    """One container serving many execs."""
+
+    def __init__(self, backend: DockerSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount]):
+        self.id = secrets.token_hex(8)
+        self.spec = backend.spec
+        self.log: list[ExecResult] = []
+        self._backend, self._api, self._closed = backend, backend.client.api, False
+        self._initial = files_to_tar(files, self.spec.uid, self.spec.gid)
+        try:
+            self._container = backend.client.containers.run(
+                self.spec.image, ["sleep", "infinity"], name=f"crucible-{self.id}", detach=True,
+                **_container_options(self.spec, mounts, backend.labels),
+            )
+            self._user = f"{self.spec.uid}:{self.spec.gid}"
+            self._container.reload()
+            self._init_pid = self._container.attrs["State"]["Pid"]
+            # Read on this host where the daemon is local (cgroup v1): leftovers are then
+            # killed and OOM kills counted without a round trip through the daemon.
+            self._procs_file = _cgroup_file(self._init_pid, "pids", "cgroup.procs")
+            self._oom_file = _cgroup_file(self._init_pid, "memory", "memory.oom_control")
+            self._restore(self._initial)
+        except BaseException as e:  # bad input files included: nothing may be left behind
+            self.close()
+            if isinstance(e, docker.errors.DockerException | OSError):
+                raise SandboxUnavailable(f"cannot open a docker session: {type(e).__name__}: {e}") from e
+            raise
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> DockerSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        container = getattr(self, "_container", None)
+        if container is not None:
+            _remove(container)
+
+    def reset(self) -> None:
+        """Back to the files the session was opened with; /tmp emptied."""
+        self._check_open()
+        self._call(["sh", "-c", "find /tmp -mindepth 1 -delete"])
+        self._restore(self._initial)
+
+    # -- files -------------------------------------------------------------------------------
+
+    def put_files(self, files: Mapping[str, str | bytes]) -> None:
+        self._check_open()
+        archive = files_to_tar(files, self.spec.uid, self.spec.gid)
+        self._call(["tar", "-x", "-m", "--no-same-owner", "-C", WORKSPACE, "-f", "-"], stdin=archive)
+
+    def get_files(self, paths: Sequence[str]) -> dict[str, bytes]:
+        self._check_open()
+        names = [str(safe_relative(p)) for p in paths]
+        # --no-recursion: a directory yields no member and is reported as not a regular file.
+        archive = self._call(["tar", "-c", "--no-recursion", "-C", WORKSPACE, "-f", "-", "--", *names])
+        return regular_files_from_tar(archive, names)
+
+    def snapshot(self) -> bytes:
+        self._check_open()
+        return self._call(["tar", "-c", "-C", WORKSPACE, "-f", "-", "."])
+
+    def restore(self, snapshot: bytes) -> None:
+        self._check_open()
+        self._restore(snapshot)
+
+    def _restore(self, archive: bytes) -> None:
+        script = f"find {WORKSPACE} -mindepth 1 -delete && tar -x -m --no-same-owner -C {WORKSPACE} -f -"
+        self._call(["sh", "-c", script], stdin=archive)
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def exec(
+        self, command: Sequence[str], *, timeout_s: float | None = None, on_output: OutputCallback | None = None
+    ) -> ExecResult:
+        self._check_open()
+        if not command:
+            raise ValueError("command must not be empty")
+        started_at, started = time.time(), time.monotonic()
+        limits = self.spec.limits
+        deadline = started + (limits.wall_s if timeout_s is None else timeout_s)
+        stdout, stderr = OutputCapture("stdout", limits.excerpt_bytes), OutputCapture("stderr", limits.excerpt_bytes)
+        try:
+            oom_before = self._oom_kills()
+            run = self._exec(list(command), stdout, stderr, deadline, on_output)
+            self._kill_leftovers()
+            oom_killed = self._oom_kills() > oom_before
+            result = self._result(run, stdout, stderr, oom_killed, time.monotonic() - started)
+        except (docker.errors.DockerException, OSError) as e:
+            result = infrastructure_error(self.spec.hash, DockerSandbox.name, f"{type(e).__name__}: {e}", started)
+        result = replace(result, command=tuple(command), started_at=started_at, session_id=self.id)
+        self.log.append(result)
+        return result
+
+    def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None) -> _Run:
+        envelope = _ENVELOPE.format(ulimits=_ulimits(self.spec))
+        exec_id = self._api.exec_create(
+            self._container.id, ["sh", "-c", envelope, "sh", *command], user=self._user,
+            workdir=WORKSPACE, stdin=stdin is not None,
+        )["Id"]
+        sock = self._api.exec_start(exec_id, socket=True)
+        raw = sock._sock  # the SDK's socket wrapper hides the fd that select needs
+        run = _Run()
+        try:
+            if stdin is not None:
+                raw.sendall(stdin)
+                raw.shutdown(socket.SHUT_WR)
+            self._pump(raw, stdout, stderr, run, deadline, on_output)
+        finally:
+            sock.close()
+        if run.killed_for is not None:
+            self._kill_leftovers()
+        run.exit_code = self._wait_exit_code(exec_id)
+        return run
+
+    def _pump(self, raw: socket.socket, stdout, stderr, run: _Run, deadline: float, on_output) -> None:
+        """Demultiplex Docker's framed stream (8-byte header: stream, 0, 0, 0, size) until EOF,
+        the deadline or the output cap."""
+        captures = {"stdout": stdout, "stderr": stderr}
+        frames = _FrameReader()
+        with selectors.DefaultSelector() as sel:
+            sel.register(raw, selectors.EVENT_READ)
+            while run.killed_for is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    run.killed_for = ExecStatus.TO
+                    break
+                if not sel.select(remaining):
+                    continue
+                chunk = raw.recv(_READ_CHUNK)
+                if not chunk:
+                    return
+                for stream, data in frames.feed(chunk):
+                    if stream == "stderr" and not run.ready:
+                        data = self._strip_ready(frames, data, run)
+                    if data:
+                        captures[stream].add(data)
+                        if on_output is not None:
+                            on_output(stream, data)
+                if stdout.total + stderr.total > self.spec.limits.output_bytes:
+                    run.killed_for = ExecStatus.OL
+
+    @staticmethod
+    def _strip_ready(frames: _FrameReader, data: bytes, run: _Run) -> bytes:
+        """The ready marker is the first thing on stderr; it may arrive split across frames."""
+        frames.marker += data
+        if len(frames.marker) < len(_READY) and _READY.startswith(frames.marker):
+            return b""
+        if frames.marker.startswith(_READY):
+            run.ready = True
+            return frames.marker[len(_READY):]
+        run.ready = False  # stderr without the marker: our shell never ran
+        return frames.marker
+
+    def _wait_exit_code(self, exec_id: str) -> int | None:
+        deadline = time.monotonic() + 10
+        while True:
+            info = self._api.exec_inspect(exec_id)
+            if not info["Running"] or time.monotonic() > deadline:
+                return info["ExitCode"]
+            time.sleep(0.002)
+
+    def _result(self, run: _Run, stdout, stderr, oom_killed: bool, wall_s: float) -> ExecResult:
+        status, exit_code, sig = _classify(run, oom_killed)
+        error = None
+        if status is ExecStatus.XX:
+            error = f"SandboxStartError: exit status {exit_code}: {(stdout.text + stderr.text).strip()[-2000:]}"
+        return ExecResult(
+            status=status, exit_code=exit_code, signal=sig, wall_s=round(wall_s, 4), cpu_s=0.0,
+            peak_memory_bytes=None, stdout=stdout.text, stderr=stderr.text,
+            stdout_truncated=stdout.truncated, stderr_truncated=stderr.truncated,
+            spec_hash=self.spec.hash, backend=DockerSandbox.name, error=error,
+        )
+
+    def _call(self, command: list[str], stdin: bytes | None = None) -> bytes:
+        """Run one of our own helper commands (tar, find) as the sandbox user; its stdout."""
+        limits = self.spec.limits
+        stdout = OutputCapture("stdout", 2 * (limits.disk_mb << 20))
+        stderr = OutputCapture("stderr", 4096)
+        run = self._exec(command, stdout, stderr, time.monotonic() + _API_TIMEOUT_S, None, stdin=stdin)
+        if run.exit_code != 0 or not run.ready:
+            raise WorkspacePathError(f"{command[0]} in the sandbox failed: {stderr.text.strip()[-500:]}")
+        return bytes(stdout.data)
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL every process but the container's init, until none is left."""
+        if self._procs_file is None:
+            # Remote daemon: as the sandbox user, signal every process but init (immune to
+            # SIGKILL from inside its own pid namespace) and this kill itself.
+            exec_id = self._api.exec_create(self._container.id, ["kill", "-9", "-1"], user=self._user)["Id"]
+            self._api.exec_start(exec_id)
+            return
+        deadline = time.monotonic() + 5
+        while leftovers := self._container_pids() - {self._init_pid}:
+            if time.monotonic() > deadline:
+                raise OSError(f"processes survive in container {self._container.name}: {sorted(leftovers)}")
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.002)
+
+    def _container_pids(self) -> set[int]:
+        try:
+            return {int(p) for p in self._procs_file.read_text().split()}
+        except (OSError, ValueError):  # the container is gone: nothing left to kill
+            return set()
+
+    def _oom_kills(self) -> int:
+        if self._oom_file is None:
+            return 0
+        try:
+            lines = self._oom_file.read_text().split("\n")
+        except OSError:
+            return 0
+        counts = dict(line.split() for line in lines if line.count(" ") == 1)
+        return int(counts.get("oom_kill", 0))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"session {self.id} is closed")
+
+
+class _FrameReader:
+    """Splits Docker's multiplexed attach stream into (stream name, payload) pieces."""
+
+    def __init__(self):
+        self.buffer = b""
+        self.marker = b""  # stderr bytes held back until the ready marker is recognised
+
+    def feed(self, chunk: bytes) -> list[tuple[str, bytes]]:
+        self.buffer += chunk
+        out = []
+        while len(self.buffer) >= 8:
+            kind, size = struct.unpack(">BxxxL", self.buffer[:8])
+            if len(self.buffer) < 8 + size:
+                break
+            out.append((_STREAMS.get(kind, "stdout"), self.buffer[8:8 + size]))
+            self.buffer = self.buffer[8 + size:]
+        return out
+
+
+def _classify(run: _Run, oom_killed: bool) -> tuple[ExecStatus, int | None, int | None]:
+    """(status, exit code, signal): the shell reports a command killed by signal N as 128+N."""
+    exit_code, sig = run.exit_code, None
+    if exit_code is not None and 128 < exit_code <= 128 + 64:
+        exit_code, sig = None, exit_code - 128
+    if not run.ready:
+        return ExecStatus.XX, exit_code, sig
+    if run.killed_for is not None:
+        return run.killed_for, exit_code, sig
+    if oom_killed:
+        return ExecStatus.ML, exit_code, sig
+    if sig == 24:  # SIGXCPU: RLIMIT_CPU, a time limit like the wall clock
+        return ExecStatus.TO, exit_code, sig
+    if sig is not None:
+        return ExecStatus.SG, exit_code, sig
+    return (ExecStatus.OK if exit_code == 0 else ExecStatus.RE), exit_code, sig
+
+
+def _container_options(spec: SandboxSpec, mounts: Sequence[Mount], labels: Mapping[str, str]) -> dict:
+    limits = spec.limits
+    tmpfs_size = f"size={limits.disk_mb}m,nr_inodes={limits.inodes}"
+    return dict(
+        network_mode="bridge" if spec.network else "none",
+        read_only=True,
+        tmpfs={
+            WORKSPACE: f"rw,exec,nosuid,nodev,{tmpfs_size},uid={spec.uid},gid={spec.gid},mode=0755",
+            "/tmp": f"rw,exec,nosuid,nodev,{tmpfs_size},mode=1777",
+        },
+        shm_size=limits.disk_mb << 20,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges", f"seccomp={json.dumps(seccomp.docker_profile())}"],
+        user=f"{spec.uid}:{spec.gid}",
+        mem_limit=limits.memory_mb << 20,
+        memswap_limit=limits.memory_mb << 20,
+        pids_limit=limits.pids,
+        nano_cpus=10**9,
+        ulimits=[Ulimit(name="nofile", soft=NOFILE, hard=NOFILE), Ulimit(name="core", soft=0, hard=0)],
+        environment=dict(spec.env),
+        working_dir=WORKSPACE,
+        hostname="sandbox",
+        volumes={str(m.host_path): {"bind": m.sandbox_path, "mode": "rw" if m.writable else "ro"} for m in mounts},
+        labels=dict(labels),
+        log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+    )
+
+
+def _ulimits(spec: SandboxSpec) -> str:
+    limits = spec.limits
+    return " && ".join([
+        f"ulimit -S -t {limits.cpu_s}", f"ulimit -H -t {limits.cpu_s + 1}",
+        f"ulimit -f {limits.disk_mb * 2048}",  # 512-byte blocks
+    ])
+
+
+def _cgroup_file(pid: int, controller: str, name: str) -> Path | None:
+    """A control file of the cgroup of host process `pid` (cgroup v1 layout); None where the
+    daemon is remote or the layout differs (then an OOM kill shows as SG 9, not ML)."""
+    try:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                candidate = Path("/sys/fs/cgroup") / controller / path.lstrip("/") / name
+                return candidate if candidate.exists() else None
+    except OSError:
+        return None
+    return None
+
+
+def _remove(container) -> None:
+    try:
+        container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass  # already gone: close is idempotent
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
