@@ -6,13 +6,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ITERATIONS ?= 3
 
-.PHONY: run test setup ui clean
+.PHONY: run test setup docker-sandbox ui clean
 
 run: setup
 	$(BIN)/crucible run --experiment default --iterations $(ITERATIONS)
 
-test: setup
+test: setup docker-sandbox
 	$(BIN)/python -m pytest
+
+# The Docker backend's daemon and base image, for its tests. Not fatal where they cannot be
+# had (no root): those tests then say so loudly, and CI, which requires them, fails.
+docker-sandbox:
+	-scripts/install-system-packages docker && scripts/docker-daemon && scripts/build-sandbox-image >/dev/null
 
 ui: setup
 	$(BIN)/crucible ui

@@ -31,6 +31,7 @@ from pathlib import Path
 import docker
 import docker.errors
 from docker.types import LogConfig, Ulimit
+from docker.types import Mount as DockerMount
 
 from sandbox import seccomp
 from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, WorkspacePathError, run_once
@@ -44,7 +45,19 @@ LABEL = "crucible.sandbox"
 OWNER_LABEL = "crucible.owner"  # "<hostname>:<pid>" of the process that opened the session
 NOFILE = 1024
 _READY = b"\x00crucible-ready\x00"
-_ENVELOPE = "{ulimits} && printf '\\000crucible-ready\\000' >&2 && exec \"$@\""
+# Docker adds HOSTNAME to every process's environment; the spec's allowlist is all there is.
+_PREAMBLE = "{ulimits} && unset HOSTNAME PWD OLDPWD && printf '\\000crucible-ready\\000' >&2"
+# A docker exec lasts until every holder of its output is gone, so a daemon the command left
+# could keep acting "during" the run. The envelope waits for the command alone, then kills
+# every other process of the sandbox user (init is spared: its pid namespace protects it).
+_ENVELOPE = _PREAMBLE + ' && {{ "$@" & wait $!; }}; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
+_HELPER = _PREAMBLE + ' && exec "$@"'  # our own tar/find, which read stdin
+# Refuses put/get paths that a symlink the command planted would lead out of the workspace.
+_PATH_GUARD = (
+    f"cd {WORKSPACE} && for p; do case \"$(realpath -m -- \"$p\")\" in {WORKSPACE}/*) ;;"
+    " *) echo \"$p: leads out of the workspace\" >&2; exit 3;; esac;"
+    " if [ -L \"$p\" ]; then echo \"$p: is a symlink\" >&2; exit 3; fi; done; "
+)
 _STREAMS = {1: "stdout", 2: "stderr"}
 _READ_CHUNK = 1 << 16
 _API_TIMEOUT_S = 60
@@ -108,6 +121,9 @@ class _Run:
     exit_code: int | None = None
     ready: bool = False
     killed_for: ExecStatus | None = None
+    oom_killed: bool = False
+    cpu_s: float = 0.0  # the container's CPU time during the run (includes the envelope)
+    peak_memory_bytes: int | None = None
 
 
 class DockerSession:
@@ -131,6 +147,8 @@ class DockerSession:
             # killed and OOM kills counted without a round trip through the daemon.
             self._procs_file = _cgroup_file(self._init_pid, "pids", "cgroup.procs")
             self._oom_file = _cgroup_file(self._init_pid, "memory", "memory.oom_control")
+            self._peak_file = _cgroup_file(self._init_pid, "memory", "memory.max_usage_in_bytes")
+            self._cpu_file = _cgroup_file(self._init_pid, "cpuacct", "cpuacct.usage")
             self._restore(self._initial)
         except BaseException as e:  # bad input files included: nothing may be left behind
             self.close()
@@ -165,13 +183,15 @@ class DockerSession:
     def put_files(self, files: Mapping[str, str | bytes]) -> None:
         self._check_open()
         archive = files_to_tar(files, self.spec.uid, self.spec.gid)
-        self._call(["tar", "-x", "-m", "--no-same-owner", "-C", WORKSPACE, "-f", "-"], stdin=archive)
+        script = _PATH_GUARD + "exec tar -x -m --no-same-owner -f -"
+        self._call(["sh", "-c", script, "sh", *files], stdin=archive)
 
     def get_files(self, paths: Sequence[str]) -> dict[str, bytes]:
         self._check_open()
         names = [str(safe_relative(p)) for p in paths]
         # --no-recursion: a directory yields no member and is reported as not a regular file.
-        archive = self._call(["tar", "-c", "--no-recursion", "-C", WORKSPACE, "-f", "-", "--", *names])
+        script = _PATH_GUARD + 'exec tar -c --no-recursion -f - -- "$@"'
+        archive = self._call(["sh", "-c", script, "sh", *names])
         return regular_files_from_tar(archive, names)
 
     def snapshot(self) -> bytes:
@@ -199,19 +219,22 @@ class DockerSession:
         deadline = started + (limits.wall_s if timeout_s is None else timeout_s)
         stdout, stderr = OutputCapture("stdout", limits.excerpt_bytes), OutputCapture("stderr", limits.excerpt_bytes)
         try:
-            oom_before = self._oom_kills()
+            oom_before, cpu_before = self._oom_kills(), _read_int(self._cpu_file)
+            _write_zero(self._peak_file)  # a fresh peak for this run
             run = self._exec(list(command), stdout, stderr, deadline, on_output)
             self._kill_leftovers()
-            oom_killed = self._oom_kills() > oom_before
-            result = self._result(run, stdout, stderr, oom_killed, time.monotonic() - started)
+            run.oom_killed = self._oom_kills() > oom_before
+            run.cpu_s = ((_read_int(self._cpu_file) or 0) - (cpu_before or 0)) / 1e9 if cpu_before else 0.0
+            run.peak_memory_bytes = _read_int(self._peak_file)
+            result = self._result(run, stdout, stderr, time.monotonic() - started)
         except (docker.errors.DockerException, OSError) as e:
             result = infrastructure_error(self.spec.hash, DockerSandbox.name, f"{type(e).__name__}: {e}", started)
         result = replace(result, command=tuple(command), started_at=started_at, session_id=self.id)
         self.log.append(result)
         return result
 
-    def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None) -> _Run:
-        envelope = _ENVELOPE.format(ulimits=_ulimits(self.spec))
+    def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None, helper=False) -> _Run:
+        envelope = (_HELPER if stdin is not None or helper else _ENVELOPE).format(ulimits=_ulimits(self.spec))
         exec_id = self._api.exec_create(
             self._container.id, ["sh", "-c", envelope, "sh", *command], user=self._user,
             workdir=WORKSPACE, stdin=stdin is not None,
@@ -278,14 +301,14 @@ class DockerSession:
                 return info["ExitCode"]
             time.sleep(0.002)
 
-    def _result(self, run: _Run, stdout, stderr, oom_killed: bool, wall_s: float) -> ExecResult:
-        status, exit_code, sig = _classify(run, oom_killed)
+    def _result(self, run: _Run, stdout, stderr, wall_s: float) -> ExecResult:
+        status, exit_code, sig = _classify(run)
         error = None
         if status is ExecStatus.XX:
             error = f"SandboxStartError: exit status {exit_code}: {(stdout.text + stderr.text).strip()[-2000:]}"
         return ExecResult(
-            status=status, exit_code=exit_code, signal=sig, wall_s=round(wall_s, 4), cpu_s=0.0,
-            peak_memory_bytes=None, stdout=stdout.text, stderr=stderr.text,
+            status=status, exit_code=exit_code, signal=sig, wall_s=round(wall_s, 4), cpu_s=round(run.cpu_s, 4),
+            peak_memory_bytes=run.peak_memory_bytes, stdout=stdout.text, stderr=stderr.text,
             stdout_truncated=stdout.truncated, stderr_truncated=stderr.truncated,
             spec_hash=self.spec.hash, backend=DockerSandbox.name, error=error,
         )
@@ -295,7 +318,7 @@ class DockerSession:
         limits = self.spec.limits
         stdout = OutputCapture("stdout", 2 * (limits.disk_mb << 20))
         stderr = OutputCapture("stderr", 4096)
-        run = self._exec(command, stdout, stderr, time.monotonic() + _API_TIMEOUT_S, None, stdin=stdin)
+        run = self._exec(command, stdout, stderr, time.monotonic() + _API_TIMEOUT_S, None, stdin=stdin, helper=True)
         if run.exit_code != 0 or not run.ready:
             raise WorkspacePathError(f"{command[0]} in the sandbox failed: {stderr.text.strip()[-500:]}")
         return bytes(stdout.data)
@@ -324,11 +347,9 @@ class DockerSession:
             return set()
 
     def _oom_kills(self) -> int:
-        if self._oom_file is None:
-            return 0
         try:
-            lines = self._oom_file.read_text().split("\n")
-        except OSError:
+            lines = self._oom_file.read_text().split("\n") if self._oom_file else []
+        except OSError:  # the container is gone
             return 0
         counts = dict(line.split() for line in lines if line.count(" ") == 1)
         return int(counts.get("oom_kill", 0))
@@ -357,7 +378,7 @@ class _FrameReader:
         return out
 
 
-def _classify(run: _Run, oom_killed: bool) -> tuple[ExecStatus, int | None, int | None]:
+def _classify(run: _Run) -> tuple[ExecStatus, int | None, int | None]:
     """(status, exit code, signal): the shell reports a command killed by signal N as 128+N."""
     exit_code, sig = run.exit_code, None
     if exit_code is not None and 128 < exit_code <= 128 + 64:
@@ -366,7 +387,7 @@ def _classify(run: _Run, oom_killed: bool) -> tuple[ExecStatus, int | None, int 
         return ExecStatus.XX, exit_code, sig
     if run.killed_for is not None:
         return run.killed_for, exit_code, sig
-    if oom_killed:
+    if run.oom_killed:
         return ExecStatus.ML, exit_code, sig
     if sig == 24:  # SIGXCPU: RLIMIT_CPU, a time limit like the wall clock
         return ExecStatus.TO, exit_code, sig
@@ -397,7 +418,8 @@ def _container_options(spec: SandboxSpec, mounts: Sequence[Mount], labels: Mappi
         environment=dict(spec.env),
         working_dir=WORKSPACE,
         hostname="sandbox",
-        volumes={str(m.host_path): {"bind": m.sandbox_path, "mode": "rw" if m.writable else "ro"} for m in mounts},
+        # Mount, unlike `volumes`, refuses a missing host path instead of creating it as root.
+        mounts=[DockerMount(m.sandbox_path, str(m.host_path), type="bind", read_only=not m.writable) for m in mounts],
         labels=dict(labels),
         log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
     )
@@ -423,6 +445,19 @@ def _cgroup_file(pid: int, controller: str, name: str) -> Path | None:
     except OSError:
         return None
     return None
+
+
+def _read_int(path: Path | None) -> int | None:
+    try:
+        return int(path.read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_zero(path: Path | None) -> None:
+    if path:
+        with contextlib.suppress(OSError):  # best effort: else the peak is the session's so far
+            path.write_text("0")
 
 
 def _remove(container) -> None:

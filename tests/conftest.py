@@ -1,0 +1,109 @@
+"""Sandbox backends for the tests: every backend-neutral test runs once per backend.
+
+A backend that cannot run on this host is skipped loudly: the reason goes into the skip and a
+banner at the end of the run. Where CRUCIBLE_REQUIRE_BACKENDS names it (CI sets
+"local,docker"), it is a failure instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+
+from sandbox.base import SandboxUnavailable
+from sandbox.spec import Limits, SandboxSpec
+
+BACKENDS = ("local", "docker")
+REQUIRED = {b for b in os.environ.get("CRUCIBLE_REQUIRE_BACKENDS", "").split(",") if b}
+_skipped: dict[str, str] = {}
+
+
+@functools.cache
+def unavailable(backend: str) -> str | None:
+    """Why `backend` cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (bwrap without a user namespace, cgroups, mounts, the Docker socket)"
+    try:
+        if backend == "local":
+            from sandbox.local import LocalSandbox
+
+            LocalSandbox()
+        else:
+            from sandbox.docker import DockerSandbox
+
+            DockerSandbox()
+    except SandboxUnavailable as e:
+        return str(e)
+    return None
+
+
+def require(backend: str) -> None:
+    reason = unavailable(backend)
+    if reason is None:
+        return
+    if backend in REQUIRED:
+        pytest.fail(f"the {backend} sandbox backend is required here (CRUCIBLE_REQUIRE_BACKENDS) but: {reason}")
+    _skipped[backend] = reason
+    pytest.skip(f"{backend} sandbox backend unavailable: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _skipped:
+        return
+    terminalreporter.write_sep("!", "SANDBOX BACKENDS NOT TESTED ON THIS HOST", red=True, bold=True)
+    for backend, reason in _skipped.items():
+        terminalreporter.write_line(f"  {backend}: {reason}", red=True)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    require(request.param)
+    return request.param
+
+
+@pytest.fixture
+def make_sandbox(backend, tmp_path):
+    """Factory of sandboxes of the current backend with their own scratch space (and cgroup
+    parent or container label); at teardown, asserts that they left nothing behind."""
+    made = []
+    token = secrets.token_hex(4)
+
+    def make(**limits):
+        spec = SandboxSpec(limits=Limits(**{"wall_s": 5.0, **limits}))
+        scratch = tmp_path / f"scratch{len(made)}"
+        scratch.mkdir()
+        if backend == "local":
+            from sandbox.local import LocalSandbox
+
+            sb = LocalSandbox(spec, scratch_dir=scratch, cgroup_parent=f"crucible-test-{token}")
+        else:
+            from sandbox.docker import DockerSandbox
+
+            sb = DockerSandbox(spec, scratch_dir=scratch, labels={"crucible.test": token})
+        made.append(sb)
+        return sb
+
+    yield make
+    for sb in made:
+        assert residue(sb) == [], "the sandbox left things behind"
+
+
+def residue(sb) -> list[str]:
+    """Everything of `sb`'s sessions still on the host: files, mounts, cgroups, containers."""
+    left = [str(p) for p in sb.scratch_dir.iterdir()]
+    left += [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+             if str(sb.scratch_dir) in line]
+    if sb.name == "local":
+        host = sb.cgroup_host
+        parents = {p for p in (host.memory_parent, host.pids_parent) if p} if host else set()
+        left += [str(d) for p in parents if p.exists() for d in p.iterdir() if d.is_dir()]
+        for parent in parents:
+            if parent.exists():
+                parent.rmdir()
+    else:
+        left += [c.name for c in sb.containers(**{"crucible.test": sb.labels["crucible.test"]})]
+    return left
