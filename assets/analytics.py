@@ -7,8 +7,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: render to PNG bytes
 import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from matplotlib.ticker import MaxNLocator
 
 from assets.iteration import checkpoint_eval, trajectories
 from assets.resources import CrucibleResource

@@ -10,7 +10,6 @@ checkpoint N-1 is resolved by path and its exact content hash is recorded in the
 import dataclasses
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, Output, asset
@@ -20,7 +19,7 @@ from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from datastore.store import rows_to_table
-from task_sets.grading import grade_solution
+from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 from task_sets.schema import Task
 from training.checkpoint import CheckpointError, verify_checkpoint
@@ -53,21 +52,25 @@ def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tupl
 def _grade_all(
     context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[Task, Rollout]]
 ) -> list[VerifiedRollout]:
-    """Grade every (task, rollout) in its own fresh sandbox, a few at a time."""
+    """Grade every (task, rollout) in its own fresh sandbox session, through the sandbox pool
+    (admission by CPU slots, retries of infrastructure failures on a fresh sandbox)."""
 
-    def verify(item: tuple[Task, Rollout]) -> VerifiedRollout:
+    def verify(sandbox, item: tuple[Task, Rollout]) -> VerifiedRollout:
         task, rollout = item
         started = time.perf_counter()
-        grade = grade_solution(task, rollout.solution)
+        grade = grade_solution(task, rollout.solution, sandbox)
         return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started)
 
     step = max(1, len(work) // 5)
     verified = []
-    with ThreadPoolExecutor(crucible.grading_workers) as pool:
-        for done, result in enumerate(pool.map(verify, work), start=1):
+    with crucible.sandbox_pool(is_infra_failure=lambda v: v.grade.reward_status == "infra_error") as pool:
+        results = pool.map(lambda item: sandbox_spec(item[0]), verify, work)
+        for done, result in enumerate(results, start=1):
             verified.append(result)
             if done % step == 0 or done == len(work):
                 context.log.info(f"graded {done}/{len(work)}")
+    if pool.retries or pool.quarantined:
+        context.log.warning(f"sandbox pool: {pool.retries} retries, quarantined: {pool.quarantined}")
     return verified
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
 from dagster import ConfigurableResource
 
 from datastore.store import DatasetStore
-from sandbox.local import LocalSandbox
+from sandbox.backends import BACKENDS, open_sandbox
+from sandbox.pool import PoolConfig, SandboxPool
 from training.experiment import ExperimentConfig
 
 
@@ -24,10 +26,16 @@ class CrucibleResource(ConfigurableResource):
     def store(self) -> DatasetStore:
         return DatasetStore(self.storage_root)
 
-    def sandbox(self) -> LocalSandbox:
-        if self.sandbox_backend != "local":
-            raise ValueError(f"sandbox backend {self.sandbox_backend!r} is not available; use 'local'")
-        return LocalSandbox()
+    def sandbox_pool(self, is_infra_failure: Callable[[object], bool]) -> SandboxPool:
+        """Jobs run `grading_workers` at a time on the configured backend; a job whose result
+        `is_infra_failure` is retried on a fresh sandbox."""
+        if self.sandbox_backend not in BACKENDS:
+            raise ValueError(f"sandbox backend {self.sandbox_backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+        return SandboxPool(
+            lambda spec: open_sandbox(self.sandbox_backend, spec),
+            PoolConfig(cpu_slots=self.grading_workers),
+            is_infra_failure=is_infra_failure,
+        )
 
     def _experiment_path(self, name: str) -> str:
         return f"{self.storage_root.rstrip('/')}/experiments/{name}.json"

@@ -1,4 +1,5 @@
-"""The `crucible` command: run an experiment, query its data with SQL, open the Dagster UI.
+"""The `crucible` command: run an experiment, query its data with SQL, open the Dagster UI,
+run a command in a sandbox.
 
 `crucible run` drives the same assets and jobs as the UI, through the same Dagster instance
 (./.crucible/dagster by default), so every run it makes shows in the UI afterwards.
@@ -7,6 +8,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
 import signal
@@ -21,6 +24,9 @@ from rich.table import Table
 from datastore import catalog
 from pipelines import environment
 from pipelines.errors import RunFailed, UserError
+from sandbox.backends import BACKENDS, open_sandbox
+from sandbox.base import SandboxUnavailable
+from sandbox.spec import Limits, SandboxSpec
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 # Piped output (CI logs, `| tee`) has no terminal width; the summary table needs ~130 columns.
@@ -118,6 +124,28 @@ def command_ui(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def command_sandbox_exec(args: argparse.Namespace) -> int:
+    """Run one command in a fresh sandbox and print its ExecResult as JSON; exit 0 when the
+    command succeeded (status OK), 1 otherwise."""
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UserError("no command given: crucible sandbox exec OPTIONS -- CMD ...")
+    files = {}
+    for path in args.file:
+        try:
+            files[Path(path).name] = Path(path).read_bytes()
+        except OSError as e:
+            raise UserError(f"--file {path}: {e.strerror}") from None
+    limits = Limits(wall_s=args.timeout, cpu_s=max(1, math.ceil(args.timeout)), memory_mb=args.memory)
+    spec = SandboxSpec(limits=limits, network=args.network)
+    try:
+        result = open_sandbox(args.backend, spec).run(command, files)
+    except SandboxUnavailable as e:
+        raise UserError(f"the {args.backend} sandbox is unavailable: {e}") from None
+    print(json.dumps(result.to_dict(), indent=2))
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=int, default=3000)
     ui.add_argument("--storage", help="storage root (default ./.crucible/data)")
     ui.set_defaults(handler=command_ui)
+
+    sandbox = commands.add_parser("sandbox", help="run commands in a sandbox").add_subparsers(dest="action", required=True)
+    execute = sandbox.add_parser("exec", help="run one command in a fresh sandbox; prints the ExecResult as JSON")
+    execute.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
+    execute.add_argument("--timeout", type=float, default=10.0, help="wall-clock seconds (default 10)")
+    execute.add_argument("--memory", type=int, default=512, help="memory limit in MB (default 512)")
+    execute.add_argument("--network", action="store_true", help="give the command a network")
+    execute.add_argument("--file", action="append", default=[], help="copy a file into the workspace (repeatable)")
+    execute.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    execute.set_defaults(handler=command_sandbox_exec)
     return parser
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import shlex
 
+from sandbox.backends import open_sandbox
+from sandbox.base import Sandbox
 from sandbox.grading import GradeResult, grade
-from sandbox.local import LocalSandbox
 from sandbox.spec import Limits, SandboxSpec
 from task_sets.schema import Task
 
@@ -28,8 +29,9 @@ def sandbox_spec(task: Task) -> SandboxSpec:
     )
 
 
-def grade_solution(task: Task, solution: str) -> GradeResult:
-    """Grade in a fresh sandbox; the hidden tests exist only inside this grading run."""
-    sandbox = LocalSandbox(sandbox_spec(task))
+def grade_solution(task: Task, solution: str, sandbox: Sandbox | None = None) -> GradeResult:
+    """Grade in a fresh session of `sandbox` (which must run `sandbox_spec(task)`; default: a
+    local one); the hidden tests exist only inside this grading run."""
+    sandbox = sandbox or open_sandbox("local", sandbox_spec(task))
     workspace = {**task.files, SOLUTION_FILE: solution}
     return grade(sandbox, workspace, {HIDDEN_TESTS_FILE: task.tests}, command=shlex.split(task.entry_command))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,8 +75,7 @@ def make_sandbox(backend, tmp_path):
 
     def make(**limits):
         spec = SandboxSpec(limits=Limits(**{"wall_s": 5.0, **limits}))
-        scratch = tmp_path / f"scratch{len(made)}"
-        scratch.mkdir()
+        scratch = Path(tempfile.mkdtemp(prefix="scratch", dir=tmp_path))  # pools call this from threads
         if backend == "local":
             from sandbox.local import LocalSandbox
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from task_sets.grading import grade_solution
+from sandbox.backends import open_sandbox
+from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 
 
@@ -32,3 +33,15 @@ def test_grading_records_the_task_limits_in_the_spec_hash():
     grade = grade_solution(task, task.reference_solution)
     assert grade.exec.backend == "local"
     assert len(grade.exec.spec_hash) == 16
+
+
+def test_grading_gives_the_same_verdicts_on_every_backend(backend):
+    tasks = load_task_set("default").tasks[:4]
+    verdicts = []
+    for task in tasks:
+        sandbox = open_sandbox(backend, sandbox_spec(task))
+        for solution in (task.reference_solution, f"def {task.entry_point}(*args):\n    return None\n"):
+            grade = grade_solution(task, solution, sandbox)
+            assert grade.exec.backend == backend
+            verdicts.append((grade.reward_status, grade.reward == 1.0))
+    assert verdicts == [("scored", True), ("scored", False)] * len(tasks)

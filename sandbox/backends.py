@@ -1,0 +1,21 @@
+"""Sandbox backends by name, as settings and the command line refer to them."""
+
+from __future__ import annotations
+
+from sandbox.base import Sandbox
+from sandbox.spec import SandboxSpec
+
+BACKENDS = ("local", "docker")
+
+
+def open_sandbox(backend: str, spec: SandboxSpec = SandboxSpec()) -> Sandbox:  # noqa: B008 (frozen)
+    """A sandbox of `backend`; SandboxUnavailable if this host cannot run it as `spec` asks."""
+    if backend == "local":
+        from sandbox.local import LocalSandbox
+
+        return LocalSandbox(spec)
+    if backend == "docker":  # imported on demand: the docker SDK is needed only here
+        from sandbox.docker import DockerSandbox
+
+        return DockerSandbox(spec)
+    raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
