@@ -74,6 +74,35 @@ class Session(Protocol):
     def __exit__(self, *exc) -> None: ...
 
 
+class SessionLifecycle:
+    """What every backend's session does the same way: context management, refusing use after
+    close, and cleaning up when opening fails."""
+
+    id: str
+    _closed: bool
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"session {self.id} is closed")
+
+    def _abandon(self, error: BaseException, infra_errors: tuple[type[BaseException], ...], backend: str) -> None:
+        """Close a session that failed to open; an infrastructure error becomes
+        SandboxUnavailable, anything else (bad input files) is raised as it is."""
+        self.close()
+        if isinstance(error, infra_errors):
+            raise SandboxUnavailable(f"cannot open a {backend} session: {type(error).__name__}: {error}") from error
+        raise error
+
+
 class Sandbox(Protocol):
     name: str
     spec: SandboxSpec

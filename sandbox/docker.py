@@ -34,7 +34,15 @@ from docker.types import LogConfig, Ulimit
 from docker.types import Mount as DockerMount
 
 from sandbox import seccomp
-from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, WorkspacePathError, run_once
+from sandbox.base import (
+    WORKSPACE,
+    Mount,
+    OutputCallback,
+    SandboxUnavailable,
+    SessionLifecycle,
+    WorkspacePathError,
+    run_once,
+)
 from sandbox.capture import OutputCapture
 from sandbox.result import ExecResult, ExecStatus, infrastructure_error
 from sandbox.spec import SandboxSpec
@@ -126,7 +134,7 @@ class _Run:
     peak_memory_bytes: int | None = None
 
 
-class DockerSession:
+class DockerSession(SessionLifecycle):
     """One container serving many execs."""
 
     def __init__(self, backend: DockerSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount]):
@@ -151,18 +159,9 @@ class DockerSession:
             self._cpu_file = _cgroup_file(self._init_pid, "cpuacct", "cpuacct.usage")
             self._restore(self._initial)
         except BaseException as e:  # bad input files included: nothing may be left behind
-            self.close()
-            if isinstance(e, docker.errors.DockerException | OSError):
-                raise SandboxUnavailable(f"cannot open a docker session: {type(e).__name__}: {e}") from e
-            raise
+            self._abandon(e, (docker.errors.DockerException, OSError), DockerSandbox.name)
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    def __enter__(self) -> DockerSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._closed:
@@ -353,10 +352,6 @@ class DockerSession:
             return 0
         counts = dict(line.split() for line in lines if line.count(" ") == 1)
         return int(counts.get("oom_kill", 0))
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"session {self.id} is closed")
 
 
 class _FrameReader:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sandbox import cgroups, seccomp
-from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, run_once
+from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, SessionLifecycle, run_once
 from sandbox.capture import OutputCapture
 from sandbox.result import ExecResult, ExecStatus, infrastructure_error
 from sandbox.spec import Limits, SandboxSpec
@@ -129,7 +129,7 @@ class LocalSandbox:
         return found
 
 
-class LocalSession:
+class LocalSession(SessionLifecycle):
     """One workspace on a size-capped tmpfs, one cgroup, many bwrap runs."""
 
     def __init__(self, backend: LocalSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount]):
@@ -147,18 +147,9 @@ class LocalSession:
             self.workspace.put(files)
             self._initial = self.workspace.snapshot()
         except BaseException as e:  # bad input files included: nothing may be left behind
-            self.close()
-            if isinstance(e, (OSError, cgroups.CgroupError)):
-                raise SandboxUnavailable(f"cannot open a local session: {type(e).__name__}: {e}") from e
-            raise
+            self._abandon(e, (OSError, cgroups.CgroupError), LocalSandbox.name)
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    def __enter__(self) -> LocalSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         """Kill what runs, remove the cgroup, unmount and delete the session directory."""
@@ -353,10 +344,6 @@ class LocalSession:
         cgroup = cgroups.RunCgroup(host, f"{os.getpid()}-{self.id}")
         cgroup.create(self.spec.limits.memory_mb << 20, self.spec.limits.pids)
         return cgroup
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"session {self.id} is closed")
 
 
 def _reap(proc, outcome: _Outcome, deadline: float) -> None:
