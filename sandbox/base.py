@@ -23,6 +23,7 @@ Contract shared by the backends:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -121,3 +122,14 @@ def run_once(sandbox: Sandbox, command: list[str], files: Mapping[str, str | byt
             return session.exec(command)
     except SandboxUnavailable as e:
         return infrastructure_error(sandbox.spec.hash, sandbox.name, str(e), started)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (for reapers)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -41,6 +41,7 @@ from sandbox.base import (
     SandboxUnavailable,
     SessionLifecycle,
     WorkspacePathError,
+    process_alive,
     run_once,
 )
 from sandbox.capture import OutputCapture
@@ -116,7 +117,7 @@ class DockerSandbox:
         removed = []
         for container in self.containers():
             host, _, pid = container.labels.get(OWNER_LABEL, ":").partition(":")
-            if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+            if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
                 _remove(container)
                 removed.append(container.name)
         return removed
@@ -464,13 +465,3 @@ def _remove(container) -> None:
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,23 +1,25 @@
 """LocalSandbox: run untrusted code on this host under bubblewrap, as an unprivileged user.
 
-A session is a directory on its own size-capped tmpfs (workspace/ and tmp/, so a full disk or
-inode table is ENOSPC inside the session, never on the host) plus one cgroup for memory and
-process limits; every `exec` is one bubblewrap run over that directory. Layers, outermost first:
-  /bin/sh (root)       joins the run's cgroup(s), then execs bwrap; children inherit the cgroup
+A session is a directory on its own size- and inode-capped tmpfs (workspace/ and tmp/, so a
+full disk is ENOSPC inside the session, never on the host), one cgroup for memory and process
+limits, and one long-lived bubblewrap sandbox whose supervisor starts every exec with a fork
+(sandbox/harness/supervisor.py). Layers, outermost first:
+  /bin/sh (root)       joins the session's cgroup(s), then execs bwrap; children inherit them
   bwrap (root)         new pid/net/ipc/uts/cgroup namespaces, a fresh root with read-only /usr,
-                       private /workspace, empty /tmp, own /proc, minimal /dev, empty environment
-  seccomp              bwrap installs the deny-list of sandbox/seccomp.py before the next exec
-  setpriv              becomes uid/gid 65534 for real (no user namespace), drops every capability,
-                       sets no_new_privs
-  /bin/sh (65534)      lowers rlimits, tells us that the sandbox is up by writing one byte to
-                       stdin (a pipe to us), swaps stdin for /dev/null and execs the command
-A run whose "ready" byte never arrives failed in our machinery (XX); the command cannot fake
-that, since it only starts after the byte is sent.
+                       the session's /workspace and /tmp, own /proc, minimal /dev, empty
+                       environment, no capability but CAP_SETUID/SETGID/KILL/SETPCAP, and the seccomp
+                       deny-list of sandbox/seccomp.py
+  supervisor (uid 0)   for each exec: fork; the child lowers rlimits, becomes uid/gid 65534 for
+                       real (no user namespace; every capability gone), sets no_new_privs and
+                       execs the command. The sandbox user can neither signal nor trace it.
+An exec is "ready" when the supervisor reports the fork; without that report the failure is
+ours (XX), and the command cannot fake it.
 
-Limits: wall clock (we SIGKILL bwrap's process group, which takes the whole pid namespace down,
-then sweep the cgroup), output bytes (same kill), memory and process count (a per-run cgroup,
-or RLIMIT_AS / RLIMIT_NPROC where no cgroup is usable, recorded in ExecResult.notes), and
-RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0 set by the sandbox user's shell.
+Limits: wall clock and output bytes (the supervisor kills every process in the sandbox:
+kill(-1) spares only itself and init), memory and process count (the session's cgroup, or
+RLIMIT_AS / RLIMIT_NPROC where no cgroup is usable, recorded in ExecResult.notes), and
+RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0 per exec. When the command exits, the
+supervisor kills whatever it left behind, so nothing outlives an exec.
 
 Requires root (bwrap without a user namespace, cgroup writes, mount, chown).
 """
@@ -27,11 +29,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
+import re
 import secrets
+import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -40,29 +46,35 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sandbox import cgroups, seccomp
-from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, SessionLifecycle, run_once
+from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, SessionLifecycle, process_alive, run_once
 from sandbox.capture import OutputCapture
 from sandbox.result import ExecResult, ExecStatus, infrastructure_error
 from sandbox.spec import Limits, SandboxSpec
 from sandbox.workspace import HostWorkspace, clear_directory
 
 BWRAP = "/usr/bin/bwrap"
-SETPRIV = "/usr/bin/setpriv"
 SH = "/bin/sh"
+# Debian's interpreter runs the supervisor: it needs nothing outside /usr (a pyenv Python
+# would need its own prefix bound in).
+SANDBOX_PYTHON = "/usr/bin/python3"
+SUPERVISOR = Path(__file__).with_name("harness") / "supervisor.py"
+SUPERVISOR_IN_SANDBOX = "/.crucible/supervisor.py"
 NOFILE = 1024
-# With a pids cgroup the per-run limit lives there; RLIMIT_NPROC counts every uid-65534
+# With a pids cgroup the per-session limit lives there; RLIMIT_NPROC counts every uid-65534
 # process on the machine, so it is only a machine-wide backstop that parallel runs share.
 NPROC_BACKSTOP = 4096
 _READ_CHUNK = 1 << 16
+_START_TIMEOUT_S = 10.0
+_KILL_GRACE_S = 5.0  # how long the supervisor may take to report after we asked for a kill
 
 # Joins the cgroups listed after the count, then execs the rest. $$ is this shell = bwrap's pid.
 _JOIN_CGROUPS = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done;'
     ' exec "$@"'
 )
-# Runs as the sandbox user; the ready byte is the last thing before the command replaces us.
-_LOWER_LIMITS_AND_EXEC = "{ulimits} && unset PWD OLDPWD && printf R >&0 && exec 0</dev/null && exec \"$@\""
 
+# crucible-<owner pid>-<session id>-<random>: see LocalSession.__init__ and LocalSandbox.reap.
+_SESSION_DIR = re.compile(r"crucible-(?P<owner>\d+)-(?P<session>[0-9a-f]{16})-\w+")
 _SYSTEM_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64"}
 _ETC_BASE = ("alternatives", "ld.so.cache", "localtime")
 _ETC_NETWORK = ("resolv.conf", "hosts", "nsswitch.conf", "gai.conf", "ssl", "ca-certificates")
@@ -70,14 +82,15 @@ _ETC_NETWORK = ("resolv.conf", "hosts", "nsswitch.conf", "gai.conf", "ssl", "ca-
 
 @dataclass
 class _Outcome:
-    """What happened to the process, before it is turned into an ExecStatus."""
+    """What happened to the command, before it is turned into an ExecStatus."""
 
-    ready: bool = False
-    killed_for: ExecStatus | None = None  # TO or OL when we killed the tree
+    ready: bool = False  # the supervisor forked the command
+    killed_for: ExecStatus | None = None  # TO or OL when we had the sandbox's processes killed
     wait_status: int | None = None
     cpu_s: float = 0.0
     max_rss_bytes: int | None = None
     oom_killed: bool = False  # the session cgroup counted an OOM kill during this run
+    broken: str | None = None  # the supervisor stopped answering: the session is unusable
     wall_s: float = 0.0
 
 
@@ -98,6 +111,7 @@ class LocalSandbox:
 
         Raises SandboxUnavailable when this host cannot isolate as `spec` asks."""
         self.spec = spec
+        self.cgroup_parent = cgroup_parent
         self.cgroup_host = cgroups.detect(cgroup_parent)
         self.scratch_dir = Path(scratch_dir or _default_scratch(self.cgroup_host))
         self.weaknesses = self._weaknesses()
@@ -112,6 +126,22 @@ class LocalSandbox:
 
     def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult:
         return run_once(self, command, files, mounts)
+
+    def reap(self) -> list[str]:
+        """Remove what sessions of owner processes that died without closing them left behind
+        (their sandboxes died with them): tmpfs mounts, directories and cgroups. Returns the
+        session ids removed."""
+        removed = []
+        for directory in self.scratch_dir.iterdir():
+            match = _SESSION_DIR.fullmatch(directory.name)
+            if match is None or process_alive(int(match["owner"])):
+                continue
+            if self.cgroup_host is not None:
+                cgroups.RunCgroup(self.cgroup_host, f"{match['owner']}-{match['session']}").destroy()
+            _unmount(directory)
+            shutil.rmtree(directory)
+            removed.append(match["session"])
+        return removed
 
     def _weaknesses(self) -> list[str]:
         found = []
@@ -130,7 +160,7 @@ class LocalSandbox:
 
 
 class LocalSession(SessionLifecycle):
-    """One workspace on a size-capped tmpfs, one cgroup, many bwrap runs."""
+    """One workspace on a capped tmpfs, one cgroup, one bubblewrap sandbox with a supervisor."""
 
     def __init__(self, backend: LocalSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount]):
         self.id = secrets.token_hex(8)
@@ -138,6 +168,9 @@ class LocalSession(SessionLifecycle):
         self.log: list[ExecResult] = []
         self._backend, self._mounts, self._closed = backend, tuple(mounts), False
         self._cgroup: cgroups.RunCgroup | None = None
+        self._proc: subprocess.Popen | None = None
+        self._control: socket.socket | None = None
+        self._broken: str | None = None
         _check_host(self.spec)
         self._dir = Path(tempfile.mkdtemp(prefix=f"crucible-{os.getpid()}-{self.id}-", dir=backend.scratch_dir))
         try:
@@ -146,17 +179,19 @@ class LocalSession(SessionLifecycle):
             self._cgroup = self._make_cgroup()
             self.workspace.put(files)
             self._initial = self.workspace.snapshot()
+            self._start_supervisor()
         except BaseException as e:  # bad input files included: nothing may be left behind
-            self._abandon(e, (OSError, cgroups.CgroupError), LocalSandbox.name)
+            self._abandon(e, (OSError, cgroups.CgroupError, SandboxUnavailable), LocalSandbox.name)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Kill what runs, remove the cgroup, unmount and delete the session directory."""
+        """Stop the sandbox, remove the cgroup, unmount and delete the session directory."""
         if self._closed:
             return
         self._closed = True
         try:
+            self._stop_supervisor()
             if self._cgroup is not None:
                 self._cgroup.destroy()
         finally:
@@ -201,110 +236,104 @@ class LocalSession(SessionLifecycle):
         stdout, stderr = OutputCapture("stdout", limits.excerpt_bytes), OutputCapture("stderr", limits.excerpt_bytes)
         outcome = _Outcome()
         try:
+            if self._broken:
+                raise SandboxUnavailable(f"the session is broken ({self._broken}); open a new one")
             oom_before = self._cgroup.oom_kills() if self._cgroup else 0
             if self._cgroup:
                 self._cgroup.reset_peak_memory()
             self._execute(list(command), stdout, stderr, outcome, deadline, on_output)
             outcome.wall_s = time.monotonic() - started
             if self._cgroup is not None:
-                self._cgroup.kill_all()  # nothing of this run may outlive it, even if bwrap misbehaved
                 outcome.oom_killed = self._cgroup.oom_kills() > oom_before
             result = self._result(outcome, stdout, stderr)
-        except (OSError, cgroups.CgroupError, seccomp.SeccompUnavailable) as e:
+        except (OSError, cgroups.CgroupError, SandboxUnavailable) as e:
             result = infrastructure_error(self.spec.hash, LocalSandbox.name, f"{type(e).__name__}: {e}", started)
         result = replace(result, command=tuple(command), started_at=started_at, session_id=self.id)
         self.log.append(result)
         return result
 
     def _execute(self, command, stdout, stderr, outcome: _Outcome, deadline: float, on_output) -> None:
-        limits = self.spec.limits
-        seccomp_fd = self._seccomp_fd()
-        argv = [SH, "-c", _JOIN_CGROUPS, "sh", *_join_args(self._cgroup)]
-        argv += self._bwrap_args(seccomp_fd)
-        argv += [SETPRIV, "--reuid", str(self.spec.uid), "--regid", str(self.spec.gid), "--clear-groups",
-                 "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
-        argv += [SH, "-c", _LOWER_LIMITS_AND_EXEC.format(ulimits=_ulimits(limits, self._cgroup)), "sh", *command]
-        ready_r, ready_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        request = {"op": "exec", "argv": command, "env": dict(self.spec.env), "cwd": WORKSPACE,
+                   "uid": self.spec.uid, "gid": self.spec.gid, "rlimits": _rlimits(self.spec.limits, self._cgroup)}
         try:
-            proc = subprocess.Popen(
-                argv, stdin=ready_w, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, env={}, cwd="/", pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-            )
+            socket.send_fds(self._control, [json.dumps(request).encode()], [out_w, err_w])
         finally:
-            os.close(ready_w)
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            os.close(out_w)
+            os.close(err_w)
         try:
-            self._pump(proc, ready_r, stdout, stderr, outcome, deadline, on_output)
+            self._pump(out_r, err_r, stdout, stderr, outcome, deadline, on_output)
         finally:
-            os.close(ready_r)
-            proc.stdout.close()
-            proc.stderr.close()
+            os.close(out_r)
+            os.close(err_r)
+        if outcome.broken:
+            self._broken = outcome.broken
+            self._stop_supervisor()  # takes every process of the session with it
 
-    def _seccomp_fd(self) -> int | None:
-        return seccomp.bpf_fd() if self._backend.has_seccomp else None
-
-    def _bwrap_args(self, seccomp_fd: int | None) -> list[str]:
-        args = [BWRAP, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
-        if seccomp_fd is not None:
-            args += ["--seccomp", str(seccomp_fd)]
-        if not self.spec.network:
-            args.append("--unshare-net")  # a fresh namespace with loopback only
-        for key, value in self.spec.env:
-            args += ["--setenv", key, value]
-        args += ["--ro-bind", "/usr", "/usr"]
-        for link, target in _SYSTEM_LINKS.items():
-            args += ["--symlink", target, link]
-        args += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable
-        for name in _ETC_BASE + (_ETC_NETWORK if self.spec.network else ()):
-            if os.path.lexists(f"/etc/{name}"):
-                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        args += ["--ro-bind", str(self._dir / "passwd"), "/etc/passwd",
-                 "--ro-bind", str(self._dir / "group"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev",
-                 "--size", str(self.spec.limits.disk_mb << 20), "--tmpfs", "/dev/shm",
-                 "--bind", str(self._dir / "tmp"), "/tmp",
-                 "--bind", str(self._dir / "workspace"), WORKSPACE]
-        for m in self._mounts:
-            args += ["--bind" if m.writable else "--ro-bind", str(m.host_path), m.sandbox_path]
-        return args + ["--chdir", WORKSPACE, "--"]
-
-    def _pump(self, proc, ready_r, stdout, stderr, outcome: _Outcome, deadline: float, on_output) -> None:
-        """Read both streams and the ready pipe until the sandbox exits or a limit is hit."""
+    def _pump(self, out_r, err_r, stdout, stderr, outcome: _Outcome, deadline: float, on_output) -> None:
+        """Read both streams and the supervisor's reports until the command has exited and its
+        output is drained, asking the supervisor to kill everything when a limit is hit."""
         sel = selectors.DefaultSelector()
-        sel.register(ready_r, selectors.EVENT_READ, None)
-        sel.register(proc.stdout, selectors.EVENT_READ, stdout)
-        sel.register(proc.stderr, selectors.EVENT_READ, stderr)
+        sel.register(self._control, selectors.EVENT_READ, None)
+        sel.register(out_r, selectors.EVENT_READ, stdout)
+        sel.register(err_r, selectors.EVENT_READ, stderr)
+        kill_deadline = None
         try:
-            while sel.get_map() and outcome.killed_for is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    outcome.killed_for = ExecStatus.TO
-                    break
-                for key, _ in sel.select(remaining):
+            while outcome.wait_status is None or sel.get_map():  # the report, then the output's end
+                now = time.monotonic()
+                if kill_deadline is None and now >= deadline:
+                    kill_deadline = self._kill(outcome, ExecStatus.TO)
+                if kill_deadline is not None and now >= kill_deadline:
+                    outcome.broken = "the supervisor did not report after a kill"
+                    return
+                timeout = (kill_deadline or deadline) - now
+                for key, _ in sel.select(max(timeout, 0)):
+                    if key.data is None:
+                        if not self._report(outcome):
+                            sel.unregister(self._control)
+                            if outcome.wait_status is None:
+                                outcome.broken = "the supervisor died"
+                                return
+                        continue
                     chunk = os.read(key.fd, _READ_CHUNK)
                     if not chunk:
-                        sel.unregister(key.fileobj)
-                    elif key.data is None:
-                        outcome.ready = True
-                    else:
-                        key.data.add(chunk)
-                        if on_output is not None:
-                            on_output(key.data.name, chunk)
-                if stdout.total + stderr.total > self.spec.limits.output_bytes:
-                    outcome.killed_for = ExecStatus.OL
+                        sel.unregister(key.fd)
+                        continue
+                    key.data.add(chunk)
+                    if on_output is not None:
+                        on_output(key.data.name, chunk)
+                if kill_deadline is None and stdout.total + stderr.total > self.spec.limits.output_bytes:
+                    kill_deadline = self._kill(outcome, ExecStatus.OL)
+                if outcome.wait_status is not None and self._control.fileno() in sel.get_map():
+                    sel.unregister(self._control)  # only the output is left to drain
         finally:
             sel.close()
-        if outcome.killed_for is not None:
-            _kill_group(proc.pid)
-        _reap(proc, outcome, deadline)
+
+    def _report(self, outcome: _Outcome) -> bool:
+        """Take one message of the supervisor; False when it has gone."""
+        data = self._control.recv(1 << 16)
+        if not data:
+            return False
+        message = json.loads(data)
+        if "started" in message:
+            outcome.ready = True
+        elif "exit" in message:
+            outcome.wait_status = message["exit"]
+            outcome.cpu_s = message["cpu_s"]
+            outcome.max_rss_bytes = message["max_rss_kb"] * 1024
+        return True
+
+    def _kill(self, outcome: _Outcome, reason: ExecStatus) -> float:
+        outcome.killed_for = reason
+        self._control.send(b'{"op": "kill"}')
+        return time.monotonic() + _KILL_GRACE_S
 
     def _result(self, outcome: _Outcome, stdout: OutputCapture, stderr: OutputCapture) -> ExecResult:
         status, exit_code, sig = _classify(outcome)
         error = None
         if status is ExecStatus.XX:
-            error = f"SandboxStartError: exit status {exit_code}: {stderr.text.strip()[-2000:]}"
+            error = f"SandboxStartError: {outcome.broken or 'the command never started'}: {self._supervisor_log()}"
         cgroup = self._cgroup
         peak = cgroup.peak_memory_bytes() if cgroup is not None and cgroup.has_memory else None
         return ExecResult(
@@ -316,6 +345,76 @@ class LocalSession(SessionLifecycle):
             spec_hash=self.spec.hash, backend=LocalSandbox.name, error=error,
             notes=tuple(self._backend.weaknesses),
         )
+
+    # -- the supervisor ----------------------------------------------------------------------
+
+    def _start_supervisor(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._control = ours
+        seccomp_fd = seccomp.bpf_fd() if self._backend.has_seccomp else None
+        argv = [SH, "-c", _JOIN_CGROUPS, "sh", *_join_args(self._cgroup), *self._bwrap_args(seccomp_fd),
+                SANDBOX_PYTHON, "-I", "-S", SUPERVISOR_IN_SANDBOX, str(theirs.fileno())]
+        log = open(self._dir / "supervisor.log", "wb")  # noqa: SIM115 (handed to the child)
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env={}, cwd="/",
+                pass_fds=(theirs.fileno(),) + (() if seccomp_fd is None else (seccomp_fd,)),
+            )
+        finally:
+            log.close()
+            theirs.close()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        ready, _, _ = select.select([ours], [], [], _START_TIMEOUT_S)
+        if not ready or not ours.recv(1 << 16):
+            raise SandboxUnavailable(f"the sandbox did not start: {self._supervisor_log()}")
+
+    def _stop_supervisor(self) -> None:
+        """Closing the control socket ends the supervisor, and with it bwrap and the whole pid
+        namespace; kill the process group if that does not happen at once."""
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            _kill_group(self._proc.pid)
+            self._proc.wait()
+
+    def _supervisor_log(self) -> str:
+        try:
+            return (self._dir / "supervisor.log").read_text(errors="replace").strip()[-2000:] or "no output"
+        except OSError:
+            return "no log"
+
+    def _bwrap_args(self, seccomp_fd: int | None) -> list[str]:
+        args = [BWRAP, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
+                "--cap-add", "CAP_SETPCAP"]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
+        if not self.spec.network:
+            args.append("--unshare-net")  # a fresh namespace with loopback only
+        args += ["--ro-bind", "/usr", "/usr"]
+        for link, target in _SYSTEM_LINKS.items():
+            args += ["--symlink", target, link]
+        args += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable
+        for name in _ETC_BASE + (_ETC_NETWORK if self.spec.network else ()):
+            if os.path.lexists(f"/etc/{name}"):
+                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        args += ["--ro-bind", str(self._dir / "passwd"), "/etc/passwd",
+                 "--ro-bind", str(self._dir / "group"), "/etc/group",
+                 "--ro-bind", str(SUPERVISOR), SUPERVISOR_IN_SANDBOX,
+                 "--proc", "/proc", "--dev", "/dev",
+                 "--size", str(self.spec.limits.disk_mb << 20), "--tmpfs", "/dev/shm",
+                 "--bind", str(self._dir / "tmp"), "/tmp",
+                 "--bind", str(self._dir / "workspace"), WORKSPACE]
+        for m in self._mounts:
+            args += ["--bind" if m.writable else "--ro-bind", str(m.host_path), m.sandbox_path]
+        return args + ["--chdir", "/", "--"]
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -346,41 +445,22 @@ class LocalSession(SessionLifecycle):
         return cgroup
 
 
-def _reap(proc, outcome: _Outcome, deadline: float) -> None:
-    """Wait for bwrap, with its resource usage; kill it if it outlives the deadline."""
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() > deadline and outcome.killed_for is None:
-            outcome.killed_for = ExecStatus.TO
-            _kill_group(proc.pid)
-        time.sleep(0.001)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
-    outcome.wait_status = status
-    outcome.cpu_s = usage.ru_utime + usage.ru_stime
-    outcome.max_rss_bytes = usage.ru_maxrss * 1024
-
-
 def _classify(outcome: _Outcome) -> tuple[ExecStatus, int | None, int | None]:
-    """(status, exit code, signal) from how bwrap ended.
+    """(status, exit code, signal) from the command's wait status, as the supervisor saw it.
 
-    bwrap reports a command killed by signal N as exit code 128+N, so a command that itself
-    exits with 128+N reads as signal N (both are failures). A run that never signalled ready
-    is XX whatever else happened. An OOM kill anywhere in the run makes it ML, even if the
-    command survived it (the limit was hit either way).
+    A run that never started or whose supervisor stopped answering is XX whatever else
+    happened; an OOM kill anywhere in the run makes it ML, even if the command survived it
+    (the limit was hit either way).
     """
     status = outcome.wait_status
-    exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    if exit_code is not None and 128 < exit_code <= 128 + 64:
-        exit_code, sig = None, exit_code - 128
-    if not outcome.ready:
+    exit_code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
+    sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
+    if outcome.oom_killed and (outcome.broken or status is not None):
+        return ExecStatus.ML, exit_code, sig
+    if not outcome.ready or outcome.broken or status is None:
         return ExecStatus.XX, exit_code, sig
     if outcome.killed_for is not None:
         return outcome.killed_for, exit_code, sig
-    if outcome.oom_killed:
-        return ExecStatus.ML, exit_code, sig
     if sig == signal.SIGXCPU:  # RLIMIT_CPU: a time limit, like the wall clock
         return ExecStatus.TO, exit_code, sig
     if sig is not None:
@@ -391,9 +471,9 @@ def _classify(outcome: _Outcome) -> tuple[ExecStatus, int | None, int | None]:
 def _check_host(spec: SandboxSpec) -> None:
     if spec.image != "host":
         raise SandboxUnavailable(f"the local backend runs image 'host' only, not {spec.image!r}")
-    for tool in (BWRAP, SETPRIV, SH):
+    for tool in (BWRAP, SH, SANDBOX_PYTHON):
         if not os.access(tool, os.X_OK):
-            raise SandboxUnavailable(f"{tool} is missing (install bubblewrap / util-linux)")
+            raise SandboxUnavailable(f"{tool} is missing (install bubblewrap and python3: scripts/install-system-packages)")
 
 
 def _kill_group(pgid: int) -> None:
@@ -424,20 +504,20 @@ def _join_args(cgroup) -> list[str]:
     return [str(len(files)), *files]
 
 
-def _ulimits(limits: Limits, cgroup) -> str:
-    """Shell `ulimit` commands for the sandbox user (dash takes one resource per call)."""
-    cmds = [
-        # SIGXCPU at the soft limit, SIGKILL a second later (soft first: it must stay <= hard).
-        f"ulimit -S -t {limits.cpu_s}", f"ulimit -H -t {limits.cpu_s + 1}",
-        f"ulimit -f {limits.disk_mb * 2048}",  # 512-byte blocks
-        f"ulimit -n {NOFILE}",
-        "ulimit -c 0",
-    ]
+def _rlimits(limits: Limits, cgroup) -> list[tuple[str, int, int]]:
+    """(resource name, soft, hard) the supervisor sets for each command."""
     has_pids = cgroup is not None and cgroup.has_pids
-    cmds.append(f"ulimit -p {NPROC_BACKSTOP if has_pids else limits.pids}")
+    found = [
+        # SIGXCPU at the soft limit, SIGKILL a second later.
+        ("RLIMIT_CPU", limits.cpu_s, limits.cpu_s + 1),
+        ("RLIMIT_FSIZE", limits.disk_mb << 20, limits.disk_mb << 20),
+        ("RLIMIT_NOFILE", NOFILE, NOFILE),
+        ("RLIMIT_CORE", 0, 0),
+        ("RLIMIT_NPROC", *(2 * [NPROC_BACKSTOP if has_pids else limits.pids])),
+    ]
     if cgroup is None or not cgroup.has_memory:
-        cmds.append(f"ulimit -v {limits.memory_mb * 1024}")
-    return " && ".join(cmds)
+        found.append(("RLIMIT_AS", limits.memory_mb << 20, limits.memory_mb << 20))
+    return found
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -100,10 +100,12 @@ def residue(sb) -> list[str]:
     if sb.name == "local":
         host = sb.cgroup_host
         parents = {p for p in (host.memory_parent, host.pids_parent) if p} if host else set()
-        left += [str(d) for p in parents if p.exists() for d in p.iterdir() if d.is_dir()]
-        for parent in parents:
-            if parent.exists():
-                parent.rmdir()
+        cgroups = [str(d) for p in parents if p.exists() for d in p.iterdir() if d.is_dir()]
+        if not cgroups:
+            for parent in parents:
+                if parent.exists():
+                    parent.rmdir()
+        left += cgroups
     else:
         left += [c.name for c in sb.containers(**{"crucible.test": sb.labels["crucible.test"]})]
     return left

@@ -10,6 +10,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -448,3 +449,33 @@ def test_close_is_idempotent_and_final(make_sandbox):
     assert residue(sandbox) == []
     with pytest.raises(RuntimeError):
         session.exec(["true"])
+
+
+ORPHAN_OWNER = """
+import sys, time
+from pathlib import Path
+backend, scratch, tag = sys.argv[1:4]
+if backend == "local":
+    from sandbox.local import LocalSandbox
+    sandbox = LocalSandbox(scratch_dir=Path(scratch), cgroup_parent=tag)
+else:
+    from sandbox.docker import DockerSandbox
+    sandbox = DockerSandbox(scratch_dir=Path(scratch), labels={"crucible.test": tag})
+session = sandbox.session({"a.txt": "x"})
+print("open", flush=True)
+time.sleep(60)
+"""
+
+
+def test_reap_removes_the_sessions_of_an_owner_killed_without_closing(sandbox):
+    tag = sandbox.cgroup_parent if sandbox.name == "local" else sandbox.labels["crucible.test"]
+    owner = subprocess.Popen([sys.executable, "-c", ORPHAN_OWNER, sandbox.name, str(sandbox.scratch_dir), tag],
+                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    try:
+        assert owner.stdout.readline() == "open\n"
+    finally:
+        owner.kill()
+        owner.wait()
+    assert residue(sandbox) != []  # the owner died holding a session
+    assert len(sandbox.reap()) == 1
+    assert residue(sandbox) == []
