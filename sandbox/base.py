@@ -113,12 +113,18 @@ class Sandbox(Protocol):
     def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult: ...
 
 
-def run_once(sandbox: Sandbox, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount]) -> ExecResult:
-    """One command in a fresh session (what `Sandbox.run` does); a session that cannot open
-    is an XX result."""
+def run_once(
+    sandbox: Sandbox,
+    command: list[str],
+    files: Mapping[str, str | bytes],
+    mounts: Sequence[Mount],
+    open_session: Callable[..., Session] | None = None,
+) -> ExecResult:
+    """One command in a fresh session (what `Sandbox.run` does; `open_session` defaults to
+    `sandbox.session`); a session that cannot open is an XX result."""
     started = time.monotonic()
     try:
-        with sandbox.session(files, mounts) as session:
+        with (open_session or sandbox.session)(files, mounts) as session:
             return session.exec(command)
     except SandboxUnavailable as e:
         return infrastructure_error(sandbox.spec.hash, sandbox.name, str(e), started)

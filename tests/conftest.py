@@ -1,4 +1,5 @@
-"""Sandbox backends for the tests: every backend-neutral test runs once per backend.
+"""Sandbox backends for the tests: every backend-neutral test runs once per backend, and the
+local backend twice: its one-shot `run` and its supervised sessions (`local-session`).
 
 A backend that cannot run on this host is skipped loudly: the reason goes into the skip and a
 banner at the end of the run. Where CRUCIBLE_REQUIRE_BACKENDS names it (CI sets
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base import SandboxUnavailable
+from sandbox.base import SandboxUnavailable, run_once
 from sandbox.spec import Limits, SandboxSpec
 
-BACKENDS = ("local", "docker")
+BACKENDS = ("local", "local-session", "docker")
 REQUIRED = {b for b in os.environ.get("CRUCIBLE_REQUIRE_BACKENDS", "").split(",") if b}
 _skipped: dict[str, str] = {}
 
@@ -29,7 +30,7 @@ def unavailable(backend: str) -> str | None:
     if os.geteuid() != 0:
         return "needs root (bwrap without a user namespace, cgroups, mounts, the Docker socket)"
     try:
-        if backend == "local":
+        if backend.startswith("local"):
             from sandbox.local import LocalSandbox
 
             LocalSandbox()
@@ -66,6 +67,13 @@ def backend(request) -> str:
     return request.param
 
 
+@pytest.fixture(params=("local", "docker"))
+def backend_name(request) -> str:
+    """A backend as users name it (CLI, settings)."""
+    require(request.param)
+    return request.param
+
+
 @pytest.fixture
 def make_sandbox(backend, tmp_path):
     """Factory of sandboxes of the current backend with their own scratch space (and cgroup
@@ -76,10 +84,12 @@ def make_sandbox(backend, tmp_path):
     def make(**limits):
         spec = SandboxSpec(limits=Limits(**{"wall_s": 5.0, **limits}))
         scratch = Path(tempfile.mkdtemp(prefix="scratch", dir=tmp_path))  # pools call this from threads
-        if backend == "local":
+        if backend.startswith("local"):
             from sandbox.local import LocalSandbox
 
             sb = LocalSandbox(spec, scratch_dir=scratch, cgroup_parent=f"crucible-test-{token}")
+            if backend == "local-session":
+                sb = ThroughSessions(sb)
         else:
             from sandbox.docker import DockerSandbox
 
@@ -90,6 +100,20 @@ def make_sandbox(backend, tmp_path):
     yield make
     for sb in made:
         assert residue(sb) == [], "the sandbox left things behind"
+
+
+class ThroughSessions:
+    """The local backend with `run` going through a full (supervised) session, the path agents
+    take, instead of the one-shot sandbox; everything else is the sandbox itself."""
+
+    def __init__(self, sandbox):
+        self._sandbox = sandbox
+
+    def __getattr__(self, name):
+        return getattr(self._sandbox, name)
+
+    def run(self, command, files, mounts=()):
+        return run_once(self._sandbox, command, files, mounts)
 
 
 def residue(sb) -> list[str]:

@@ -35,13 +35,13 @@ def test_grading_records_the_task_limits_in_the_spec_hash():
     assert len(grade.exec.spec_hash) == 16
 
 
-def test_grading_gives_the_same_verdicts_on_every_backend(backend):
+def test_grading_gives_the_same_verdicts_on_every_backend(backend_name):
     tasks = load_task_set("default").tasks[:4]
     verdicts = []
     for task in tasks:
-        sandbox = open_sandbox(backend, sandbox_spec(task))
+        sandbox = open_sandbox(backend_name, sandbox_spec(task))
         for solution in (task.reference_solution, f"def {task.entry_point}(*args):\n    return None\n"):
             grade = grade_solution(task, solution, sandbox)
-            assert grade.exec.backend == backend
+            assert grade.exec.backend == backend_name
             verdicts.append((grade.reward_status, grade.reward == 1.0))
     assert verdicts == [("scored", True), ("scored", False)] * len(tasks)

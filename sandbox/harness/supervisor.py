@@ -3,8 +3,8 @@ life and starts each exec, so an exec costs a fork instead of a new sandbox.
 
 Started by bubblewrap as root without any capability but CAP_SETUID, CAP_SETGID and CAP_KILL,
 under the session's seccomp filter: the sandbox user (uid 65534) can neither signal, trace nor
-read it. It talks to the host over one SOCK_SEQPACKET socket (fd number in argv[1]), one JSON
-message per packet:
+read it. It talks to the host over one SOCK_SEQPACKET socket (fd number in argv[1]), one message
+per packet (marshal, version 4: readable by both interpreters):
 
   host -> {"op": "exec", "argv", "env", "cwd", "uid", "gid", "rlimits"} + fds [stdout, stderr]
   sup  -> {"started": pid}                  the command is about to exec: the sandbox is up
@@ -17,7 +17,7 @@ Standard library only; runs under `python3 -I -S`.
 
 import array
 import ctypes
-import json
+import marshal
 import os
 import resource
 import select
@@ -36,7 +36,7 @@ def main(control_fd: int) -> None:
     control = socket.socket(fileno=control_fd)
     control.set_inheritable(False)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    control.send(b'{"ready": true}')
+    send(control, {"ready": True})
     while True:
         request, fds = receive(control)
         if request is None:
@@ -56,7 +56,11 @@ def receive(control: socket.socket) -> tuple[dict | None, list[int]]:
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return json.loads(data), list(fds)
+    return marshal.loads(data), list(fds)
+
+
+def send(control: socket.socket, message: dict) -> None:
+    control.send(marshal.dumps(message, 4))
 
 
 def run(control: socket.socket, request: dict, fds: list[int]) -> None:
@@ -65,7 +69,7 @@ def run(control: socket.socket, request: dict, fds: list[int]) -> None:
         become_command(request, fds)  # never returns
     for fd in fds:
         os.close(fd)  # the command's output ends when the command's side closes
-    control.send(json.dumps({"started": pid}).encode())
+    send(control, {"started": pid})
     pidfd = os.pidfd_open(pid)
     try:
         while True:
@@ -81,9 +85,7 @@ def run(control: socket.socket, request: dict, fds: list[int]) -> None:
         os.close(pidfd)
     _, status, usage = os.wait4(pid, 0)
     kill_everyone()  # nothing the command started may outlive it
-    control.send(json.dumps({
-        "exit": status, "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss,
-    }).encode())
+    send(control, {"exit": status, "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss})
 
 
 def kill_everyone() -> None:
