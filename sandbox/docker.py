@@ -97,6 +97,11 @@ class DockerSandbox:
             digest = self.client.images.get(image).id
         except docker.errors.ImageNotFound as e:
             raise SandboxUnavailable(f"no image {image!r}; build it with scripts/build-sandbox-image") from e
+        if spec.network and not self.client.networks.list(names=["bridge"]):
+            raise SandboxUnavailable(
+                "the spec asks for network, but this Docker daemon has no bridge network "
+                "(scripts/docker-daemon starts it with --bridge=none, which keeps the host firewall as it is)"
+            )
         self.spec = replace(spec, image=digest)
         self.scratch_dir = Path(scratch_dir or "/tmp")
         self.labels = {LABEL: "1", OWNER_LABEL: _owner(), **(labels or {})}

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import residue
+from conftest import require, residue
 
-from sandbox.base import Mount, WorkspacePathError
+from sandbox.base import Mount, SandboxUnavailable, WorkspacePathError
 from sandbox.result import ExecStatus
 
 PY = ["/usr/bin/python3", "-I", "-S", "-c"]
@@ -479,3 +479,12 @@ def test_reap_removes_the_sessions_of_an_owner_killed_without_closing(sandbox):
     assert residue(sandbox) != []  # the owner died holding a session
     assert len(sandbox.reap()) == 1
     assert residue(sandbox) == []
+
+
+def test_docker_refuses_network_it_cannot_give():
+    require("docker")
+    from sandbox.docker import DockerSandbox
+    from sandbox.spec import SandboxSpec
+
+    with pytest.raises(SandboxUnavailable, match="no bridge network"):
+        DockerSandbox(SandboxSpec(network=True))
