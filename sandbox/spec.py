@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class SandboxSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @property
+    @cached_property  # every result records it; computing it costs more than an exec's overhead
     def hash(self) -> str:
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -24,6 +24,7 @@ import select
 import signal
 import socket
 import sys
+import warnings  # noqa: F401 (os.execvpe imports it: once here, not in every child)
 
 _MESSAGE_BYTES = 1 << 20
 PR_CAPBSET_DROP = 24
