@@ -4,7 +4,8 @@
 
 Every row runs `true` (the cost of the sandbox, not of the command):
   bare start            subprocess.run(["true"]): the floor
-  <backend> run         a fresh session per command (open, exec, close): what grading does
+  <backend> run         one command in a fresh sandbox: what grading does
+  <backend> session     open and close a session (local: starts the supervisor)
   <backend> exec        one more exec in a warm session: an agent's next turn
   <backend> reset       session.reset() (workspace back to its first files, /tmp emptied)
   throughput            commands per second through a 2-slot SandboxPool, fresh session each
@@ -80,7 +81,8 @@ def main() -> None:
             console.print(f"[yellow]{backend}: unavailable here: {e}[/yellow]")
             continue
         console.print(f"{backend}: fresh sessions …")
-        rows.append((f"{backend} run (fresh session)", timings(lambda: sandbox.run(["true"], FILES), args.runs)))
+        rows.append((f"{backend} run (fresh sandbox)", timings(lambda: sandbox.run(["true"], FILES), args.runs)))
+        rows.append((f"{backend} session open+close", timings(lambda: sandbox.session(FILES).close(), args.runs)))
         with sandbox.session(FILES) as session:
             console.print(f"{backend}: warm session …")
             rows.append((f"{backend} exec (warm session)", timings(lambda: session.exec(["true"]), args.runs)))
