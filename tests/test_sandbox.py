@@ -488,3 +488,40 @@ def test_docker_refuses_network_it_cannot_give():
 
     with pytest.raises(SandboxUnavailable, match="no bridge network"):
         DockerSandbox(SandboxSpec(network=True))
+
+
+WEAK_HOST = """
+import json
+from sandbox.base import SandboxUnavailable
+from sandbox.local import LocalSandbox
+from sandbox.spec import Limits, SandboxSpec
+try:
+    LocalSandbox()
+    refused = None
+except SandboxUnavailable as e:
+    refused = str(e)
+weak = LocalSandbox(SandboxSpec(limits=Limits(memory_mb=64), allow_weak_isolation=True))
+bomb = ["/usr/bin/python3", "-c", "x = bytearray(1 << 30)"]
+one_shot = weak.run(bomb, {})
+with weak.session() as session:
+    in_session = session.exec(bomb)
+print(json.dumps({"refused": refused, "results": [[r.status.value, "MemoryError" in r.stderr, len(r.notes)]
+                                                   for r in (one_shot, in_session)]}))
+"""
+
+
+def test_a_host_without_cgroup_limits_is_refused_unless_weak_isolation_is_allowed():
+    """In a mount namespace where the memory and pids hierarchies are read-only (as on hosts
+    that do not delegate cgroups): refused by default; with allow_weak_isolation, rlimits
+    hold the memory bomb and every result says so."""
+    require("local")
+    mounts = Path("/proc/self/mounts").read_text()
+    if " /sys/fs/cgroup/memory cgroup " not in mounts or " /sys/fs/cgroup/pids cgroup " not in mounts:
+        pytest.skip("this check hides cgroup v1 hierarchies, and this host has none")
+    hide = ("mount -o remount,bind,ro /sys/fs/cgroup/memory && mount -o remount,bind,ro /sys/fs/cgroup/pids"
+            f' && exec {sys.executable} -c "$0"')
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", hide, WEAK_HOST], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parent.parent)
+    report = json.loads(done.stdout)
+    assert "no writable memory cgroup" in report["refused"] and "allow_weak_isolation" in report["refused"]
+    assert report["results"] == [["RE", True, 2], ["RE", True, 2]]
