@@ -248,7 +248,7 @@ class SupervisedExecutor:
                         if not _take_output(key.fd, key.data, on_output):
                             sel.unregister(key.fd)
                     elif not self._report(outcome):
-                        outcome.broken = "the supervisor died"
+                        outcome.broken = outcome.broken or "the supervisor died"
                         return
                     elif outcome.finished:
                         sel.unregister(self._control)  # only the output is left to drain
@@ -256,13 +256,17 @@ class SupervisedExecutor:
                     kill_deadline = self._kill(outcome, ExecStatus.OL)
 
     def _report(self, outcome: Outcome) -> bool:
-        """Take one message of the supervisor; False when it has gone."""
+        """Take one message of the supervisor; False when it has gone or failed to start the
+        command (then `outcome.broken` says why)."""
         data = self._control.recv(1 << 16)
         if not data:
             return False
         message = marshal.loads(data)
         if "started" in message:
             outcome.ready = True
+        elif "spawn_failed" in message:
+            outcome.broken = f"the command could not be set up: {message['spawn_failed']}"
+            return False
         elif "exit" in message:
             outcome.set_wait_status(message["exit"])
             outcome.cpu_s = message["cpu_s"]

@@ -59,7 +59,8 @@ _PREAMBLE = "{ulimits} && unset HOSTNAME PWD OLDPWD && printf '\\000crucible-rea
 # A docker exec lasts until every holder of its output is gone, so a daemon the command left
 # could keep acting "during" the run. The envelope waits for the command alone, then kills
 # every other process of the sandbox user (init is spared: its pid namespace protects it).
-_ENVELOPE = _PREAMBLE + ' && {{ "$@" & wait $!; }}; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
+# (`env --default-signal`: sh starts background jobs with SIGINT and SIGQUIT ignored.)
+_ENVELOPE = _PREAMBLE + ' && {{ env --default-signal=INT,QUIT "$@" & wait $!; }}; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 _HELPER = _PREAMBLE + ' && exec "$@"'  # our own tar/find, which read stdin
 # Refuses put/get paths that a symlink the command planted would lead out of the workspace.
 _PATH_GUARD = (
@@ -238,7 +239,8 @@ class DockerSession(SessionLifecycle):
         self.log.append(result)
         return result
 
-    def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None, helper=False) -> _Run:
+    def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None, helper=False,
+              output_limit: int | None = None) -> _Run:
         envelope = (_HELPER if stdin is not None or helper else _ENVELOPE).format(ulimits=_ulimits(self.spec))
         exec_id = self._api.exec_create(
             self._container.id, ["sh", "-c", envelope, "sh", *command], user=self._user,
@@ -251,7 +253,7 @@ class DockerSession(SessionLifecycle):
             if stdin is not None:
                 raw.sendall(stdin)
                 raw.shutdown(socket.SHUT_WR)
-            self._pump(raw, stdout, stderr, run, deadline, on_output)
+            self._pump(raw, stdout, stderr, run, deadline, on_output, output_limit or self.spec.limits.output_bytes)
         finally:
             sock.close()
         if run.killed_for is not None:
@@ -259,7 +261,7 @@ class DockerSession(SessionLifecycle):
         run.exit_code = self._wait_exit_code(exec_id)
         return run
 
-    def _pump(self, raw: socket.socket, stdout, stderr, run: _Run, deadline: float, on_output) -> None:
+    def _pump(self, raw: socket.socket, stdout, stderr, run: _Run, deadline: float, on_output, output_limit: int) -> None:
         """Demultiplex Docker's framed stream (8-byte header: stream, 0, 0, 0, size) until EOF,
         the deadline or the output cap."""
         captures = {"stdout": stdout, "stderr": stderr}
@@ -283,7 +285,7 @@ class DockerSession(SessionLifecycle):
                         captures[stream].add(data)
                         if on_output is not None:
                             on_output(stream, data)
-                if stdout.total + stderr.total > self.spec.limits.output_bytes:
+                if stdout.total + stderr.total > output_limit:
                     run.killed_for = ExecStatus.OL
 
     @staticmethod
@@ -299,12 +301,17 @@ class DockerSession(SessionLifecycle):
         return frames.marker
 
     def _wait_exit_code(self, exec_id: str) -> int | None:
-        deadline = time.monotonic() + 10
+        """The exec's exit code; None if the daemon still reports it running after 10 s (then
+        the run is XX: we cannot tell what the command did)."""
+        deadline, pause = time.monotonic() + 10, 0.001
         while True:
             info = self._api.exec_inspect(exec_id)
-            if not info["Running"] or time.monotonic() > deadline:
+            if not info["Running"]:
                 return info["ExitCode"]
-            time.sleep(0.002)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _result(self, run: _Run, stdout, stderr, wall_s: float) -> ExecResult:
         status, exit_code, sig = _classify(run)
@@ -320,10 +327,12 @@ class DockerSession(SessionLifecycle):
 
     def _call(self, command: list[str], stdin: bytes | None = None) -> bytes:
         """Run one of our own helper commands (tar, find) as the sandbox user; its stdout."""
-        limits = self.spec.limits
-        stdout = OutputCapture("stdout", 2 * (limits.disk_mb << 20))
-        stderr = OutputCapture("stderr", 4096)
-        run = self._exec(command, stdout, stderr, time.monotonic() + _API_TIMEOUT_S, None, stdin=stdin, helper=True)
+        cap = 2 * (self.spec.limits.disk_mb << 20)  # a tar of the whole workspace fits; sparse files do not
+        stdout, stderr = OutputCapture("stdout", cap), OutputCapture("stderr", 4096)
+        run = self._exec(command, stdout, stderr, time.monotonic() + _API_TIMEOUT_S, None, stdin=stdin, helper=True,
+                         output_limit=cap)
+        if run.killed_for is ExecStatus.OL:
+            raise WorkspacePathError(f"{command[0]} in the sandbox: output over {cap} bytes (sparse files?)")
         if run.exit_code != 0 or not run.ready:
             raise WorkspacePathError(f"{command[0]} in the sandbox failed: {stderr.text.strip()[-500:]}")
         return bytes(stdout.data)
@@ -388,6 +397,8 @@ def _classify(run: _Run) -> tuple[ExecStatus, int | None, int | None]:
         return ExecStatus.XX, exit_code, sig
     if run.killed_for is not None:
         return run.killed_for, exit_code, sig
+    if run.exit_code is None:  # the daemon never said how it ended
+        return ExecStatus.XX, exit_code, sig
     if run.oom_killed:
         return ExecStatus.ML, exit_code, sig
     if sig == 24:  # SIGXCPU: RLIMIT_CPU, a time limit like the wall clock

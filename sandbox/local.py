@@ -111,8 +111,8 @@ class LocalSandbox:
         removed = []
         for directory in self.scratch_dir.iterdir():
             match = _SESSION_DIR.fullmatch(directory.name)
-            if match is None or process_alive(int(match["owner"])):
-                continue
+            if match is None or directory.is_symlink() or process_alive(int(match["owner"])):
+                continue  # scratch may be world-writable: never follow what others planted
             if self.cgroup_host is not None:
                 cgroups.RunCgroup(self.cgroup_host, f"{match['owner']}-{match['session']}").destroy()
             _unmount(directory)
@@ -180,9 +180,10 @@ class LocalSession(SessionLifecycle):
             shutil.rmtree(self._dir)
 
     def reset(self) -> None:
-        """Back to the files the session was opened with; /tmp emptied."""
+        """Back to the files the session was opened with; /tmp and /dev/shm emptied."""
         self._check_open()
         clear_directory(self._dir / "tmp")
+        clear_directory(self._dir / "shm")
         self.workspace.restore(self._initial)
 
     # -- files -------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class LocalSession(SessionLifecycle):
                  "--ro-bind", str(self._dir / "group"), "/etc/group",
                  "--ro-bind", str(SUPERVISOR), SUPERVISOR_IN_SANDBOX,
                  "--proc", "/proc", "--dev", "/dev",
-                 "--size", str(self.spec.limits.disk_mb << 20), "--tmpfs", "/dev/shm",
+                 "--bind", str(self._dir / "shm"), "/dev/shm",
                  "--bind", str(self._dir / "tmp"), "/tmp",
                  "--bind", str(self._dir / "workspace"), WORKSPACE]
         for m in self._mounts:
@@ -284,15 +285,18 @@ class LocalSession(SessionLifecycle):
 
     def _mount_tmpfs(self) -> None:
         limits = self.spec.limits
-        _mount_tmpfs(self._dir, f"size={limits.disk_mb}m,nr_inodes={limits.inodes},mode=0755")
+        # 0700: other host users cannot reach the workspace (nor set-uid files in it, which
+        # nosuid disarms anyway).
+        _mount_tmpfs(self._dir, f"size={limits.disk_mb}m,nr_inodes={limits.inodes},mode=0700")
 
     def _make_layout(self) -> None:
         spec = self.spec
-        workspace, tmp = self._dir / "workspace", self._dir / "tmp"
+        workspace = self._dir / "workspace"
         workspace.mkdir()
-        tmp.mkdir()
         os.chown(workspace, spec.uid, spec.gid)
-        tmp.chmod(0o1777)
+        for shared in ("tmp", "shm"):  # /tmp and /dev/shm: inside the session's disk cap
+            (self._dir / shared).mkdir()
+            (self._dir / shared).chmod(0o1777)
         (self._dir / "passwd").write_text(
             f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{spec.uid}:{spec.gid}::{WORKSPACE}:/usr/sbin/nologin\n"
         )
@@ -356,17 +360,18 @@ def _is_tmpfs(path: str) -> bool:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_MNT_DETACH = 2
+_MS_NOSUID, _MS_NODEV = 2, 4
+_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
 
 
 def _mount_tmpfs(target: Path, options: str) -> None:
-    if _libc.mount(b"tmpfs", bytes(target), b"tmpfs", 0, options.encode()) != 0:
+    if _libc.mount(b"tmpfs", bytes(target), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"mount tmpfs on {target}: {os.strerror(code)}")
 
 
 def _unmount(target: Path) -> None:
     """Detach the session's tmpfs; a directory that was never mounted is fine."""
-    if _libc.umount2(bytes(target), _MNT_DETACH) != 0 and ctypes.get_errno() != errno.EINVAL:
+    if _libc.umount2(bytes(target), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0 and ctypes.get_errno() != errno.EINVAL:
         code = ctypes.get_errno()
         raise OSError(code, f"umount {target}: {os.strerror(code)}")

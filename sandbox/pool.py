@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Generic, TypeVar
 
 from sandbox.base import Sandbox, SandboxUnavailable
@@ -139,13 +140,15 @@ class SandboxPool:
 
     def _run(self, job: _Job) -> None:
         try:
-            outcome = self._attempt(job)
+            settle = self._attempt(job)
+        except BaseException as e:  # the pool's own bookkeeping failed: the job must still end
+            settle = partial(job.future.set_exception, e)
         finally:
             with self._lock:
                 self._free_slots += 1
                 self._free_memory_mb += job.spec.limits.memory_mb
                 self._lock.notify_all()
-        outcome()
+        settle()
 
     def _attempt(self, job: _Job) -> Callable[[], None]:
         """Run the job until it succeeds or runs out of attempts; returns what settles its
@@ -159,13 +162,14 @@ class SandboxPool:
             except SandboxUnavailable as e:
                 result, failed, error = None, True, e
             except BaseException as e:  # the job's own bug: no retry
-                return lambda e=e: job.future.set_exception(e)
+                return partial(job.future.set_exception, e)
             self._record(job.spec, failed, error or result)
             if not failed or job.attempts >= self.config.max_attempts:
                 if error is not None:
-                    return lambda: job.future.set_exception(error)
-                return lambda: job.future.set_result(result)
-            self.retries += 1
+                    return partial(job.future.set_exception, error)
+                return partial(job.future.set_result, result)
+            with self._lock:
+                self.retries += 1
 
     def _sandbox(self, spec: SandboxSpec) -> Sandbox:
         with self._lock:
@@ -184,8 +188,11 @@ class SandboxPool:
                 return
             sandbox = self._sandboxes.pop(spec, None)
             self._failures_in_a_row[spec] = 0
-        reason = getattr(getattr(evidence, "exec", evidence), "error", None) or str(evidence)
-        self.quarantined.append(Quarantined(getattr(sandbox, "name", "?"), spec.hash, str(reason)[:500]))
+        reason = str(getattr(getattr(evidence, "exec", evidence), "error", None) or evidence)[:500]
         reap = getattr(sandbox, "reap", None)
-        if reap is not None:
-            reap()
+        try:
+            if reap is not None:
+                reap()
+        except Exception as e:  # noqa: BLE001 (recorded: a failed clean-up must not fail the job)
+            reason += f"; reaping failed: {type(e).__name__}: {e}"
+        self.quarantined.append(Quarantined(getattr(sandbox, "name", "?"), spec.hash, reason))

@@ -8,6 +8,7 @@ walked one component at a time with O_NOFOLLOW, and only regular files are read 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -82,7 +83,13 @@ class HostWorkspace:
         return {rel: self._read(safe_relative(rel)) for rel in paths}
 
     def snapshot(self) -> bytes:
-        """The workspace as a tar archive; symlinks are stored as links, never followed."""
+        """The workspace as a tar archive; symlinks are stored as links, never followed.
+        Refused beyond `max_file_bytes` of apparent size: sparse files the command made could
+        otherwise make us read far more than the workspace holds."""
+        size = sum(os.lstat(os.path.join(d, f)).st_size for d, _, names in os.walk(self.root) for f in names)
+        if size > self.max_file_bytes:
+            raise WorkspacePathError(f"the workspace holds {size} bytes (apparent size); a snapshot takes "
+                                     f"at most {self.max_file_bytes}")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for child in sorted(self.root.iterdir()):
@@ -90,16 +97,38 @@ class HostWorkspace:
         return buffer.getvalue()
 
     def restore(self, archive: bytes) -> None:
-        """Replace the workspace with `archive`'s contents. The 'data' filter refuses members
-        that would land outside, links that point outside, and device files."""
+        """Replace the workspace with `archive`'s contents, member by member through the same
+        no-symlink walk as `put` (tarfile's own extraction resolves links as root): files,
+        directories and symlinks (stored, never followed) only; modes lose setuid bits."""
         self.clear()
         try:
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-                tar.extractall(self.root, filter="data")
-        except (tarfile.TarError, OSError) as e:
+                for member in tar:
+                    self._restore_member(tar, member)
+        except tarfile.TarError as e:
             raise WorkspacePathError(f"cannot restore snapshot: {e}") from e
-        for path in [self.root, *self.root.rglob("*")]:
-            os.lchown(path, self.uid, self.gid)
+
+    def _restore_member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        parts = [part for part in PurePosixPath(member.name).parts if part != "."]
+        if not parts:
+            return  # the workspace itself
+        path = safe_relative("/".join(parts))
+        dir_fd = self._open_parent(path, create=True)
+        try:
+            if member.isdir():
+                with contextlib.suppress(FileExistsError):  # made earlier as a parent
+                    os.mkdir(path.name, 0o755, dir_fd=dir_fd)
+            elif member.isreg():
+                self._write(dir_fd, path, tar.extractfile(member).read(), member.mode & 0o777)
+            elif member.issym():
+                os.symlink(member.linkname, path.name, dir_fd=dir_fd)
+            else:
+                raise WorkspacePathError(f"snapshot member {member.name!r}: only files, directories and symlinks")
+            os.chown(path.name, self.uid, self.gid, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError as e:
+            raise WorkspacePathError(f"cannot restore {member.name!r}: {e.strerror}") from e
+        finally:
+            os.close(dir_fd)
 
     def clear(self) -> None:
         clear_directory(self.root)
@@ -123,7 +152,7 @@ class HostWorkspace:
             os.close(fd)
             raise WorkspacePathError(f"{str(path)!r}: a parent is not a plain directory ({e.strerror})") from e
 
-    def _write(self, dir_fd: int, path: PurePosixPath, data: bytes) -> None:
+    def _write(self, dir_fd: int, path: PurePosixPath, data: bytes, mode: int = 0o644) -> None:
         try:
             fd = os.open(path.name, _WRITE_FLAGS, 0o644, dir_fd=dir_fd)
         except OSError as e:
@@ -134,6 +163,7 @@ class HostWorkspace:
             os.ftruncate(fd, 0)
             _write_all(fd, data)
             os.fchown(fd, self.uid, self.gid)
+            os.fchmod(fd, mode)
         finally:
             os.close(fd)
 

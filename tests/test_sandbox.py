@@ -525,3 +525,39 @@ def test_a_host_without_cgroup_limits_is_refused_unless_weak_isolation_is_allowe
     report = json.loads(done.stdout)
     assert "no writable memory cgroup" in report["refused"] and "allow_weak_isolation" in report["refused"]
     assert report["results"] == [["RE", True, 2], ["RE", True, 2]]
+
+
+def test_snapshot_refuses_sparse_files_bigger_than_the_workspace(make_sandbox):
+    sandbox = make_sandbox(disk_mb=8)
+    with sandbox.session() as session:
+        r = session.exec(py("for i in range(50):\n    with open(f'f{i}', 'w') as f:\n        f.truncate(7 << 20)"))
+        assert r.ok, r.stderr
+        with pytest.raises(WorkspacePathError):
+            session.snapshot()
+
+
+def test_restore_never_writes_through_a_symlink_in_the_archive(sandbox):
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        link = tarfile.TarInfo("etc")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc"
+        tar.addfile(link)
+        evil = tarfile.TarInfo("etc/crucible-owned")
+        evil.size = 1
+        tar.addfile(evil, io.BytesIO(b"x"))
+    with sandbox.session() as session:
+        with pytest.raises(WorkspacePathError):
+            session.restore(buffer.getvalue())
+    assert not Path("/etc/crucible-owned").exists()
+
+
+def test_snapshot_keeps_modes_and_symlinks(sandbox):
+    with sandbox.session() as session:
+        session.exec(["sh", "-c", "printf '#!/bin/sh\\necho run' > s.sh; chmod 755 s.sh; ln -s s.sh link"])
+        snapshot = session.snapshot()
+        session.exec(["sh", "-c", "rm s.sh link"])
+        session.restore(snapshot)
+        assert session.exec(["sh", "-c", "./link; readlink link"]).stdout == "run\ns.sh\n"

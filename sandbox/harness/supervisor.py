@@ -8,6 +8,7 @@ per packet (marshal, version 4: readable by both interpreters):
 
   host -> {"op": "exec", "argv", "env", "cwd", "uid", "gid", "rlimits"} + fds [stdout, stderr]
   sup  -> {"started": pid}                  the command is about to exec: the sandbox is up
+       or {"spawn_failed": reason}           setting the command up failed (ours, not its)
   host -> {"op": "kill"}                     optional, while it runs: a limit was hit
   sup  -> {"exit": wait status, "cpu_s", "max_rss_kb"}   after the command and every process
                                              it left behind are dead
@@ -17,6 +18,7 @@ Standard library only; runs under `python3 -I -S`.
 
 import array
 import ctypes
+import errno
 import marshal
 import os
 import resource
@@ -65,11 +67,19 @@ def send(control: socket.socket, message: dict) -> None:
 
 
 def run(control: socket.socket, request: dict, fds: list[int]) -> None:
+    setup_r, setup_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
-        become_command(request, fds)  # never returns
+        os.close(setup_r)
+        become_command(request, fds, setup_w)  # never returns
+    os.close(setup_w)
     for fd in fds:
         os.close(fd)  # the command's output ends when the command's side closes
+    failure = read_to_end(setup_r)  # empty: the child got as far as exec
+    if failure:
+        os.waitpid(pid, 0)
+        send(control, {"spawn_failed": failure.decode(errors="replace")})
+        return
     send(control, {"started": pid})
     pidfd = os.pidfd_open(pid)
     try:
@@ -89,6 +99,14 @@ def run(control: socket.socket, request: dict, fds: list[int]) -> None:
     send(control, {"exit": status, "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss})
 
 
+def read_to_end(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
 def kill_everyone() -> None:
     """SIGKILL every process in the sandbox but this one and init (kill(-1) spares both)."""
     try:
@@ -97,10 +115,15 @@ def kill_everyone() -> None:
         pass  # nobody left
 
 
-def become_command(request: dict, fds: list[int]) -> None:
-    """In the forked child: drop to the sandbox user with no privileges, then exec."""
+def become_command(request: dict, fds: list[int], setup_w: int) -> None:
+    """In the forked child: drop to the sandbox user with no privileges, then exec. A failure
+    before the exec is ours and goes to `setup_w`; one of the exec itself (no such command) is
+    the command's, reported as a shell would."""
     try:
         os.setsid()
+        # The command, not this supervisor, is what the kernel kills first when memory runs out.
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(fds[0], 1)
@@ -112,25 +135,30 @@ def become_command(request: dict, fds: list[int]) -> None:
         os.setresgid(request["gid"], request["gid"], request["gid"])
         os.setresuid(request["uid"], request["uid"], request["uid"])  # clears effective/permitted
         clear_capabilities()  # and the inheritable set
-        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.chdir(request["cwd"])
-        os.closerange(3, 1 << 16)
+        os.closerange(3, setup_w)
+        os.closerange(setup_w + 1, 1 << 16)
+    except BaseException as e:
+        os.write(setup_w, f"{type(e).__name__}: {e}".encode())
+        os._exit(125)
+    try:
         os.execvpe(request["argv"][0], request["argv"], request["env"])
     except OSError as e:
         # Like a shell: 127 for a command that cannot be found, 126 for one that cannot run.
         os.write(2, f"{request['argv'][0]}: {e.strerror}\n".encode())
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
-    except BaseException as e:  # a bug of ours, reported on the command's stderr
-        os.write(2, f"crucible supervisor: {type(e).__name__}: {e}\n".encode())
-        os._exit(125)
 
 
 def drop_bounding_set() -> None:
     """No capability can ever come back, whatever the command execs (needs CAP_SETPCAP)."""
     cap = 0
     while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
-        cap += 1  # stops at the first number the kernel does not know (EINVAL)
+        cap += 1
+    if ctypes.get_errno() != errno.EINVAL:  # EINVAL: past the last capability the kernel knows
+        raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
 
 
 def clear_capabilities() -> None:
