@@ -176,6 +176,9 @@ class OneShotExecutor:
             if time.monotonic() > deadline and outcome.killed_for is None:
                 outcome.killed_for = ExecStatus.TO
                 _kill_group(proc.pid)
+            if time.monotonic() > deadline + _KILL_GRACE_S:  # unkillable (stuck in the kernel)
+                outcome.broken = "bwrap did not die after SIGKILL"
+                return
             time.sleep(0.001)
         proc.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
         outcome.set_wait_status(status)

@@ -97,7 +97,8 @@ class LocalSandbox:
     def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = (),  # noqa: B006
                 *, supervised: bool = True) -> LocalSession:
         """A session; `supervised` keeps one sandbox alive for fast execs (see bwrap_exec.py),
-        else each exec starts its own."""
+        else each exec starts its own. The sandbox dies with the thread that opened the session
+        (bwrap's --die-with-parent follows the thread): open and use it in the same thread."""
         return LocalSession(self, files, mounts, supervised=supervised)
 
     def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult:
@@ -127,6 +128,9 @@ class LocalSandbox:
             found.append("no writable memory cgroup: memory limited by RLIMIT_AS, MemoryError instead of ML")
         if host is None or host.pids_parent is None:
             found.append("no writable pids cgroup: processes limited by RLIMIT_NPROC, shared by all runs")
+        if self.spec.network:
+            found.append("network: the local backend can only share the host's (its loopback services and "
+                         "the metadata address included); the docker backend isolates it")
         try:
             seccomp.bpf_program()
             self.has_seccomp = True

@@ -481,6 +481,15 @@ def test_reap_removes_the_sessions_of_an_owner_killed_without_closing(sandbox):
     assert residue(sandbox) == []
 
 
+def test_local_refuses_network_it_cannot_isolate():
+    require("local")
+    from sandbox.local import LocalSandbox
+    from sandbox.spec import SandboxSpec
+
+    with pytest.raises(SandboxUnavailable, match="share the host's"):
+        LocalSandbox(SandboxSpec(network=True))
+
+
 def test_docker_refuses_network_it_cannot_give():
     require("docker")
     from sandbox.docker import DockerSandbox
