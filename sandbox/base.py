@@ -26,10 +26,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from sandbox.capture import OutputCapture
 from sandbox.result import ExecResult, infrastructure_error
 from sandbox.spec import SandboxSpec
 
@@ -80,7 +81,11 @@ class SessionLifecycle:
     close, and cleaning up when opening fails."""
 
     id: str
+    spec: SandboxSpec
+    log: list[ExecResult]
     _closed: bool
+    _backend_name: str
+    _infra_errors: tuple[type[BaseException], ...]  # failures of ours, reported as XX
 
     def __enter__(self):
         return self
@@ -91,18 +96,41 @@ class SessionLifecycle:
     def close(self) -> None:
         raise NotImplementedError
 
+    def exec(
+        self, command: Sequence[str], *, timeout_s: float | None = None, on_output: OutputCallback | None = None
+    ) -> ExecResult:
+        """Run `command` (see Session); the backend's `_run` does the work, infrastructure
+        errors (`_infra_errors`) become XX, and every result lands in `log`."""
+        self._check_open()
+        if not command:
+            raise ValueError("command must not be empty")
+        started_at, started = time.time(), time.monotonic()
+        limits = self.spec.limits
+        deadline = started + (limits.wall_s if timeout_s is None else timeout_s)
+        stdout, stderr = OutputCapture("stdout", limits.excerpt_bytes), OutputCapture("stderr", limits.excerpt_bytes)
+        try:
+            result = self._run(list(command), stdout, stderr, deadline, on_output, started)
+        except self._infra_errors as e:
+            result = infrastructure_error(self.spec.hash, self._backend_name, f"{type(e).__name__}: {e}", started)
+        result = replace(result, command=tuple(command), started_at=started_at, session_id=self.id)
+        self.log.append(result)
+        return result
+
+    def _run(self, command: list[str], stdout: OutputCapture, stderr: OutputCapture, deadline: float,
+             on_output: OutputCallback | None, started: float) -> ExecResult:
+        raise NotImplementedError
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"session {self.id} is closed")
 
-    def _abandon(self, error: BaseException, infra_errors: tuple[type[BaseException], ...], backend: str) -> None:
+    def _abandon(self, error: BaseException) -> None:
         """Close a session that failed to open; an infrastructure error becomes
         SandboxUnavailable, anything else (bad input files) is raised as it is."""
         self.close()
-        if isinstance(error, infra_errors):
-            raise SandboxUnavailable(f"cannot open a {backend} session: {type(error).__name__}: {error}") from error
+        if isinstance(error, self._infra_errors):
+            raise SandboxUnavailable(f"cannot open a {self._backend_name} session: {type(error).__name__}: {error}") from error
         raise error
-
 
 class Sandbox(Protocol):
     name: str

@@ -37,7 +37,6 @@ from sandbox import seccomp
 from sandbox.base import (
     WORKSPACE,
     Mount,
-    OutputCallback,
     SandboxUnavailable,
     SessionLifecycle,
     WorkspacePathError,
@@ -45,7 +44,7 @@ from sandbox.base import (
     run_once,
 )
 from sandbox.capture import OutputCapture
-from sandbox.result import ExecResult, ExecStatus, infrastructure_error
+from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import SandboxSpec
 from sandbox.workspace import files_to_tar, regular_files_from_tar, safe_relative
 
@@ -144,6 +143,9 @@ class _Run:
 class DockerSession(SessionLifecycle):
     """One container serving many execs."""
 
+    _backend_name = "docker"
+    _infra_errors = (docker.errors.DockerException, OSError)
+
     def __init__(self, backend: DockerSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount]):
         self.id = secrets.token_hex(8)
         self.spec = backend.spec
@@ -166,7 +168,7 @@ class DockerSession(SessionLifecycle):
             self._cpu_file = _cgroup_file(self._init_pid, "cpuacct", "cpuacct.usage")
             self._restore(self._initial)
         except BaseException as e:  # bad input files included: nothing may be left behind
-            self._abandon(e, (docker.errors.DockerException, OSError), DockerSandbox.name)
+            self._abandon(e)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -179,9 +181,9 @@ class DockerSession(SessionLifecycle):
             _remove(container)
 
     def reset(self) -> None:
-        """Back to the files the session was opened with; /tmp emptied."""
+        """Back to the files the session was opened with; /tmp and /dev/shm emptied."""
         self._check_open()
-        self._call(["sh", "-c", "find /tmp -mindepth 1 -delete"])
+        self._call(["sh", "-c", "find /tmp /dev/shm -mindepth 1 -delete"])
         self._restore(self._initial)
 
     # -- files -------------------------------------------------------------------------------
@@ -214,30 +216,15 @@ class DockerSession(SessionLifecycle):
 
     # -- execution ---------------------------------------------------------------------------
 
-    def exec(
-        self, command: Sequence[str], *, timeout_s: float | None = None, on_output: OutputCallback | None = None
-    ) -> ExecResult:
-        self._check_open()
-        if not command:
-            raise ValueError("command must not be empty")
-        started_at, started = time.time(), time.monotonic()
-        limits = self.spec.limits
-        deadline = started + (limits.wall_s if timeout_s is None else timeout_s)
-        stdout, stderr = OutputCapture("stdout", limits.excerpt_bytes), OutputCapture("stderr", limits.excerpt_bytes)
-        try:
-            oom_before, cpu_before = self._oom_kills(), _read_int(self._cpu_file)
-            _write_zero(self._peak_file)  # a fresh peak for this run
-            run = self._exec(list(command), stdout, stderr, deadline, on_output)
-            self._kill_leftovers()
-            run.oom_killed = self._oom_kills() > oom_before
-            run.cpu_s = ((_read_int(self._cpu_file) or 0) - (cpu_before or 0)) / 1e9 if cpu_before else 0.0
-            run.peak_memory_bytes = _read_int(self._peak_file)
-            result = self._result(run, stdout, stderr, time.monotonic() - started)
-        except (docker.errors.DockerException, OSError) as e:
-            result = infrastructure_error(self.spec.hash, DockerSandbox.name, f"{type(e).__name__}: {e}", started)
-        result = replace(result, command=tuple(command), started_at=started_at, session_id=self.id)
-        self.log.append(result)
-        return result
+    def _run(self, command, stdout, stderr, deadline, on_output, started) -> ExecResult:
+        oom_before, cpu_before = self._oom_kills(), _read_int(self._cpu_file)
+        _write_zero(self._peak_file)  # a fresh peak for this run
+        run = self._exec(command, stdout, stderr, deadline, on_output)
+        self._kill_leftovers()
+        run.oom_killed = self._oom_kills() > oom_before
+        run.cpu_s = ((_read_int(self._cpu_file) or 0) - (cpu_before or 0)) / 1e9 if cpu_before else 0.0
+        run.peak_memory_bytes = _read_int(self._peak_file)
+        return self._result(run, stdout, stderr, time.monotonic() - started)
 
     def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None, helper=False,
               output_limit: int | None = None) -> _Run:

@@ -36,12 +36,11 @@ import signal
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from sandbox import cgroups, seccomp
-from sandbox.base import WORKSPACE, Mount, OutputCallback, SandboxUnavailable, SessionLifecycle, process_alive, run_once
+from sandbox.base import WORKSPACE, Mount, SandboxUnavailable, SessionLifecycle, process_alive, run_once
 from sandbox.bwrap_exec import (
     SANDBOX_PYTHON,
     SETPRIV,
@@ -54,7 +53,7 @@ from sandbox.bwrap_exec import (
     SupervisedExecutor,
 )
 from sandbox.capture import OutputCapture
-from sandbox.result import ExecResult, ExecStatus, infrastructure_error
+from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import SandboxSpec
 from sandbox.workspace import HostWorkspace, clear_directory
 
@@ -144,6 +143,9 @@ class LocalSession(SessionLifecycle):
     """One workspace on a capped tmpfs, one cgroup, and an executor that runs each command
     under bubblewrap (a supervised sandbox, or one sandbox per exec)."""
 
+    _backend_name = "local"
+    _infra_errors = (OSError, cgroups.CgroupError, SandboxUnavailable)
+
     def __init__(self, backend: LocalSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount],
                  supervised: bool = True):
         self.id = secrets.token_hex(8)
@@ -165,7 +167,7 @@ class LocalSession(SessionLifecycle):
                                     self._dir / "sandbox.log")
             self._executor = (SupervisedExecutor if supervised else OneShotExecutor)(sandboxing)
         except BaseException as e:  # bad input files included: nothing may be left behind
-            self._abandon(e, (OSError, cgroups.CgroupError, SandboxUnavailable), LocalSandbox.name)
+            self._abandon(e)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -210,34 +212,19 @@ class LocalSession(SessionLifecycle):
 
     # -- execution ---------------------------------------------------------------------------
 
-    def exec(
-        self, command: Sequence[str], *, timeout_s: float | None = None, on_output: OutputCallback | None = None
-    ) -> ExecResult:
-        self._check_open()
-        if not command:
-            raise ValueError("command must not be empty")
-        started_at, started = time.time(), time.monotonic()
-        limits = self.spec.limits
-        deadline = started + (limits.wall_s if timeout_s is None else timeout_s)
-        stdout, stderr = OutputCapture("stdout", limits.excerpt_bytes), OutputCapture("stderr", limits.excerpt_bytes)
+    def _run(self, command, stdout, stderr, deadline, on_output, started) -> ExecResult:
+        if self._broken:
+            raise SandboxUnavailable(f"the session is broken ({self._broken}); open a new one")
         outcome = Outcome()
-        try:
-            if self._broken:
-                raise SandboxUnavailable(f"the session is broken ({self._broken}); open a new one")
-            oom_before = self._cgroup.oom_kills() if self._cgroup else 0
-            if self._cgroup:
-                self._cgroup.reset_peak_memory()
-            self._executor.execute(list(command), stdout, stderr, outcome, deadline, on_output)
-            self._broken = outcome.broken
-            outcome.wall_s = time.monotonic() - started
-            if self._cgroup is not None:
-                outcome.oom_killed = self._cgroup.oom_kills() > oom_before
-            result = self._result(outcome, stdout, stderr)
-        except (OSError, cgroups.CgroupError, SandboxUnavailable) as e:
-            result = infrastructure_error(self.spec.hash, LocalSandbox.name, f"{type(e).__name__}: {e}", started)
-        result = replace(result, command=tuple(command), started_at=started_at, session_id=self.id)
-        self.log.append(result)
-        return result
+        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
+        if self._cgroup:
+            self._cgroup.reset_peak_memory()
+        self._executor.execute(command, stdout, stderr, outcome, deadline, on_output)
+        self._broken = outcome.broken
+        outcome.wall_s = time.monotonic() - started
+        if self._cgroup is not None:
+            outcome.oom_killed = self._cgroup.oom_kills() > oom_before
+        return self._result(outcome, stdout, stderr)
 
     def _result(self, outcome: Outcome, stdout: OutputCapture, stderr: OutputCapture) -> ExecResult:
         status, exit_code, sig = _classify(outcome)
