@@ -14,7 +14,6 @@ seed always gives a byte-identical file.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import string
@@ -22,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from task_sets.schema import Difficulty, Split, Task
+from task_sets.schema import Difficulty, Task
+from task_sets.splits import hash_splits
 
 DEFAULT_SEED = 0
 INSTANCES_PER_FAMILY = 20
@@ -243,7 +243,7 @@ def _family_tasks(family: str, seed: int) -> list[Task]:
     else:
         raise ValueError(f"family {family}: only {len(instances)} distinct instances exist")
     ids = [f"default/{family}/{index:04d}" for index in range(INSTANCES_PER_FAMILY)]
-    splits = _splits(ids)
+    splits = hash_splits(ids, EVAL_FRACTION)
     return [
         Task(
             id=task_id,
@@ -258,14 +258,6 @@ def _family_tasks(family: str, seed: int) -> list[Task]:
         )
         for task_id, instance in zip(ids, instances.values())
     ]
-
-
-def _splits(ids: list[str]) -> dict[str, Split]:
-    """Eval gets the ids with the smallest hashes: deterministic, seed-independent, never empty."""
-    eval_count = max(1, round(len(ids) * EVAL_FRACTION))
-    ranked = sorted(ids, key=lambda task_id: hashlib.sha256(task_id.encode()).hexdigest())
-    eval_ids = ranked[:eval_count]
-    return {task_id: "eval" if task_id in eval_ids else "train" for task_id in ids}
 
 
 def _hidden_tests(instance: Instance) -> str:

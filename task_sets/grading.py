@@ -33,5 +33,5 @@ def grade_solution(task: Task, solution: str, sandbox: Sandbox | None = None) ->
     """Grade in a fresh session of `sandbox` (which must run `sandbox_spec(task)`; default: a
     local one); the hidden tests exist only inside this grading run."""
     sandbox = sandbox or open_sandbox("local", sandbox_spec(task))
-    workspace = {**task.files, SOLUTION_FILE: solution}
+    workspace = {**task.files, SOLUTION_FILE: task.solution_file(solution)}
     return grade(sandbox, workspace, {HIDDEN_TESTS_FILE: task.tests}, command=shlex.split(task.entry_command))

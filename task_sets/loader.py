@@ -2,7 +2,9 @@
 
 A task set is a single `.jsonl` file (one task per line), a single `.yaml`/`.yml` file (a
 list of tasks, or a mapping whose only key is `tasks`), or a directory of such files read in
-sorted order. A bare name such as "default" refers to `task_sets/builtin/<name>/`.
+sorted order. A bare name such as "default" refers to an imported set in the library
+(`$CRUCIBLE_TASK_SETS`, default `./.crucible/task_sets/<name>/`) or a built-in one
+(`task_sets/builtin/<name>/`).
 
 Every problem raises `TaskSetError` with a message that says where it is:
 `default/tasks.jsonl:14: task 'add_3': field 'difficulty': Input should be ...`.
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from task_sets.schema import Split, Task
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
+LIBRARY_ENV = "CRUCIBLE_TASK_SETS"
 TASK_FILE_SUFFIXES = (".jsonl", ".yaml", ".yml")
 _BUILTIN_NAME = re.compile(r"[A-Za-z0-9_\-]+")  # no dot or slash: anything else is a path
 
@@ -68,8 +71,23 @@ class TaskSet:
         return iter(self.tasks)
 
 
+def library_dir() -> Path:
+    """Where imported task sets live."""
+    return Path(os.environ.get(LIBRARY_ENV, ".crucible/task_sets"))
+
+
 def builtin_task_set_names() -> list[str]:
-    return sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir() and p.name[0] not in "._")
+    return _set_names(BUILTIN_DIR)
+
+
+def library_task_set_names() -> list[str]:
+    return _set_names(library_dir())
+
+
+def _set_names(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        return []
+    return sorted(p.name for p in directory.iterdir() if p.is_dir() and p.name[0] not in "._")
 
 
 def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
@@ -84,11 +102,11 @@ def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
 def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:
     """The set's root file or directory, and the set's name."""
     if isinstance(name_or_path, str) and _BUILTIN_NAME.fullmatch(name_or_path):
-        root = BUILTIN_DIR / name_or_path
-        if not root.is_dir():
-            available = ", ".join(builtin_task_set_names()) or "none"
-            raise TaskSetError(f"unknown built-in task set {name_or_path!r}; available: {available}")
-        return root, name_or_path
+        for directory in (library_dir(), BUILTIN_DIR):
+            if (directory / name_or_path).is_dir():
+                return directory / name_or_path, name_or_path
+        available = ", ".join(sorted({*library_task_set_names(), *builtin_task_set_names()})) or "none"
+        raise TaskSetError(f"unknown task set {name_or_path!r}; available: {available}")
     root = Path(name_or_path).resolve()
     if root.is_dir():
         return root, root.name

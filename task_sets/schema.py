@@ -37,7 +37,9 @@ class Task(BaseModel):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-/]+$")
     prompt: str = Field(min_length=1)
     entry_point: str = Field(min_length=1, description="function the tests call")
-    reference_solution: str = Field(min_length=1, description="contents of solution.py that passes")
+    solution_prefix: str = Field("", description="text solution.py starts with before the submission "
+                                 "(HumanEval: the prompt, which the submission completes)")
+    reference_solution: str = Field(min_length=1, description="a submission that passes")
     tests: str = Field(min_length=1, description="hidden test module (test_* functions)")
     files: dict[str, str] = Field(default_factory=dict, description="starting workspace")
     protected_paths: tuple[str, ...] = ()
@@ -62,9 +64,14 @@ class Task(BaseModel):
     @classmethod
     def _reference_defines_entry_point(cls, source: str, info: ValidationInfo) -> str:
         entry_point = info.data.get("entry_point")  # absent when entry_point itself was invalid
-        if entry_point is not None and entry_point not in _top_level_definitions(source):
+        prefix = info.data.get("solution_prefix", "")
+        if entry_point is not None and entry_point not in _top_level_definitions(prefix + source):
             raise _source_error(f"does not define {entry_point!r} at top level")
         return source
+
+    def solution_file(self, submission: str) -> str:
+        """The solution.py that grading runs for `submission`."""
+        return self.solution_prefix + submission
 
     @field_validator("tests")
     @classmethod

@@ -257,8 +257,9 @@ def test_bad_task_set_names_file_line_task_and_field(
     assert str(raised.value) == expected
 
 
-def test_unknown_builtin_lists_available_sets() -> None:
-    with pytest.raises(TaskSetError, match=r"^unknown built-in task set 'nope'; available: default$"):
+def test_unknown_builtin_lists_available_sets(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CRUCIBLE_TASK_SETS", str(tmp_path))  # an empty library
+    with pytest.raises(TaskSetError, match=r"^unknown task set 'nope'; available: default$"):
         load_task_set("nope")
 
 

