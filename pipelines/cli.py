@@ -1,5 +1,5 @@
 """The `crucible` command: run an experiment, query its data with SQL, open the Dagster UI,
-run a command in a sandbox.
+run a command in a sandbox, import and inspect task sets, verify solutions.
 
 `crucible run` drives the same assets and jobs as the UI, through the same Dagster instance
 (./.crucible/dagster by default), so every run it makes shows in the UI afterwards.
@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from datastore import catalog
-from pipelines import environment
+from pipelines import environment, tasks_cli
 from pipelines.errors import RunFailed, UserError
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
@@ -176,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     execute.add_argument("--file", action="append", default=[], help="copy a file into the workspace (repeatable)")
     execute.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     execute.set_defaults(handler=command_sandbox_exec)
+    tasks_cli.add_commands(commands)
     return parser
 
 

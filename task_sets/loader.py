@@ -30,7 +30,7 @@ from task_sets.schema import Split, Task
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 LIBRARY_ENV = "CRUCIBLE_TASK_SETS"
 TASK_FILE_SUFFIXES = (".jsonl", ".yaml", ".yml")
-_BUILTIN_NAME = re.compile(r"[A-Za-z0-9_\-]+")  # no dot or slash: anything else is a path
+TASK_SET_NAME = re.compile(r"[A-Za-z0-9_\-]+")  # no dot or slash: anything else is a path
 
 # A record is one task's raw data together with where it came from ("set/file.jsonl:14").
 Record = tuple[str, object]
@@ -101,7 +101,7 @@ def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
 
 def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:
     """The set's root file or directory, and the set's name."""
-    if isinstance(name_or_path, str) and _BUILTIN_NAME.fullmatch(name_or_path):
+    if isinstance(name_or_path, str) and TASK_SET_NAME.fullmatch(name_or_path):
         for directory in (library_dir(), BUILTIN_DIR):
             if (directory / name_or_path).is_dir():
                 return directory / name_or_path, name_or_path

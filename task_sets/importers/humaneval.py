@@ -31,21 +31,22 @@ def import_humaneval(path: Path, name: str, split: str = "eval") -> Imported:
     if split not in SPLITS:
         raise ImportError_(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     imported = Imported()
-    records = []
-    for where, record in _records(path):
+    records, rejected = [], {}  # rejected: position in the file -> reason, reported in file order
+    for position, (where, record) in enumerate(_records(path)):
         problem = _problem(record)
         if problem:
-            imported.rejected.append(f"{where}: {problem}")
+            rejected[position] = f"{where}: {problem}"
         else:
-            records.append((where, record))
-    ids = [f"{name}/{record['task_id']}" for _, record in records]
+            records.append((position, where, record))
+    ids = [f"{name}/{record['task_id']}" for _, _, record in records]
     splits = hash_splits(ids, EVAL_FRACTION) if split == "hash" else dict.fromkeys(ids, split)
-    for (where, record), task_id in zip(records, ids):
+    for (position, where, record), task_id in zip(records, ids):
         try:
             imported.tasks.append(_task(record, task_id, splits[task_id], name))
         except ValidationError as err:
             reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            imported.rejected.append(f"{where}: task {record['task_id']!r}: {reasons}")
+            rejected[position] = f"{where}: task {record['task_id']!r}: {reasons}"
+    imported.rejected = [rejected[position] for position in sorted(rejected)]
     return imported
 
 

@@ -1,0 +1,242 @@
+"""`crucible tasks import|list|show` and `crucible verify`: task sets and judging from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from pipelines import environment
+from pipelines.errors import UserError
+from sandbox.backends import BACKENDS, open_sandbox
+from sandbox.base import SandboxUnavailable
+from sandbox.pool import PoolConfig, SandboxPool
+from task_sets.grading import grade_solution, sandbox_spec
+from task_sets.importers import FORMATS, ImportError_, import_tasks, write_task_set
+from task_sets.importers.humaneval import SPLITS
+from task_sets.loader import (
+    TASK_SET_NAME,
+    TaskSet,
+    TaskSetError,
+    builtin_task_set_names,
+    library_dir,
+    library_task_set_names,
+    load_task_set,
+)
+from task_sets.schema import Task
+
+# Piped output has no terminal width; the tables need ~110 columns.
+console = Console(width=shutil.get_terminal_size((140, 40)).columns)
+errors = Console(stderr=True)
+MAX_REJECTIONS_SHOWN = 20
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    tasks = commands.add_parser("tasks", help="import, list and show task sets").add_subparsers(
+        dest="action", required=True)
+    importer = tasks.add_parser("import", help="import a task set from a public format")
+    importer.add_argument("path", type=Path)
+    importer.add_argument("--format", required=True, choices=FORMATS)
+    importer.add_argument("--name", required=True, help="the new task set's name")
+    importer.add_argument("--split", choices=SPLITS, default="eval",
+                          help="eval (default: benchmarks are for evaluation), train, or hash (80/20 by id)")
+    importer.set_defaults(handler=command_import)
+
+    listing = tasks.add_parser("list", help="task sets, or the tasks of one set")
+    listing.add_argument("--task-set", help="list this set's tasks")
+    listing.set_defaults(handler=command_list)
+
+    show = tasks.add_parser("show", help="one task in full")
+    show.add_argument("task_id", help="e.g. default/add_k/0000 (the set is the id's first part)")
+    show.add_argument("--task-set", help="the set holding the task (default: the id's first part)")
+    show.set_defaults(handler=command_show)
+
+    verify = commands.add_parser("verify", help="grade solutions in fresh sandboxes")
+    verify.add_argument("--task-set", required=True)
+    verify.add_argument("--solutions", required=True, type=Path,
+                        help='JSONL: {"task_id": ..., "solution": ...} per line')
+    verify.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
+    verify.add_argument("--workers", type=int, default=2)
+    verify.add_argument("--out", type=Path, help="write results here (JSONL) instead of stdout")
+    verify.set_defaults(handler=command_verify)
+
+
+# -- tasks import --------------------------------------------------------------------------
+
+
+def command_import(args: argparse.Namespace) -> int:
+    if not TASK_SET_NAME.fullmatch(args.name):
+        raise UserError(f"--name {args.name!r}: use letters, digits, '-' and '_' only")
+    if args.name in builtin_task_set_names():
+        raise UserError(f"--name {args.name!r} is a built-in task set; choose another name")
+    try:
+        imported = import_tasks(args.format, args.path, args.name, args.split)
+    except ImportError_ as e:
+        raise UserError(str(e)) from None
+    for rejection in imported.rejected[:MAX_REJECTIONS_SHOWN]:
+        errors.print(f"[yellow]rejected[/yellow] {rejection}", highlight=False, markup=True)
+    if len(imported.rejected) > MAX_REJECTIONS_SHOWN:
+        errors.print(f"… and {len(imported.rejected) - MAX_REJECTIONS_SHOWN} more rejected records")
+    if not imported.tasks:
+        raise UserError(f"{args.path}: no valid {args.format} records; nothing imported")
+    target = write_task_set(imported.tasks, library_dir() / args.name)
+    splits = Counter(task.split for task in imported.tasks)
+    console.print(f"imported {len(imported.tasks)} tasks ({splits['train']} train, {splits['eval']} eval), "
+                  f"rejected {len(imported.rejected)}: task set {args.name!r} in {target}", highlight=False)
+    return 0
+
+
+# -- tasks list / show ---------------------------------------------------------------------
+
+
+def command_list(args: argparse.Namespace) -> int:
+    if args.task_set:
+        console.print(_tasks_table(_load(args.task_set)))
+        return 0
+    table = Table(title="task sets")
+    for column in ("name", "source", "tasks", "train", "eval", "difficulty (easy/medium/hard)", "version"):
+        table.add_column(column, justify="right" if column in ("tasks", "train", "eval") else "left")
+    sources = {**{n: "built-in" for n in builtin_task_set_names()}, **{n: str(library_dir()) for n in library_task_set_names()}}
+    for name, source in sorted(sources.items()):
+        task_set = _load(name)
+        difficulty = Counter(task.difficulty for task in task_set)
+        table.add_row(name, source, str(len(task_set)), str(len(task_set.train())), str(len(task_set.eval())),
+                      f"{difficulty['easy']}/{difficulty['medium']}/{difficulty['hard']}", task_set.version)
+    console.print(table)
+    return 0
+
+
+def _tasks_table(task_set: TaskSet) -> Table:
+    table = Table(title=f"task set {task_set.name!r} ({len(task_set)} tasks, version {task_set.version})")
+    for column in ("id", "split", "difficulty", "family", "entry point", "version"):
+        table.add_column(column)
+    for task in task_set:
+        table.add_row(task.id, task.split, task.difficulty, task.family, task.entry_point, task.version)
+    return table
+
+
+def command_show(args: argparse.Namespace) -> int:
+    task_set = _load(args.task_set or args.task_id.split("/", 1)[0])
+    task = task_set.by_id.get(args.task_id)
+    if task is None:
+        raise UserError(f"no task {args.task_id!r} in task set {task_set.name!r} (crucible tasks list --task-set "
+                        f"{task_set.name})")
+    sys.stdout.write(_describe(task) + "\n")  # plain text: prompts and code must not be re-wrapped
+    return 0
+
+
+def _describe(task: Task) -> str:
+    limits = task.limits
+    header = (f"{task.id}  version {task.version}\n"
+              f"split {task.split} · difficulty {task.difficulty} · family {task.family} · domain {task.domain} · "
+              f"language {task.language} · network {'yes' if task.network else 'no'}\n"
+              f"limits: wall {limits.wall_s}s, cpu {limits.cpu_s}s, memory {limits.memory_mb} MB, "
+              f"pids {limits.pids}, disk {limits.disk_mb} MB · grading command: {task.entry_command}")
+    sections = [("prompt", task.prompt)]
+    if task.solution_prefix:
+        sections.append(("solution.py starts with (the submission follows)", task.solution_prefix))
+    sections += [("reference submission", task.reference_solution), ("hidden tests", task.tests)]
+    sections += [(f"workspace file {name}", body) for name, body in sorted(task.files.items())]
+    return header + "".join(f"\n\n── {title} ──\n{body.rstrip()}" for title, body in sections)
+
+
+def _load(name: str) -> TaskSet:
+    try:
+        return load_task_set(name)
+    except TaskSetError as e:
+        raise UserError(str(e)) from None
+
+
+# -- verify --------------------------------------------------------------------------------
+
+
+def command_verify(args: argparse.Namespace) -> int:
+    task_set = _load(args.task_set)
+    submissions, results = _read_solutions(args.solutions, task_set)
+    try:
+        open_sandbox(args.backend)  # fail once, clearly, rather than once per submission
+    except SandboxUnavailable as e:
+        raise UserError(f"the {args.backend} sandbox is unavailable: {e}") from None
+    pool = SandboxPool(lambda spec: open_sandbox(args.backend, spec), PoolConfig(cpu_slots=args.workers),
+                       is_infra_failure=lambda grade: grade.reward_status == "infra_error")
+    with pool:
+        futures = [(number, task, pool.submit(sandbox_spec(task), partial(grade_solution, task, solution)))
+                   for number, task, solution in submissions]
+        for done, (number, task, future) in enumerate(futures, start=1):
+            results[number] = _result_line(task.id, future.result())
+            if done % 50 == 0 or done == len(futures):
+                errors.print(f"verified {done}/{len(futures)}", highlight=False)
+    _write_lines([json.dumps(results[number]) for number in sorted(results)], args.out)
+    _summarise(results.values())
+    return 0
+
+
+def _read_solutions(path: Path, task_set: TaskSet) -> tuple[list[tuple[int, Task, str]], dict[int, dict]]:
+    """(line number, task, solution) of each good line, and an `invalid` result for each bad
+    one: a bad line is reported in place, the others are still verified."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"--solutions {path}: {e.strerror}") from None
+    submissions, invalid = [], {}
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            record, problem = {}, f"malformed JSON: {e.msg} (column {e.colno})"
+        else:
+            problem = _solution_problem(record, task_set)
+        if problem:
+            task_id = record.get("task_id") if isinstance(record, dict) else None
+            invalid[number] = {"task_id": task_id, "status": None, "reward": None, "reward_status": "invalid",
+                               "tests": {}, "tamper_flags": [], "error": f"{path.name}:{number}: {problem}"}
+        else:
+            submissions.append((number, task_set.by_id[record["task_id"]], record["solution"]))
+    return submissions, invalid
+
+
+def _solution_problem(record: object, task_set: TaskSet) -> str | None:
+    if not isinstance(record, dict):
+        return "expected a JSON object"
+    if not isinstance(record.get("task_id"), str) or not isinstance(record.get("solution"), str):
+        return "needs string fields 'task_id' and 'solution'"
+    if record["task_id"] not in task_set.by_id:
+        return f"task {record['task_id']!r} is not in task set {task_set.name!r}"
+    return None
+
+
+def _result_line(task_id: str, grade) -> dict:
+    return {"task_id": task_id, "status": grade.exec.status.value, "reward": grade.reward,
+            "reward_status": grade.reward_status, "tests": grade.outcomes, "tamper_flags": list(grade.tamper_flags)}
+
+
+def _write_lines(lines: list[str], out: Path | None) -> None:
+    if out is None:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        return
+    staging = out.with_name(f".{out.name}.partial")
+    staging.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    staging.replace(out)  # complete or absent
+
+
+def _summarise(results) -> None:
+    results = list(results)
+    statuses = Counter(r["reward_status"] for r in results)
+    scored = [r["reward"] for r in results if r["reward_status"] == "scored"]
+    passed = sum(1 for reward in scored if reward == 1.0)
+    tampered = sum(1 for r in results if r["tamper_flags"])
+    errors.print(
+        f"{len(results)} solutions: {passed} passed all tests, {len(scored) - passed} did not, "
+        f"{statuses['invalid']} invalid, {statuses['infra_error']} infrastructure errors, {tampered} tamper-flagged"
+        + (f"; mean reward {sum(scored) / len(scored):.3f}" if scored else ""),
+        highlight=False,
+    )

