@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -31,6 +32,7 @@ from task_sets.loader import (
     load_task_set,
 )
 from task_sets.schema import Task
+from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
 
 # Piped output has no terminal width; the tables need ~110 columns.
 console = Console(width=shutil.get_terminal_size((140, 40)).columns)
@@ -57,6 +59,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     show.add_argument("task_id", help="e.g. default/add_k/0000 (the set is the id's first part)")
     show.add_argument("--task-set", help="the set holding the task (default: the id's first part)")
     show.set_defaults(handler=command_show)
+
+    check = tasks.add_parser("validate", help="check that every task can judge: reference passes, "
+                             "wrong submissions fail, nothing flaky")
+    check.add_argument("task_set")
+    check.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="reference runs per task (default 3)")
+    check.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
+    check.add_argument("--workers", type=int, default=2)
+    check.add_argument("--out", type=Path, help="also write the report here (JSON)")
+    check.set_defaults(handler=command_validate)
 
     verify = commands.add_parser("verify", help="grade solutions in fresh sandboxes")
     verify.add_argument("--task-set", required=True)
@@ -154,19 +165,59 @@ def _load(name: str) -> TaskSet:
         raise UserError(str(e)) from None
 
 
+# -- tasks validate ------------------------------------------------------------------------
+
+
+def command_validate(args: argparse.Namespace) -> int:
+    """Exit 0 when every task is fit to judge with, 1 when the report lists problems."""
+    task_set = _load(args.task_set)
+    with _grading_pool(args.backend, args.workers) as pool:
+        report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
+    if report.problems:
+        console.print(_validation_table(report))
+    else:
+        console.print(f"task set {report.task_set!r}: all {len(report.tasks)} tasks fit to judge with (reference "
+                      f"passed {report.repeats} of {report.repeats} times; empty and returns-None submissions fail)",
+                      highlight=False)
+    if args.out:
+        args.out.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n", encoding="utf-8")
+    return 1 if report.problems else 0
+
+
+def _show_progress(verb: str):
+    def show(done: int, total: int) -> None:
+        if done % 25 == 0 or done == total:
+            errors.print(f"{verb} {done}/{total} tasks", highlight=False)
+    return show
+
+
+def _validation_table(report: ValidationReport) -> Table:
+    counts = ", ".join(f"{report.count(v)} {v}" for v in VERDICTS)
+    table = Table(title=f"task set {report.task_set!r}: {len(report.tasks)} tasks ({counts}); "
+                        f"reference run {report.repeats}x each")
+    for column in ("task", "verdict", "why", "tests that varied"):
+        table.add_column(column)
+    for task in report.problems:
+        table.add_row(task.task_id, task.verdict, "; ".join(task.reasons), ", ".join(task.flaky_tests))
+    return table
+
+
+def _grading_pool(backend: str, workers: int) -> SandboxPool:
+    try:
+        open_sandbox(backend)  # fail once, clearly, rather than once per submission
+    except SandboxUnavailable as e:
+        raise UserError(f"the {backend} sandbox is unavailable: {e}") from None
+    return SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=workers),
+                       is_infra_failure=lambda grade: grade.reward_status == "infra_error")
+
+
 # -- verify --------------------------------------------------------------------------------
 
 
 def command_verify(args: argparse.Namespace) -> int:
     task_set = _load(args.task_set)
     submissions, results = _read_solutions(args.solutions, task_set)
-    try:
-        open_sandbox(args.backend)  # fail once, clearly, rather than once per submission
-    except SandboxUnavailable as e:
-        raise UserError(f"the {args.backend} sandbox is unavailable: {e}") from None
-    pool = SandboxPool(lambda spec: open_sandbox(args.backend, spec), PoolConfig(cpu_slots=args.workers),
-                       is_infra_failure=lambda grade: grade.reward_status == "infra_error")
-    with pool:
+    with _grading_pool(args.backend, args.workers) as pool:
         futures = [(number, task, pool.submit(sandbox_spec(task), partial(grade_solution, task, solution)))
                    for number, task, solution in submissions]
         for done, (number, task, future) in enumerate(futures, start=1):
