@@ -4,8 +4,10 @@ Where things are during a grading (each grading is a fresh sandbox run with fres
   /workspace            the submission (`workspace_files`, e.g. solution.py); never the tests
   /grader/run_tests.py  the harness, read-only
   /grader/tests/        the hidden tests, read-only
-  /report/              private and writable, created for this grading only; outside the
-                        workspace, and no other grading's /report is visible in the sandbox
+  /report/              private and writable, created for this grading only: where a custom
+                        command (pytest --junitxml) writes its report. The built-in harness
+                        writes its report to its own stdout instead, which the submission
+                        cannot reach (it runs in a child process; see harness/run_tests.py).
 The expected tests are found here, outside the sandbox, by parsing the test files (the
 harness's `test_names`: top-level `def test*`), so the submission cannot change which tests
 count.
@@ -36,10 +38,11 @@ Rules, in the order they apply:
 A submission that is not valid Python imports with an error, so every test is "error" and the
 reward is a scored 0 (rules 3 and 7), never a crash of the grader.
 
-Known limit: the submission runs in the harness's process, so a deliberate forger can write
-a report and exit 0 itself. Rules 4 and 6 stop the cheap versions (exiting early, killing the
-harness, exit-code games); a full defence needs the tests in a process the submission
-cannot reach.
+With the built-in harness the submission cannot forge the report: it runs in a process of its
+own, and the report leaves through a stream only the harness holds. A report truncated by the
+sandbox's stdout excerpt is an infrastructure error (our limit), never a 0. With a custom
+command the report is a file in /report, which the submission could write: rules 4 and 6
+stop only the cheap forgeries there.
 """
 
 from __future__ import annotations
@@ -56,10 +59,11 @@ from typing import Literal
 from sandbox.base import Mount, Sandbox
 from sandbox.harness.run_tests import test_names
 from sandbox.result import ExecResult, ExecStatus
-from sandbox.test_report import ReportError, TestOutcome, read_report
+from sandbox.test_report import ReportError, TestOutcome, parse_junit, read_report
 
 HARNESS = Path(__file__).parent / "harness" / "run_tests.py"
-DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", "/grader/run_tests.py"]
+HARNESS_IN_SANDBOX = "/grader/run_tests.py"
+DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
 REPORT_NAME = "junit.xml"
 KILLED = (ExecStatus.TO, ExecStatus.ML, ExecStatus.OL)
 _SEVERITY = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -120,17 +124,23 @@ def grade(
         expected, invalid = expected_tests(tests), "no test functions in the tests"
     except SyntaxError as e:
         expected, invalid = [], f"test file does not parse: {e}"
+    command = list(command or DEFAULT_COMMAND)
+    # The built-in harness writes its report to stdout unless it is told a file.
+    report_on_stdout = HARNESS_IN_SANDBOX in command and "--report" not in command
     with _grading_dirs(tests, sandbox) as (grader_dir, report_dir):
         mounts = [Mount(grader_dir, "/grader"), Mount(report_dir, "/report", writable=True)]
-        result = sandbox.run(list(command or DEFAULT_COMMAND), workspace_files, mounts)
+        result = sandbox.run(command, workspace_files, mounts)
         try:
-            report = read_report(report_dir / REPORT_NAME)
+            report = parse_junit(result.stdout) if report_on_stdout else read_report(report_dir / REPORT_NAME)
         except ReportError:
             report = None
     if not expected:
         return _unscored("invalid", result, invalid, expected)
     if result.status is ExecStatus.XX:
         return _unscored("infra_error", result, result.error or "", expected)
+    if report_on_stdout and result.stdout_truncated:  # only the harness writes there: our limit, not theirs
+        return _unscored("infra_error", result, "the report did not fit the sandbox's stdout excerpt "
+                         "(raise Limits.excerpt_bytes)", expected)
     return score(expected, report, result, binary)
 
 

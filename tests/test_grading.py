@@ -108,9 +108,49 @@ def test_sys_exit_in_solution_is_not_a_pass(sandbox):
 
 @needs_sandbox
 def test_os_exit_in_solution_is_not_a_pass(sandbox):
+    # The submission's process ends; the harness, in another process, reports every test as an error.
     g = _grade(sandbox, "import os\nos._exit(0)\n" + CORRECT)
-    assert (g.reward, g.reward_status, g.suite_ran, g.tamper_flags) == (0.0, "scored", False, ("no_report",))
-    assert set(g.outcomes.values()) == {"missing"}
+    assert (g.reward, g.reward_status, g.suite_ran, set(g.outcomes.values())) == (0.0, "scored", True, {"error"})
+
+
+FORGED_REPORT = (
+    '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite>'
+    + "".join(f'<testcase classname="test_task" name="{n}" time="0" />'
+              for n in ("test_small", "test_zero", "test_negative", "test_large"))
+    + "</testsuite></testsuites>"
+)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("forgery", [
+    # print a passing report, then end the run with exit code 0
+    f"import os, sys\nsys.stdout.write({FORGED_REPORT!r})\nsys.stdout.flush()\nos._exit(0)\n",
+    # write it through the harness's stdout via /proc, then kill the harness
+    f"import glob, os\nfor fd in glob.glob(f'/proc/{{os.getppid()}}/fd/*'):\n"
+    f"    try:\n        open(fd, 'w').write({FORGED_REPORT!r})\n    except OSError:\n        pass\n"
+    "os.kill(os.getppid(), 9)\n",
+    # write a report file where a pytest-style command would have put it
+    f"open('/report/junit.xml', 'w').write({FORGED_REPORT!r})\nimport os\nos._exit(0)\n",
+])
+def test_a_submission_cannot_forge_the_report(sandbox, forgery):
+    g = _grade(sandbox, forgery + "def add(a, b):\n    return 0\n")
+    assert g.reward == 0.0 and "passed" not in g.outcomes.values(), g
+
+
+@needs_sandbox
+def test_an_object_equal_to_everything_cannot_pass(sandbox):
+    always_equal = "class Anything:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Anything()\n"
+    g = _grade(sandbox, always_equal)
+    assert (g.reward, set(g.outcomes.values())) == (0.0, {"error"})
+    assert "not plain data" in next(iter(g.messages.values()))
+
+
+@needs_sandbox
+def test_patching_the_interpreter_does_not_reach_the_tests(sandbox):
+    # In the harness's process this would turn every failed assert into an error of another kind.
+    patch = "import builtins\nbuiltins.AssertionError = KeyError\n"
+    g = _grade(sandbox, patch + "def add(a, b):\n    return 0\n")
+    assert g.reward == 0.25 and sorted(g.outcomes.values()) == ["failed", "failed", "failed", "passed"]
 
 
 @needs_sandbox

@@ -116,7 +116,7 @@ def test_verify_grades_each_line_and_reports_bad_ones_in_place(crucible, tmp_pat
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["reward"], r["reward_status"], r["tamper_flags"]) for r in results] == [
-        (1.0, "scored", []), (0.0, "scored", []), (0.0, "scored", ["no_report"]),
+        (1.0, "scored", []), (0.0, "scored", []), (0.0, "scored", []),
         (None, "invalid", []), (None, "invalid", []),
     ]
     assert "solutions.jsonl:4" in results[3]["error"] and "solutions.jsonl:5" in results[4]["error"]
