@@ -10,9 +10,20 @@ checkpoint N-1 is resolved by path and its exact content hash is recorded in the
 import dataclasses
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, Output, asset
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    Output,
+    asset,
+)
 
 from assets.partitions import iterations, parse_iteration_key
 from assets.policy import base_policy
@@ -21,6 +32,7 @@ from assets.stages import timed_stage
 from datastore.store import rows_to_table
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
+from task_sets.reproducibility import agreement, regrade_sample
 from task_sets.schema import Task
 from training.checkpoint import CheckpointError, verify_checkpoint
 from training.engine import SamplingParams, TransformersEngine
@@ -120,20 +132,31 @@ def rollouts(
     )
 
 
-@asset(**ITERATION)
+@asset(
+    **ITERATION,
+    check_specs=[AssetCheckSpec("verdicts_reproducible", asset="verified_rollouts",
+                                description="a re-graded sample of the submissions gets the same verdicts")],
+)
 def verified_rollouts(
     context: AssetExecutionContext,
     crucible: CrucibleResource,
     task_set: list[Task],
     rollouts: list[Rollout],
-) -> Output[list[VerifiedRollout]]:
-    """Every sample graded in a fresh sandbox against its task's hidden tests."""
+) -> Iterator[Output[list[VerifiedRollout]] | AssetCheckResult]:
+    """Every sample graded in a fresh sandbox against its task's hidden tests; a sample of them
+    graded again to check that verdicts are reproducible (asset check `verdicts_reproducible`)."""
     experiment, iteration = _experiment(context, crucible)
     tasks = {task.id: task for task in task_set}
+    work = [(tasks[r.task_id], r) for r in rollouts]
     with timed_stage(crucible.store(), experiment.name, iteration, "verified_rollouts"):
-        verified = _grade_all(context, crucible, [(tasks[r.task_id], r) for r in rollouts])
+        verified = _grade_all(context, crucible, work)
+        sample = regrade_sample(len(work), experiment.regrade_fraction, experiment.seed * 100_003 + iteration)
+        again = _grade_all(context, crucible, [work[i] for i in sample]) if sample else []
+    repeat = agreement([work[i][0].id for i in sample], [verified[i].grade for i in sample], [v.grade for v in again])
+    if repeat.disagreeing_task_ids:
+        context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
     scored = [v for v in verified if v.grade.reward_status == "scored"]
-    return Output(
+    yield Output(
         verified,
         metadata={
             "samples": len(verified),
@@ -141,7 +164,16 @@ def verified_rollouts(
             "mean_reward": sum(v.grade.reward for v in scored) / max(len(scored), 1),
             "infra_errors": sum(v.grade.reward_status == "infra_error" for v in verified),
             "invalid": sum(v.grade.reward_status == "invalid" for v in verified),
+            "regraded": repeat.sampled,
+            "regrade_agreement": repeat.rate,
         },
+    )
+    yield AssetCheckResult(
+        check_name="verdicts_reproducible",
+        passed=not repeat.disagreeing_task_ids,
+        severity=AssetCheckSeverity.WARN,
+        metadata={"regraded": repeat.sampled, "agreement": repeat.rate,
+                  "disagreeing_tasks": ", ".join(repeat.disagreeing_task_ids) or "none"},
     )
 
 

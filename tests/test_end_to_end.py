@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
 
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
@@ -89,6 +89,20 @@ def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, env
             assert instance.get_latest_materialization_event(AssetKey("reward_analytics"))
     finally:
         del os.environ["DAGSTER_HOME"]
+
+
+def test_a_regraded_sample_checks_that_verdicts_are_reproducible(finished_run, environment):
+    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            key = AssetCheckKey(AssetKey("verified_rollouts"), "verdicts_reproducible")
+            [execution] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
+            evaluation = execution.event.dagster_event.event_specific_data
+            materialization = instance.get_latest_materialization_event(AssetKey("verified_rollouts"))
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    assert evaluation.passed and evaluation.metadata["regraded"].value == 1
+    assert materialization.asset_materialization.metadata["regrade_agreement"].value == 1.0
 
 
 def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir):

@@ -30,5 +30,10 @@ class ExperimentConfig(BaseModel):
         "keeps the warmed-up default model's samples mostly valid Python",
     )
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
+    regrade_fraction: float = Field(
+        0.05, ge=0, le=1,
+        description="share of each iteration's submissions graded a second time, in fresh sandboxes, "
+        "to measure how reproducible the verdicts are (0 turns it off)",
+    )
     seed: int = 0
     grpo: GRPOConfig = GRPOConfig()
