@@ -4,6 +4,7 @@ expected status, and the `make_sandbox` fixture asserts that nothing is left on 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
@@ -11,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import textwrap
 import time
@@ -414,18 +416,25 @@ def test_snapshot_restore_and_reset(sandbox):
         assert session.exec(["sh", "-c", "cat a.txt; ls; ls -A /tmp"]).stdout == "original\na.txt\n"
 
 
-def test_restore_refuses_an_archive_that_escapes(sandbox):
-    import io
-    import tarfile
-
+def archive(*members: tuple[str, str | None]) -> bytes:
+    """A tar of (name, symlink target or None for a one-byte file) members, in order."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("../../escaped.txt")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
+        for name, link_target in members:
+            info = tarfile.TarInfo(name)
+            if link_target is None:
+                info.size = 1
+                tar.addfile(info, io.BytesIO(b"x"))
+            else:
+                info.type, info.linkname = tarfile.SYMTYPE, link_target
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+def test_restore_refuses_an_archive_that_escapes(sandbox):
     with sandbox.session() as session:
         with pytest.raises(WorkspacePathError):
-            session.restore(buffer.getvalue())
+            session.restore(archive(("../../escaped.txt", None)))
         assert "escaped" not in session.exec(["ls", "-A", "/", "/workspace"]).stdout
 
 
@@ -546,20 +555,9 @@ def test_snapshot_refuses_sparse_files_bigger_than_the_workspace(make_sandbox):
 
 
 def test_restore_never_writes_through_a_symlink_in_the_archive(sandbox):
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        link = tarfile.TarInfo("etc")
-        link.type, link.linkname = tarfile.SYMTYPE, "/etc"
-        tar.addfile(link)
-        evil = tarfile.TarInfo("etc/crucible-owned")
-        evil.size = 1
-        tar.addfile(evil, io.BytesIO(b"x"))
     with sandbox.session() as session:
         with pytest.raises(WorkspacePathError):
-            session.restore(buffer.getvalue())
+            session.restore(archive(("etc", "/etc"), ("etc/crucible-owned", None)))
     assert not Path("/etc/crucible-owned").exists()
 
 
