@@ -34,6 +34,7 @@ from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 from task_sets.reproducibility import agreement, regrade_sample
 from task_sets.schema import Task
+from task_sets.separation import separation
 from training.checkpoint import CheckpointError, verify_checkpoint
 from training.engine import SamplingParams, TransformersEngine
 from training.experiment import ExperimentConfig
@@ -86,15 +87,34 @@ def _grade_all(
     return verified
 
 
-@asset(**ITERATION)
-def task_set(context: AssetExecutionContext, crucible: CrucibleResource) -> Output[list[Task]]:
-    """The train tasks this iteration samples (a seeded subset when the experiment asks for one)."""
+@asset(
+    **ITERATION,
+    check_specs=[AssetCheckSpec("eval_split_held_out", asset="task_set",
+                                description="no sampled task is from the eval split or an exact copy of one")],
+)
+def task_set(
+    context: AssetExecutionContext, crucible: CrucibleResource
+) -> Iterator[Output[list[Task]] | AssetCheckResult]:
+    """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
+    the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     experiment, iteration = _experiment(context, crucible)
-    tasks = load_task_set(experiment.task_set).train()
+    full_set = load_task_set(experiment.task_set)
+    tasks = full_set.train()
     if experiment.tasks_per_iteration and experiment.tasks_per_iteration < len(tasks):
         tasks = random.Random(experiment.seed * 100_003 + iteration).sample(tasks, experiment.tasks_per_iteration)
     by_difficulty = {d: sum(t.difficulty == d for t in tasks) for d in ("easy", "medium", "hard")}
-    return Output(tasks, metadata={"tasks": len(tasks), **{f"tasks/{d}": n for d, n in by_difficulty.items()}})
+    yield Output(tasks, metadata={"tasks": len(tasks), **{f"tasks/{d}": n for d, n in by_difficulty.items()}})
+    split = separation(full_set)
+    sampled = {task.id for task in tasks}
+    not_train = sorted(task.id for task in tasks if task.split != "train")
+    leaked = sorted({train_id for train_id, _ in split.exact_duplicates} & sampled)
+    yield AssetCheckResult(
+        check_name="eval_split_held_out",
+        passed=not not_train and not leaked,
+        metadata={"eval_tasks_sampled": ", ".join(not_train) or "none",
+                  "copies_of_eval_prompts_sampled": ", ".join(leaked) or "none",
+                  "near_duplicate_pairs_in_set": len(split.near_duplicates)},
+    )
 
 
 @asset(**ITERATION, deps=[base_policy], kinds={"pytorch"})

@@ -32,6 +32,7 @@ from task_sets.loader import (
     load_task_set,
 )
 from task_sets.schema import Task
+from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
 from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
 
 # Piped output has no terminal width; the tables need ~110 columns.
@@ -169,7 +170,7 @@ def _load(name: str) -> TaskSet:
 
 
 def command_validate(args: argparse.Namespace) -> int:
-    """Exit 0 when every task is fit to judge with, 1 when the report lists problems."""
+    """Exit 0 when every task is fit to judge with and no eval prompt is copied into train, else 1."""
     task_set = _load(args.task_set)
     with _grading_pool(args.backend, args.workers) as pool:
         report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
@@ -179,9 +180,15 @@ def command_validate(args: argparse.Namespace) -> int:
         console.print(f"task set {report.task_set!r}: all {len(report.tasks)} tasks fit to judge with (reference "
                       f"passed {report.repeats} of {report.repeats} times; empty and returns-None submissions fail)",
                       highlight=False)
+    split = separation(task_set)
+    console.print(f"splits: {len(split.exact_duplicates)} eval prompts copied into train"
+                  + "".join(f"\n  {train_id} = {eval_id}" for train_id, eval_id in split.exact_duplicates)
+                  + f"; {len(split.near_duplicates)} train/eval pairs of near-duplicate prompts "
+                  f"(similarity >= {NEAR_DUPLICATE_THRESHOLD})", highlight=False)
     if args.out:
-        args.out.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n", encoding="utf-8")
-    return 1 if report.problems else 0
+        document = {**dataclasses.asdict(report), "separation": dataclasses.asdict(split)}
+        args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    return 1 if report.problems or split.leaks else 0
 
 
 def _show_progress(verb: str):

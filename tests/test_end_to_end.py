@@ -105,6 +105,18 @@ def test_a_regraded_sample_checks_that_verdicts_are_reproducible(finished_run, e
     assert materialization.asset_materialization.metadata["regrade_agreement"].value == 1.0
 
 
+def test_a_check_proves_the_eval_split_was_not_sampled(finished_run, environment):
+    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            key = AssetCheckKey(AssetKey("task_set"), "eval_split_held_out")
+            [execution] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
+            evaluation = execution.event.dagster_event.event_specific_data
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    assert evaluation.passed and evaluation.metadata["eval_tasks_sampled"].value == "none"
+
+
 def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir):
     path = workdir / "data" / "trajectories" / "experiment=tiny" / "iteration=1" / "data.parquet"
     table = pq.read_table(path)
