@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,7 +77,7 @@ class Session(Protocol):
     def __exit__(self, *exc) -> None: ...
 
 
-class SessionLifecycle:
+class SessionLifecycle(ABC):
     """What every backend's session does the same way: context management, refusing use after
     close, and cleaning up when opening fails."""
 
@@ -93,8 +94,8 @@ class SessionLifecycle:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...
 
     def exec(
         self, command: Sequence[str], *, timeout_s: float | None = None, on_output: OutputCallback | None = None
@@ -116,9 +117,9 @@ class SessionLifecycle:
         self.log.append(result)
         return result
 
+    @abstractmethod
     def _run(self, command: list[str], stdout: OutputCapture, stderr: OutputCapture, deadline: float,
-             on_output: OutputCallback | None, started: float) -> ExecResult:
-        raise NotImplementedError
+             on_output: OutputCallback | None, started: float) -> ExecResult: ...
 
     def _check_open(self) -> None:
         if self._closed:

@@ -460,10 +460,8 @@ def _write_zero(path: Path | None) -> None:
 
 
 def _remove(container) -> None:
-    try:
+    with contextlib.suppress(docker.errors.NotFound):  # already gone: close is idempotent
         container.remove(force=True, v=True)
-    except docker.errors.NotFound:
-        pass  # already gone: close is idempotent
 
 
 def _owner() -> str:

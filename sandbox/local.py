@@ -86,6 +86,7 @@ class LocalSandbox:
         self.cgroup_parent = cgroup_parent
         self.cgroup_host = cgroups.detect(cgroup_parent)
         self.scratch_dir = Path(scratch_dir or _default_scratch(self.cgroup_host))
+        self.has_seccomp = _seccomp_available()
         self.weaknesses = self._weaknesses()
         if self.weaknesses and not spec.allow_weak_isolation:
             raise SandboxUnavailable(
@@ -130,12 +131,8 @@ class LocalSandbox:
         if self.spec.network:
             found.append("network: the local backend can only share the host's (its loopback services and "
                          "the metadata address included); the docker backend isolates it")
-        try:
-            seccomp.bpf_program()
-            self.has_seccomp = True
-        except seccomp.SeccompUnavailable as e:
-            self.has_seccomp = False
-            found.append(f"no seccomp filter: {e}")
+        if not self.has_seccomp:
+            found.append("no seccomp filter: libseccomp is not usable here")
         return found
 
 
@@ -323,6 +320,14 @@ def _classify(outcome: Outcome) -> tuple[ExecStatus, int | None, int | None]:
     if sig is not None:
         return ExecStatus.SG, exit_code, sig
     return (ExecStatus.OK if exit_code == 0 else ExecStatus.RE), exit_code, sig
+
+
+def _seccomp_available() -> bool:
+    try:
+        seccomp.bpf_program()
+    except seccomp.SeccompUnavailable:
+        return False
+    return True
 
 
 def _check_host(spec: SandboxSpec) -> None:

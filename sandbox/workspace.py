@@ -139,11 +139,9 @@ class HostWorkspace:
         try:
             for part in path.parts[:-1]:
                 if create:
-                    try:
+                    with contextlib.suppress(FileExistsError):  # then the walk checks what it is
                         os.mkdir(part, 0o755, dir_fd=fd)
                         os.chown(part, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
-                    except FileExistsError:
-                        pass
                 next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = next_fd

@@ -91,13 +91,23 @@ def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, env
         del os.environ["DAGSTER_HOME"]
 
 
-def test_a_regraded_sample_checks_that_verdicts_are_reproducible(finished_run, environment):
+def _latest_check(environment, asset: str, check: str):
+    """The latest evaluation of an asset check, read from the run's instance."""
     os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
     try:
         with DagsterInstance.get() as instance:
-            key = AssetCheckKey(AssetKey("verified_rollouts"), "verdicts_reproducible")
+            key = AssetCheckKey(AssetKey(asset), check)
             [execution] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
-            evaluation = execution.event.dagster_event.event_specific_data
+            return execution.event.dagster_event.event_specific_data
+    finally:
+        del os.environ["DAGSTER_HOME"]
+
+
+def test_a_regraded_sample_checks_that_verdicts_are_reproducible(finished_run, environment):
+    evaluation = _latest_check(environment, "verified_rollouts", "verdicts_reproducible")
+    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
             materialization = instance.get_latest_materialization_event(AssetKey("verified_rollouts"))
     finally:
         del os.environ["DAGSTER_HOME"]
@@ -106,14 +116,7 @@ def test_a_regraded_sample_checks_that_verdicts_are_reproducible(finished_run, e
 
 
 def test_a_check_proves_the_eval_split_was_not_sampled(finished_run, environment):
-    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
-    try:
-        with DagsterInstance.get() as instance:
-            key = AssetCheckKey(AssetKey("task_set"), "eval_split_held_out")
-            [execution] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
-            evaluation = execution.event.dagster_event.event_specific_data
-    finally:
-        del os.environ["DAGSTER_HOME"]
+    evaluation = _latest_check(environment, "task_set", "eval_split_held_out")
     assert evaluation.passed and evaluation.metadata["eval_tasks_sampled"].value == "none"
 
 

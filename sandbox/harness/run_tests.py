@@ -30,6 +30,7 @@ from __future__ import annotations
 import _ast
 import _ctypes
 import _socket
+import builtins
 import marshal
 import os
 import sys
@@ -234,12 +235,12 @@ def _portable(value) -> bool:
 
 def _rebuilt(payload) -> BaseException:
     name, message = payload
-    cls = getattr(__builtins__, name, None) if not isinstance(__builtins__, dict) else __builtins__.get(name)
+    cls = getattr(builtins, name, None)
     if isinstance(cls, type) and issubclass(cls, Exception) and cls is not AssertionError:
         try:
             return cls(message)
-        except BaseException:
-            pass
+        except TypeError:  # a built-in exception that wants other arguments (UnicodeError's)
+            return SubmissionError(message)
     return SubmissionError(message)
 
 
