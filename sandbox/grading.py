@@ -1,16 +1,23 @@
 """The grading protocol: run hidden tests against one submission and turn the run into a reward.
 
-Where things are during a grading (each grading is a fresh sandbox run with fresh directories):
+Two runners, one set of rules.
+
+`grade`: the built-in harness (function tasks). Each grading is a fresh sandbox run with fresh
+directories:
   /workspace            the submission (`workspace_files`, e.g. solution.py); never the tests
   /grader/run_tests.py  the harness, read-only
   /grader/tests/        the hidden tests, read-only
-  /report/              private and writable, created for this grading only: where a custom
-                        command (pytest --junitxml) writes its report. The built-in harness
-                        writes its report to its own stdout instead, which the submission
-                        cannot reach (it runs in a child process; see harness/run_tests.py).
-The expected tests are found here, outside the sandbox, by parsing the test files (the
-harness's `test_names`: top-level `def test*`), so the submission cannot change which tests
-count.
+The harness writes its report to its own stdout, which the submission cannot reach (it runs in
+a child process; see harness/run_tests.py). The expected tests are found here, outside the
+sandbox, by parsing the test files (the harness's `test_names`: top-level `def test*`).
+
+`grade_test_command`: a repository task's own test command (pytest, or a Harbor test.sh that
+starts pytest), run by /bin/sh in /workspace, which holds the repository with the submission
+applied, protected paths restored and hidden tests written in (task_sets/grading.py does that,
+before the run). pytest writes a JUnit report into /report (private, writable, fresh); the
+expected tests are the task's node ids. Here the code under test runs inside the test runner's
+process, so it could write the report itself: rules 4 and 6 and the protected paths stop the
+cheap forgeries, not a deliberate one (documented in README "Grading").
 
 Rules, in the order they apply:
  1. No expected test (or a test file that does not parse) -> "invalid", reward None: the task
@@ -26,34 +33,34 @@ Rules, in the order they apply:
     explains it). Why scored 0 and not dropped: the report is the only evidence that tests
     passed, and a submission can suppress it (os._exit(0) in solution.py, killing the
     harness); dropping such samples would teach the policy that suppressing the report
-    avoids negative reward. The harness itself always writes a report, which task validation
-    checks by grading the reference solution.
+    avoids negative reward. Task validation checks that the reference gets a report.
  5. Timeout, memory limit or output limit (TO/ML/OL) -> reward 0, even for tests that passed
     before the kill; components are still recorded.
- 6. The exit code must agree with the report: exit code 0 iff every expected test passed.
-    Otherwise tamper flag "exit_code_disagrees" and reward 0 (e.g. a report claiming passes
-    while the harness failed, or a harness killed after the report was written).
- 7. Otherwise reward = fraction of expected tests passed; with binary=True it is all_passed.
-    reward_components always holds {"tests_passed_fraction": x, "all_passed": 0 or 1}.
+ 6. The runner's own verdict must agree with the report, else tamper flag
+    "exit_code_disagrees" and reward 0 (a report claiming passes from a run that failed, an
+    early exit after a forged report). The harness: exit code 0 iff every expected test
+    passed. A test command: exit code 0 (or its verdict file saying 1) iff no collected test
+    failed or errored; a verdict file it never wrote is "no_verdict".
+ 7. Otherwise reward = fraction of expected tests passed, and reward_components holds
+    {"tests_passed_fraction": x, "all_passed": 0 or 1}; task_sets/rewards.py turns the
+    components into the task set's configured reward. Flags found before the run (protected
+    paths touched) also set it to 0.
 A submission that is not valid Python imports with an error, so every test is "error" and the
-reward is a scored 0 (rules 3 and 7), never a crash of the grader.
-
-With the built-in harness the submission cannot forge the report: it runs in a process of its
-own, and the report leaves through a stream only the harness holds. A report truncated by the
-sandbox's stdout excerpt is an infrastructure error (our limit), never a 0. With a custom
-command the report is a file in /report, which the submission could write: rules 4 and 6
-stop only the cheap forgeries there.
+reward is a scored 0 (rules 3 and 7), never a crash of the grader. A report truncated by the
+sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from types import MappingProxyType
 from typing import Literal
 
 from sandbox.base import Mount, Sandbox
@@ -65,6 +72,8 @@ HARNESS = Path(__file__).parent / "harness" / "run_tests.py"
 HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
 REPORT_NAME = "junit.xml"
+# xunit1 keeps pytest's classname as the dotted module (and class) path of each test.
+PYTEST_OPTIONS = f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider"
 KILLED = (ExecStatus.TO, ExecStatus.ML, ExecStatus.OL)
 _SEVERITY = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
@@ -85,6 +94,12 @@ class GradeResult:
     reward_status: RewardStatus
     exec: ExecResult
     messages: dict[str, str] = field(default_factory=dict)  # short failure message per test
+    reward_version: str = ""  # the reward function that set `reward` (task_sets/rewards.py)
+
+    @property
+    def gated(self) -> bool:
+        """Rules 4-6 zeroed the reward, whatever the tests say."""
+        return bool(self.tamper_flags) or not self.suite_ran or self.exec.status in KILLED
 
     def to_dict(self) -> dict:
         return {
@@ -98,17 +113,18 @@ class GradeResult:
             "reward_status": self.reward_status,
             "exec": self.exec.to_dict(),
             "messages": dict(self.messages),
+            "reward_version": self.reward_version,
         }
 
 
-def expected_tests(tests: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(file stem, test name) of every expected test, in file then definition order.
+def expected_tests(tests: Mapping[str, str]) -> list[str]:
+    """Node ids ("test_x.py::test_name") of every expected test, in file then definition order.
 
     Raises SyntaxError if a test file does not parse."""
     found = []
     for filename in sorted(tests):
         if _is_test_file(filename):
-            found += [(PurePosixPath(filename).stem, name) for name in test_names(tests[filename], filename)]
+            found += [f"{filename}::{name}" for name in test_names(tests[filename], filename)]
     return found
 
 
@@ -117,9 +133,9 @@ def grade(
     workspace_files: dict[str, str],
     tests: dict[str, str],
     command: list[str] | None = None,
-    binary: bool = False,
 ) -> GradeResult:
-    """Grade one submission with a fresh sandbox run; see the module docstring for the rules."""
+    """Grade one submission with the built-in harness in a fresh sandbox run; see the module
+    docstring for the rules."""
     try:
         expected, invalid = expected_tests(tests), "no test functions in the tests"
     except SyntaxError as e:
@@ -127,13 +143,10 @@ def grade(
     command = list(command or DEFAULT_COMMAND)
     # The built-in harness writes its report to stdout unless it is told a file.
     report_on_stdout = HARNESS_IN_SANDBOX in command and "--report" not in command
-    with _grading_dirs(tests, sandbox) as (grader_dir, report_dir):
-        mounts = [Mount(grader_dir, "/grader"), Mount(report_dir, "/report", writable=True)]
-        result = sandbox.run(command, workspace_files, mounts)
-        try:
-            report = parse_junit(result.stdout) if report_on_stdout else read_report(report_dir / REPORT_NAME)
-        except ReportError:
-            report = None
+    with _grading_dirs(sandbox, {"run_tests.py": HARNESS.read_text(), **{f"tests/{n}": s for n, s in tests.items()}},
+                       "/grader") as dirs:
+        result = sandbox.run(command, workspace_files, dirs.mounts)
+        report = _parse(result.stdout) if report_on_stdout else _read(dirs.report / REPORT_NAME)
     if not expected:
         return _unscored("invalid", result, invalid, expected)
     if result.status is ExecStatus.XX:
@@ -141,29 +154,72 @@ def grade(
     if report_on_stdout and result.stdout_truncated:  # only the harness writes there: our limit, not theirs
         return _unscored("infra_error", result, "the report did not fit the sandbox's stdout excerpt "
                          "(raise Limits.excerpt_bytes)", expected)
-    return score(expected, report, result, binary)
+    runner_passed = result.exit_code == 0
+    return score(expected, report, result, _harness_node_id, runner_passed, ran_exactly_the_expected=True)
+
+
+def grade_test_command(
+    sandbox: Sandbox,
+    workspace_files: dict[str, str],
+    expected: Sequence[str],
+    test_command: str,
+    grader_files: Mapping[str, str] = MappingProxyType({}),
+    verdict_file: str | None = None,
+    tamper_flags: Sequence[str] = (),
+) -> GradeResult:
+    """Grade a repository with its own test command (run by /bin/sh in the repository root).
+
+    pytest, wherever the command starts it, writes a JUnit report to /report through
+    PYTEST_ADDOPTS. `grader_files` are shown read-only at /tests. The runner's own verdict is
+    its exit code, or the number it writes to `verdict_file` (1 = pass, as Harbor's
+    reward.txt); either must agree with the report: pass iff no collected test failed.
+    `tamper_flags` found before the run (protected paths) set the reward to 0."""
+    command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", "PYTHONDONTWRITEBYTECODE=1",
+               "/bin/sh", "-c", test_command]
+    verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
+    with _grading_dirs(sandbox, grader_files, "/tests", verdict_dir) as dirs:
+        result = sandbox.run(command, workspace_files, dirs.mounts)
+        report = _read(dirs.report / REPORT_NAME)
+        verdict = _read_verdict(dirs.verdict / PurePosixPath(verdict_file).name) if dirs.verdict else None
+    if not expected:
+        return _unscored("invalid", result, "the task names no test to run", [])
+    if result.status is ExecStatus.XX:
+        return _unscored("infra_error", result, result.error or "", list(expected))
+    runner_passed = verdict if verdict_file else result.exit_code == 0
+    by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
+    return score(list(expected), report, result, lambda t: by_junit_key.get((t.classname, t.name)), runner_passed,
+                 ran_exactly_the_expected=False, flags=tamper_flags)
 
 
 def score(
-    expected: list[tuple[str, str]],
+    expected: list[str],
     report: list[TestOutcome] | None,
     result: ExecResult,
-    binary: bool = False,
+    node_id: Callable[[TestOutcome], str | None],
+    runner_passed: bool | None,
+    ran_exactly_the_expected: bool,
+    flags: Sequence[str] = (),
 ) -> GradeResult:
-    """Rules 3-7 of the module docstring, for a run that happened (status is not XX)."""
-    outcomes, messages = _outcomes(expected, report or [])
+    """Rules 3-7 of the module docstring, for a run that happened (status is not XX).
+
+    `runner_passed` is the runner's own verdict (None: it gave none). With
+    `ran_exactly_the_expected` (our harness) it must equal "every expected test passed";
+    otherwise (a test command that may run more tests) "no collected test failed"."""
+    outcomes, messages = _outcomes(expected, report or [], node_id)
     passed = sum(o == "passed" for o in outcomes.values())
     all_passed = passed == len(expected)
     components = {"tests_passed_fraction": passed / len(expected), "all_passed": float(all_passed)}
-    flags = []
-    if report is None and result.status not in KILLED:
+    flags = list(flags)
+    killed = result.status in KILLED
+    if report is None and not killed:
         flags.append("no_report")
-    elif report is not None and result.status not in KILLED and (result.exit_code == 0) != all_passed:
-        flags.append("exit_code_disagrees")
-    if report is None or flags or result.status in KILLED:
-        reward = 0.0
-    else:
-        reward = components["all_passed"] if binary else components["tests_passed_fraction"]
+    elif report is not None and not killed:
+        report_passed = all_passed if ran_exactly_the_expected else _no_failures(report)
+        if runner_passed is None:
+            flags.append("no_verdict")
+        elif runner_passed != report_passed:
+            flags.append("exit_code_disagrees")
+    reward = 0.0 if report is None or flags or killed else components["tests_passed_fraction"]
     return GradeResult(
         outcomes=outcomes, tests_expected=len(expected), tests_collected=len(report or []),
         suite_ran=report is not None, tamper_flags=tuple(flags), reward_components=components,
@@ -171,20 +227,63 @@ def score(
     )
 
 
-def _outcomes(expected, report: list[TestOutcome]) -> tuple[dict[str, str], dict[str, str]]:
-    worst: dict[tuple[str, str], TestOutcome] = {}
+def _no_failures(report: list[TestOutcome]) -> bool:
+    return bool(report) and not any(t.outcome in ("failed", "error") for t in report)
+
+
+def _harness_node_id(t: TestOutcome) -> str:
+    return f"{t.classname.rsplit('.', 1)[-1]}.py::{t.name}"
+
+
+def _junit_key(node_id: str) -> tuple[str, str]:
+    """pytest's JUnit (classname, name) for a node id: "a/test_b.py::C::t" -> ("a.test_b.C", "t")."""
+    path, *scopes = node_id.split("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    return ".".join([module, *scopes[:-1]]), scopes[-1] if scopes else ""
+
+
+def _outcomes(expected: list[str], report: list[TestOutcome], node_id) -> tuple[dict[str, str], dict[str, str]]:
+    worst: dict[str, TestOutcome] = {}
     for t in report:
-        key = (t.classname.rsplit(".", 1)[-1], t.name)  # pytest's classname is a dotted path
-        if key not in worst or _SEVERITY.get(t.outcome, 3) > _SEVERITY.get(worst[key].outcome, 3):
+        key = node_id(t)
+        if key is not None and (key not in worst or _SEVERITY.get(t.outcome, 3) > _SEVERITY.get(worst[key].outcome, 3)):
             worst[key] = t
     outcomes, messages = {}, {}
-    for stem, name in expected:
-        node_id = f"{stem}.py::{name}"
-        found = worst.get((stem, name))
-        outcomes[node_id] = found.outcome if found else "missing"
+    for test in expected:
+        found = worst.get(test)
+        outcomes[test] = found.outcome if found else "missing"
         if found and found.message:
-            messages[node_id] = found.message
+            messages[test] = found.message
     return outcomes, messages
+
+
+def _parse(stdout: str) -> list[TestOutcome] | None:
+    try:
+        return parse_junit(stdout)
+    except ReportError:
+        return None
+
+
+def _read(path: Path) -> list[TestOutcome] | None:
+    try:
+        return read_report(path)
+    except ReportError:
+        return None
+
+
+def _read_verdict(path: Path) -> bool | None:
+    """A verdict file's number >= 1 is a pass; missing, odd or huge: no verdict."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        try:
+            return float(f.read(64).decode().strip()) >= 1.0
+        except (UnicodeDecodeError, ValueError):
+            return None
 
 
 def _unscored(status: RewardStatus, exec_result: ExecResult, message: str, expected: list) -> GradeResult:
@@ -195,25 +294,38 @@ def _unscored(status: RewardStatus, exec_result: ExecResult, message: str, expec
     )
 
 
+@dataclass(frozen=True)
+class _GradingDirs:
+    mounts: list[Mount]
+    report: Path
+    verdict: Path | None
+
+
 @contextmanager
-def _grading_dirs(tests: Mapping[str, str], sandbox: Sandbox) -> Iterator[tuple[Path, Path]]:
-    """A fresh directory in the sandbox's scratch space with grader/ (harness + tests:
-    root-owned and world-readable, so the sandbox user can read but not change them) and
-    report/ (the sandbox user's)."""
+def _grading_dirs(
+    sandbox: Sandbox, grader_files: Mapping[str, str], grader_at: str, verdict_at: str | None = None,
+) -> Iterator[_GradingDirs]:
+    """Fresh directories in the sandbox's scratch space: the grader files (root-owned and
+    world-readable, so the sandbox user can read but not change them) shown at `grader_at`,
+    and report/ (plus a verdict directory when asked) owned by the sandbox user."""
     root = Path(tempfile.mkdtemp(prefix="crucible-grade-", dir=sandbox.scratch_dir))
     try:
         grader, report = root / "grader", root / "report"
-        (grader / "tests").mkdir(parents=True)
-        shutil.copyfile(HARNESS, grader / "run_tests.py")
-        for filename, source in tests.items():
-            target = grader / "tests" / _safe_name(filename)
+        grader.mkdir()
+        for filename, source in grader_files.items():
+            target = grader / _safe_name(filename)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(source)
         for path in [grader, *grader.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        report.mkdir(mode=0o700)
-        os.chown(report, sandbox.spec.uid, sandbox.spec.gid)
-        yield grader, report
+            path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" else 0o644)
+        mounts = [Mount(grader, grader_at), Mount(report, "/report", writable=True)]
+        verdict = root / "verdict" if verdict_at else None
+        for private in filter(None, (report, verdict)):
+            private.mkdir(mode=0o700)
+            os.chown(private, sandbox.spec.uid, sandbox.spec.gid)
+        if verdict is not None:
+            mounts.append(Mount(verdict, verdict_at, writable=True))
+        yield _GradingDirs(mounts, report, verdict)
     finally:
         shutil.rmtree(root)
 
@@ -226,5 +338,5 @@ def _is_test_file(filename: str) -> bool:
 def _safe_name(filename: str) -> PurePosixPath:
     path = PurePosixPath(filename)
     if path.is_absolute() or ".." in path.parts or not path.parts:
-        raise ValueError(f"test file name must be a relative path inside the tests: {filename!r}")
+        raise ValueError(f"grader file name must be a relative path: {filename!r}")
     return path

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from task_sets.schema import Difficulty, Task
+from task_sets.schema import Difficulty, FunctionTask, Task
 from task_sets.splits import hash_splits
 
 DEFAULT_SEED = 0
@@ -245,7 +245,7 @@ def _family_tasks(family: str, seed: int) -> list[Task]:
     ids = [f"default/{family}/{index:04d}" for index in range(INSTANCES_PER_FAMILY)]
     splits = hash_splits(ids, EVAL_FRACTION)
     return [
-        Task(
+        FunctionTask(
             id=task_id,
             prompt=instance.prompt,
             entry_point=instance.entry_point,

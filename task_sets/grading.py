@@ -1,14 +1,28 @@
-"""Grade a submission for a task: the task's files plus `solution.py`, its hidden tests, its limits."""
+"""Grade a submission for a task, whatever its kind, in a fresh sandbox built from the pristine
+task files plus the submission; then score it with the task set's reward function.
+
+- Function task: `solution.py` (the task's prefix plus the submission) beside the task's files;
+  the hidden tests run through the built-in harness.
+- Repository task: the submission is a unified diff, applied on the host to the pristine
+  repository. Protected paths are restored and hidden tests written in (task_sets/protection.py),
+  then the task's test command runs in the sandbox. A diff that does not apply is a scored 0
+  without a sandbox run (its ExecResult is the failed `git apply`).
+"""
 
 from __future__ import annotations
 
 import shlex
+import time
 
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
-from sandbox.grading import GradeResult, grade
+from sandbox.grading import GradeResult, grade, grade_test_command
+from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import Limits, SandboxSpec
-from task_sets.schema import Task
+from task_sets.patches import PatchError, apply_patch, changed_paths
+from task_sets.protection import guard
+from task_sets.rewards import DEFAULT, Process, RewardFunction
+from task_sets.schema import FunctionTask, RepositoryTask, Task
 
 SOLUTION_FILE = "solution.py"
 HIDDEN_TESTS_FILE = "test_hidden.py"
@@ -29,9 +43,58 @@ def sandbox_spec(task: Task) -> SandboxSpec:
     )
 
 
-def grade_solution(task: Task, solution: str, sandbox: Sandbox | None = None) -> GradeResult:
+def grade_solution(
+    task: Task, solution: str, sandbox: Sandbox | None = None, reward: RewardFunction = DEFAULT,
+    process: Process = Process(),
+) -> GradeResult:
     """Grade in a fresh session of `sandbox` (which must run `sandbox_spec(task)`; default: a
     local one); the hidden tests exist only inside this grading run."""
     sandbox = sandbox or open_sandbox("local", sandbox_spec(task))
-    workspace = {**task.files, SOLUTION_FILE: task.solution_file(solution)}
-    return grade(sandbox, workspace, {HIDDEN_TESTS_FILE: task.tests}, command=shlex.split(task.entry_command))
+    if isinstance(task, RepositoryTask):
+        return _grade_repository(task, solution, sandbox, reward, process)
+    return _grade_function(task, solution, sandbox, reward, process)
+
+
+def _grade_function(
+    task: FunctionTask, solution: str, sandbox: Sandbox, reward: RewardFunction, process: Process,
+) -> GradeResult:
+    source = task.solution_file(solution)
+    workspace = {**task.files, SOLUTION_FILE: source}
+    graded = grade(sandbox, workspace, {HIDDEN_TESTS_FILE: task.tests}, command=shlex.split(task.entry_command))
+    return reward.apply(graded, code=[source], process=process)
+
+
+def _grade_repository(
+    task: RepositoryTask, diff: str, sandbox: Sandbox, reward: RewardFunction, process: Process,
+) -> GradeResult:
+    started = time.monotonic()
+    try:
+        submitted = apply_patch(task.files, diff)
+    except PatchError as e:
+        return reward.apply(_not_applied(task, sandbox, str(e), time.monotonic() - started), compiles=False,
+                            process=process)
+    guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests)
+    graded = grade_test_command(
+        sandbox, guarded.files, task.expected_tests, task.test_command, grader_files=task.grader_files,
+        verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags,
+    )
+    if guarded.touched:
+        graded.messages["_protected"] = "restored before grading: " + ", ".join(guarded.touched)
+    edited = [submitted[path] for path in sorted(changed_paths(task.files, submitted))
+              if path.endswith(".py") and path in submitted]
+    return reward.apply(graded, code=edited, process=process)
+
+
+def _not_applied(task: RepositoryTask, sandbox: Sandbox, reason: str, wall_s: float) -> GradeResult:
+    """A scored 0: the model's diff is wrong, and nothing of it can be tested."""
+    applying = ExecResult(
+        status=ExecStatus.RE, exit_code=1, signal=None, wall_s=round(wall_s, 4), cpu_s=0.0,
+        peak_memory_bytes=None, stdout="", stderr=reason, stdout_truncated=False, stderr_truncated=False,
+        spec_hash=sandbox.spec.hash(), backend="host", command=("git", "apply"),
+    )
+    expected = task.expected_tests
+    return GradeResult(
+        outcomes=dict.fromkeys(expected, "missing"), tests_expected=len(expected), tests_collected=0,
+        suite_ran=False, tamper_flags=(), reward_components={"tests_passed_fraction": 0.0, "all_passed": 0.0},
+        reward=0.0, reward_status="scored", exec=applying, messages={"_": f"the diff does not apply: {reason}"},
+    )

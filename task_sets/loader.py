@@ -25,7 +25,7 @@ from types import MappingProxyType
 import yaml
 from pydantic import ValidationError
 
-from task_sets.schema import Split, Task
+from task_sets.schema import TASK_KINDS, Split, Task, parse_task
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 LIBRARY_ENV = "CRUCIBLE_TASK_SETS"
@@ -186,12 +186,17 @@ def _validate_all(records: Iterator[Record]) -> list[Task]:
 
 def _validate(where: str, record: object) -> Task:
     try:
-        return Task.model_validate(record)
+        return parse_task(record)
     except ValidationError as err:
         task_id = record.get("id") if isinstance(record, dict) else None
         prefix = f"{where}: task {task_id!r}" if isinstance(task_id, str) else where
-        problems = [_describe(prefix, error["loc"], error["msg"]) for error in err.errors()]
+        problems = [_describe(prefix, _field_path(error["loc"]), error["msg"]) for error in err.errors()]
         raise TaskSetError("\n".join(problems)) from None
+
+
+def _field_path(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A location without the task kind's tag ("function", ...) that pydantic puts first."""
+    return loc[1:] if loc and loc[0] in TASK_KINDS else loc
 
 
 def _describe(prefix: str, loc: tuple[int | str, ...], reason: str) -> str:

@@ -1,8 +1,14 @@
-"""The Task contract: one programming problem with hidden tests.
+"""The Task contract: a programming problem with hidden tests, in one of two kinds.
 
-A task file holds plain data (JSONL or YAML); `Task` validates it. The solution the model
-writes becomes `solution.py` in the workspace; hidden tests import it and appear only at
-grading time.
+- `FunctionTask` (kind "function", the default): the submission is Python source that becomes
+  `solution.py`; hidden test functions import it through the built-in harness.
+- `RepositoryTask` (kind "repository"): a starting repository, a task statement, and hidden
+  tests split into tests that must start passing (`fail_to_pass`) and tests that must keep
+  passing (`pass_to_pass`), run by the task's own test command (pytest, a test.sh). The
+  submission is a unified diff against the repository.
+
+A task file holds plain data (JSONL or YAML); `parse_task` validates one record into the kind
+its `kind` field names.
 """
 
 from __future__ import annotations
@@ -11,14 +17,25 @@ import ast
 import hashlib
 import json
 import keyword
-from typing import Literal
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, computed_field, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationInfo, computed_field, field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 Difficulty = Literal["easy", "medium", "hard"]
 Split = Literal["train", "eval"]
 DIFFICULTIES: tuple[Difficulty, ...] = ("easy", "medium", "hard")
+# Files that steer a test runner: restored to the pristine repository before grading and, when
+# a submission adds one anywhere, removed and flagged. A pattern without "/" matches a file
+# name at any depth; one with "/" matches the whole path ("*" crosses directories).
+RUNNER_CONFIGURATION = (
+    "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
+    "usercustomize.py", "*.pth", "noxfile.py",
+)
+CI_FILES = (".github/*", ".gitlab-ci.yml", ".circleci/*", "Makefile")
 
 
 class TaskLimits(BaseModel):
@@ -31,19 +48,15 @@ class TaskLimits(BaseModel):
     disk_mb: int = Field(64, gt=0)
 
 
-class Task(BaseModel):
+class TaskBase(BaseModel):
+    """What every task carries, whatever its kind."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-/]+$")
     prompt: str = Field(min_length=1)
-    entry_point: str = Field(min_length=1, description="function the tests call")
-    solution_prefix: str = Field("", description="text solution.py starts with before the submission "
-                                 "(HumanEval: the prompt, which the submission completes)")
-    reference_solution: str = Field(min_length=1, description="a submission that passes")
-    tests: str = Field(min_length=1, description="hidden test module (test_* functions)")
     files: dict[str, str] = Field(default_factory=dict, description="starting workspace")
     protected_paths: tuple[str, ...] = ()
-    entry_command: str = "python3 -I -S /grader/run_tests.py"
     difficulty: Difficulty
     domain: str = "python-functions"
     family: str = Field(min_length=1, description="generator family, for per-family analytics")
@@ -52,6 +65,33 @@ class Task(BaseModel):
     network: bool = False
     image: str = "host"
     split: Split
+
+    @field_validator("files")
+    @classmethod
+    def _files_stay_inside_the_workspace(cls, files: dict[str, str]) -> dict[str, str]:
+        for name in files:
+            _check_relative_path(name)
+        return files
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def version(self) -> str:
+        """Content hash: changes whenever anything the model or grader sees changes."""
+        body = self.model_dump(exclude={"version"}, mode="json")
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class FunctionTask(TaskBase):
+    """Write a function; hidden test functions call it through the built-in harness."""
+
+    kind: Literal["function"] = "function"
+    entry_point: str = Field(min_length=1, description="function the tests call")
+    solution_prefix: str = Field("", description="text solution.py starts with before the submission "
+                                 "(HumanEval: the prompt, which the submission completes)")
+    reference_solution: str = Field(min_length=1, description="a submission that passes")
+    tests: str = Field(min_length=1, description="hidden test module (test_* functions)")
+    entry_command: str = "python3 -I -S /grader/run_tests.py"
 
     @field_validator("entry_point")
     @classmethod
@@ -80,13 +120,77 @@ class Task(BaseModel):
             raise _source_error("defines no top-level test_* function")
         return source
 
-    @computed_field  # type: ignore[prop-decorator]
+class RepositoryTask(TaskBase):
+    """Change a repository (several files if need be) so that `fail_to_pass` start passing and
+    `pass_to_pass` keep passing. Test ids are pytest node ids relative to the directory the
+    test command runs pytest from ("tests/test_cart.py::test_total" or
+    "test_outputs.py::TestX::test_y")."""
+
+    kind: Literal["repository"]
+    reference_solution: str = Field(min_length=1, description="a unified diff that passes")
+    hidden_tests: dict[str, str] = Field(default_factory=dict, description="test files written into the "
+                                         "repository at grading, over whatever the submission left there")
+    grader_files: dict[str, str] = Field(default_factory=dict, description="files shown read-only at /tests "
+                                         "during grading only (a Harbor task's tests/ directory)")
+    fail_to_pass: tuple[str, ...] = Field(min_length=1)
+    pass_to_pass: tuple[str, ...] = ()
+    test_command: str = Field(min_length=1, description="run in the repository root by /bin/sh")
+    verdict_file: str | None = Field(None, description="where the test command writes its own verdict (a "
+                                     "number, 1 = pass) instead of an exit code, e.g. /logs/verifier/reward.txt")
+    base_commit: str | None = None
+    domain: str = "python-repositories"
+
+    @field_validator("hidden_tests", "grader_files")
+    @classmethod
+    def _test_files_are_relative(cls, files: dict[str, str]) -> dict[str, str]:
+        for name in files:
+            _check_relative_path(name)
+        return files
+
+    @field_validator("pass_to_pass")
+    @classmethod
+    def _test_ids_are_distinct(cls, pass_to_pass: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        overlap = set(pass_to_pass) & set(info.data.get("fail_to_pass", ()))
+        if overlap:
+            raise PydanticCustomError("test_ids", "{reason}", {"reason": f"also in fail_to_pass: {sorted(overlap)}"})
+        return pass_to_pass
+
     @property
-    def version(self) -> str:
-        """Content hash: changes whenever anything the model or grader sees changes."""
-        body = self.model_dump(exclude={"version"}, mode="json")
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    def expected_tests(self) -> tuple[str, ...]:
+        return self.fail_to_pass + self.pass_to_pass
+
+    @property
+    def guarded_paths(self) -> tuple[str, ...]:
+        """Patterns a submission may not change: the task's own, runner configuration, CI."""
+        return (*self.protected_paths, *RUNNER_CONFIGURATION, *CI_FILES)
+
+
+TASK_KINDS = ("function", "repository")
+
+
+def _task_kind(record: object) -> object:
+    # An unknown kind is passed through, so that pydantic names the kinds it accepts.
+    return record.get("kind", "function") if isinstance(record, dict) else getattr(record, "kind", "function")
+
+
+Task = Annotated[
+    Annotated[FunctionTask, Tag("function")] | Annotated[RepositoryTask, Tag("repository")],
+    Discriminator(_task_kind, custom_error_type="task_kind",
+                  custom_error_message=f"kind must be one of {', '.join(map(repr, TASK_KINDS))}"),
+]
+_TASK = TypeAdapter(Task)
+
+
+def parse_task(record: object) -> FunctionTask | RepositoryTask:
+    """Validate one task record into its kind (a record without `kind` is a function task)."""
+    return _TASK.validate_python(record)
+
+
+def _check_relative_path(name: str) -> None:
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts or name.endswith("/"):
+        raise PydanticCustomError("file_path", "{reason}", {"reason": f"{name!r} is not a relative file path "
+                                                            "inside the repository"})
 
 
 def _top_level_definitions(source: str) -> list[str]:

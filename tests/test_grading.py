@@ -89,12 +89,6 @@ def test_half_wrong_solution_scores_half(sandbox):
 
 
 @needs_sandbox
-def test_binary_reward_is_all_or_nothing(sandbox):
-    g = _grade(sandbox, HALF_WRONG, binary=True)
-    assert (g.reward, g.reward_components["tests_passed_fraction"]) == (0.0, 0.5)
-
-
-@needs_sandbox
 def test_syntax_error_is_scored_zero_with_errors(sandbox):
     g = _grade(sandbox, "def add(a, b) return a + b\n")
     assert (g.reward, g.reward_status, set(g.outcomes.values())) == (0.0, "scored", {"error"})

@@ -12,7 +12,7 @@ import pytest
 from task_sets.generator import DEFAULT_OUTPUT, FAMILIES, INSTANCES_PER_FAMILY, generate_tasks
 from task_sets.generator import main as generate
 from task_sets.loader import TaskSet, TaskSetError, load_task_set
-from task_sets.schema import DIFFICULTIES, Task
+from task_sets.schema import DIFFICULTIES, TaskBase
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,7 @@ def test_directory_loads_task_files_in_sorted_order(tmp_path: Path) -> None:
     task_set = load_task_set(root)
     assert task_set.name == "mixed"
     assert [task.id for task in task_set] == ["demo/a", "demo/b"]
-    assert all(isinstance(task, Task) for task in task_set)
+    assert all(isinstance(task, TaskBase) for task in task_set)
 
 
 # --- error messages -----------------------------------------------------------------------
@@ -213,7 +213,7 @@ _ERROR_CASES = {
     ),
     "not a mapping": (
         {"tasks.jsonl": _jsonl(["demo/a"])},
-        "bad/tasks.jsonl:1: Input should be a valid dictionary or instance of Task",
+        "bad/tasks.jsonl:1: Input should be a valid dictionary or instance of FunctionTask",
     ),
     "entry point not defined": (
         {"tasks.jsonl": _jsonl(_record(entry_point="add_two"))},

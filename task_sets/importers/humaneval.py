@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from task_sets.importers import Imported, ImportError_
-from task_sets.schema import Difficulty, Task
+from task_sets.schema import Difficulty, FunctionTask, Task
 from task_sets.splits import hash_splits
 
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
@@ -88,7 +88,7 @@ def _task(record: dict, task_id: str, split: str, name: str) -> Task:
         f"from solution import *  # noqa: F403\nfrom solution import {entry_point}\n\n"
         f"{record['test']}\n\n\ndef test_check():\n    check({entry_point})\n"
     )
-    return Task(
+    return FunctionTask(
         id=task_id, prompt=record["prompt"], entry_point=entry_point, solution_prefix=record["prompt"],
         reference_solution=record["canonical_solution"], tests=tests, difficulty=_difficulty(record),
         domain="python-functions", family=name, split=split,

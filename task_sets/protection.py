@@ -1,0 +1,53 @@
+"""Protected paths: what a repository submission may not change, restored before grading.
+
+A pattern without "/" matches a file name at any depth ("conftest.py" guards every conftest);
+one with "/" matches the whole path, "*" crossing directories (".github/*"). Hidden test files
+are always protected. A submission that touches a protected path is graded on the restored
+tree, and the touch is a tamper flag:
+
+- `protected_path_modified`: a protected file of the repository was edited or deleted, or a
+  file was added where a hidden test goes;
+- `runner_config_added`: a new file that steers the test runner (a conftest.py, pytest.ini,
+  sitecustomize.py, a .pth file...) appeared anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import PurePosixPath
+
+from task_sets.patches import changed_paths
+from task_sets.schema import RUNNER_CONFIGURATION
+
+
+@dataclass(frozen=True)
+class Guarded:
+    files: dict[str, str]  # the tree to grade: submission, protected paths restored, hidden tests in
+    tamper_flags: tuple[str, ...]
+    touched: tuple[str, ...]  # the protected paths the submission changed, for the grade's messages
+
+
+def matches(path: str, patterns: Iterable[str]) -> bool:
+    name = PurePosixPath(path).name
+    return any(fnmatchcase(path if "/" in pattern else name, pattern) for pattern in patterns)
+
+
+def guard(
+    pristine: Mapping[str, str], submitted: Mapping[str, str], patterns: Iterable[str], hidden_tests: Mapping[str, str],
+) -> Guarded:
+    patterns = tuple(patterns)
+    files, flags, touched = dict(submitted), set(), []
+    for path in sorted(changed_paths(pristine, submitted)):
+        if not (path in hidden_tests or matches(path, patterns)):
+            continue
+        touched.append(path)
+        if path in pristine:
+            files[path] = pristine[path]
+            flags.add("protected_path_modified")
+        else:
+            del files[path]
+            flags.add("runner_config_added" if matches(path, RUNNER_CONFIGURATION) else "protected_path_modified")
+    files.update(hidden_tests)
+    return Guarded(files, tuple(sorted(flags)), tuple(touched))

@@ -1,0 +1,154 @@
+"""Reward functions: a grade's evidence turned into one number, configured per task set, versioned.
+
+The tiers, each weighted (the weights sum to 1, so a flawless submission scores 1):
+  1. `compiles`     the submission parses (function tasks), or the diff applies and every
+                    Python file it leaves changed parses (repository tasks);
+  2. `tests_passed` the fraction of expected tests that passed;
+  3. `all_passed`   every expected test passed.
+Then optional penalties, subtracted and clipped at 0:
+  quality  `lint`       per pyflakes finding in the submitted code (unused imports, undefined
+                        names...), `complexity` per unit of McCabe complexity of its most
+                        complex function above `complexity_budget`;
+  process  `turns`      per turn after the first, `tokens` per 1000 tokens the policy wrote.
+Both tools parse the code; neither runs it. They run only when their weight is not 0.
+
+A grade the rules of sandbox/grading.py zeroed (tampering, a kill, no report) stays 0 whatever
+the weights, and an unscored grade (invalid, infra_error) stays None. The function's version,
+a hash of its name and weights, is stored beside every reward it produced.
+
+A task set configures its function in `reward.toml` beside its task files:
+    name = "tiered"
+    compiles = 0.1
+    tests_passed = 0.5
+    all_passed = 0.4
+Without one it gets `DEFAULT`: the fraction of tests passed, as before tiers existed.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mccabe
+import pyflakes.checker
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+
+from sandbox.grading import GradeResult
+
+CONFIG_FILE = "reward.toml"
+TIER_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Process:
+    """How the policy got to its submission (the single-turn loop: one turn)."""
+
+    turns: int = 1
+    tokens: int = 0
+
+
+class RewardError(ValueError):
+    """A reward.toml that cannot be used; the message names the file and field."""
+
+
+class RewardFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("tests-passed-fraction", min_length=1)
+    compiles: float = Field(0.0, ge=0, le=1)
+    tests_passed: float = Field(1.0, ge=0, le=1)
+    all_passed: float = Field(0.0, ge=0, le=1)
+    lint: float = Field(0.0, ge=0, description="subtracted per pyflakes finding")
+    complexity: float = Field(0.0, ge=0, description="subtracted per unit of complexity over the budget")
+    complexity_budget: int = Field(10, ge=1)
+    turns: float = Field(0.0, ge=0, description="subtracted per turn after the first")
+    tokens: float = Field(0.0, ge=0, description="subtracted per 1000 tokens written")
+
+    @model_validator(mode="after")
+    def _tiers_sum_to_one(self) -> RewardFunction:
+        total = self.compiles + self.tests_passed + self.all_passed
+        if abs(total - 1.0) > TIER_TOLERANCE:
+            raise ValueError(f"the tier weights compiles + tests_passed + all_passed must sum to 1, not {total:g}")
+        return self
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def version(self) -> str:
+        body = json.dumps(self.model_dump(exclude={"version"}), sort_keys=True)
+        return f"{self.name}@{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
+    def apply(self, grade: GradeResult, code: Iterable[str] = (), compiles: bool | None = None,
+              process: Process = Process()) -> GradeResult:
+        """`grade` with this function's reward and version, and its measures in the components.
+
+        `code`: the submitted Python sources (for the quality terms and, unless `compiles` is
+        given, for tier 1)."""
+        if grade.reward_status != "scored":
+            return dataclasses.replace(grade, reward_version=self.version)
+        sources = list(code)
+        measures = {"compiles": float(all(_parses(s) for s in sources) if compiles is None else compiles)}
+        if self.lint:
+            measures["lint_findings"] = float(sum(_lint_findings(s) for s in sources))
+        if self.complexity:
+            measures["complexity"] = float(max((_complexity(s) for s in sources), default=0))
+        if self.turns or self.tokens:
+            measures |= {"turns": float(process.turns), "tokens": float(process.tokens)}
+        components = {**grade.reward_components, **measures}
+        reward = 0.0 if grade.reward == 0.0 and grade.gated else self._combine(components)
+        return dataclasses.replace(grade, reward=reward, reward_components=components, reward_version=self.version)
+
+    def _combine(self, c: dict[str, float]) -> float:
+        earned = (self.compiles * c["compiles"] + self.tests_passed * c["tests_passed_fraction"]
+                  + self.all_passed * c["all_passed"])
+        penalty = (self.lint * c.get("lint_findings", 0.0)
+                   + self.complexity * max(0.0, c.get("complexity", 0.0) - self.complexity_budget)
+                   + self.turns * max(0.0, c.get("turns", 1.0) - 1) + self.tokens * c.get("tokens", 0.0) / 1000)
+        return max(0.0, round(earned - penalty, 12))
+
+
+DEFAULT = RewardFunction()
+
+
+def load_reward_function(task_set_dir: Path | None) -> RewardFunction:
+    """The function a task set directory configures in reward.toml, else DEFAULT."""
+    path = task_set_dir / CONFIG_FILE if task_set_dir is not None else None
+    if path is None or not path.is_file():
+        return DEFAULT
+    try:
+        return RewardFunction.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+    except tomllib.TOMLDecodeError as e:
+        raise RewardError(f"{path}: malformed TOML: {e}") from None
+    except ValidationError as e:
+        problems = [f"{path}: {'.'.join(map(str, err['loc'])) or 'reward'}: {err['msg']}" for err in e.errors()]
+        raise RewardError("\n".join(problems)) from None
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
+        return False
+    return True
+
+
+def _lint_findings(source: str) -> int:
+    try:
+        return len(pyflakes.checker.Checker(ast.parse(source)).messages)
+    except (SyntaxError, ValueError, RecursionError):
+        return 0  # tier 1 already withholds its share from code that does not parse
+
+
+def _complexity(source: str) -> int:
+    try:
+        visitor = mccabe.PathGraphingAstVisitor()
+        visitor.preorder(ast.parse(source), visitor)
+    except (SyntaxError, ValueError, RecursionError):
+        return 0
+    return max((graph.complexity() for graph in visitor.graphs.values()), default=0)
+
