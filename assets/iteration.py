@@ -32,6 +32,7 @@ from assets.stages import timed_stage
 from datastore.store import rows_to_table
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
+from task_sets.rewards import Process, RewardFunction
 from task_sets.reproducibility import agreement, regrade_sample
 from task_sets.schema import Task
 from task_sets.separation import separation
@@ -63,15 +64,18 @@ def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tupl
 
 
 def _grade_all(
-    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[Task, Rollout]]
+    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[Task, Rollout]],
+    reward: RewardFunction,
 ) -> list[VerifiedRollout]:
     """Grade every (task, rollout) in its own fresh sandbox session, through the sandbox pool
-    (admission by CPU slots, retries of infrastructure failures on a fresh sandbox)."""
+    (admission by CPU slots, retries of infrastructure failures on a fresh sandbox), and score
+    it with the task set's reward function."""
 
     def verify(sandbox, item: tuple[Task, Rollout]) -> VerifiedRollout:
         task, rollout = item
         started = time.perf_counter()
-        grade = grade_solution(task, rollout.solution, sandbox)
+        process = Process(turns=1, tokens=len(rollout.response_ids))
+        grade = grade_solution(task, rollout.solution, sandbox, reward, process)
         return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started)
 
     step = max(1, len(work) // 5)
@@ -168,10 +172,11 @@ def verified_rollouts(
     experiment, iteration = _experiment(context, crucible)
     tasks = {task.id: task for task in task_set}
     work = [(tasks[r.task_id], r) for r in rollouts]
+    reward = load_task_set(experiment.task_set).reward
     with timed_stage(crucible.store(), experiment.name, iteration, "verified_rollouts"):
-        verified = _grade_all(context, crucible, work)
+        verified = _grade_all(context, crucible, work, reward)
         sample = regrade_sample(len(work), experiment.regrade_fraction, experiment.seed * 100_003 + iteration)
-        again = _grade_all(context, crucible, [work[i] for i in sample]) if sample else []
+        again = _grade_all(context, crucible, [work[i] for i in sample], reward) if sample else []
     repeat = agreement([work[i][0].id for i in sample], [verified[i].grade for i in sample], [v.grade for v in again])
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
@@ -186,6 +191,7 @@ def verified_rollouts(
             "invalid": sum(v.grade.reward_status == "invalid" for v in verified),
             "regraded": repeat.sampled,
             "regrade_agreement": repeat.rate,
+            "reward_function": reward.version,
         },
     )
     yield AssetCheckResult(
@@ -263,10 +269,12 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     with timed_stage(store, experiment.name, iteration, "checkpoint_eval"):
         policy_dir = crucible.checkpoint_dir(experiment.name, iteration)
         engine = TransformersEngine(policy_dir, verify_checkpoint(policy_dir)["content_hash"])
-        tasks = load_task_set(experiment.task_set).eval()[: experiment.eval_tasks]
+        full_set = load_task_set(experiment.task_set)
+        tasks = full_set.eval()[: experiment.eval_tasks]
         params = SamplingParams(n=1, max_new_tokens=experiment.max_new_tokens, temperature=0.0)
         samples = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{context.partition_key}/eval")
-        rows = [evaluation_row(v) for v in _grade_all(context, crucible, list(zip(tasks, samples)))]
+        graded = _grade_all(context, crucible, list(zip(tasks, samples)), full_set.reward)
+        rows = [evaluation_row(v) for v in graded]
         store.write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
     pass_rate = sum(row["passed"] for row in rows) / len(rows)
     stderr = (pass_rate * (1 - pass_rate) / len(rows)) ** 0.5

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: reward_version on trajectories and evaluations
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -52,11 +52,12 @@ TRAJECTORIES = pa.schema(
         _field("behaviour_logprobs", pa.list_(pa.float32()), "log-prob of each sampled token"),
         _field("response_text", pa.string(), "decoded response"),
         _field("turns", pa.list_(TURN), "episode turns (role, action, exit status, observation)"),
-        _field("patch", pa.string(), "the submission: contents of solution.py"),
+        _field("patch", pa.string(), "the submission: solution.py's code, or a repository task's diff"),
         _field("test_results", pa.list_(TEST_RESULT), "per hidden test outcome"),
         _field("reward_components", pa.map_(pa.string(), pa.float64()), "named reward terms"),
         _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
         _field("reward_status", pa.string(), "scored, invalid or infra_error"),
+        _field("reward_version", pa.string(), "the reward function that set `reward`: name@hash of its weights"),
         _field("passed", pa.bool_(), "scored and every hidden test passed"),
         _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader"),
         _field("exec_status", pa.string(), "ExecResult status of the grading run"),
@@ -80,6 +81,7 @@ EVALUATIONS = pa.schema(
         _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
         _field("passed", pa.bool_(), "every hidden test passed"),
         _field("reward_status", pa.string(), "scored, invalid or infra_error"),
+        _field("reward_version", pa.string(), "the reward function that set `reward`: name@hash of its weights"),
     ]
 )
 

@@ -31,7 +31,7 @@ from task_sets.loader import (
     library_task_set_names,
     load_task_set,
 )
-from task_sets.schema import Task
+from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
 from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
 
@@ -113,25 +113,33 @@ def command_list(args: argparse.Namespace) -> int:
         console.print(_tasks_table(_load(args.task_set)))
         return 0
     table = Table(title="task sets")
-    for column in ("name", "source", "tasks", "train", "eval", "difficulty (easy/medium/hard)", "version"):
+    for column in ("name", "source", "tasks", "train", "eval", "difficulty (easy/medium/hard)", "version", "reward"):
         table.add_column(column, justify="right" if column in ("tasks", "train", "eval") else "left")
     sources = {**{n: "built-in" for n in builtin_task_set_names()}, **{n: str(library_dir()) for n in library_task_set_names()}}
     for name, source in sorted(sources.items()):
         task_set = _load(name)
         difficulty = Counter(task.difficulty for task in task_set)
         table.add_row(name, source, str(len(task_set)), str(len(task_set.train())), str(len(task_set.eval())),
-                      f"{difficulty['easy']}/{difficulty['medium']}/{difficulty['hard']}", task_set.version)
+                      f"{difficulty['easy']}/{difficulty['medium']}/{difficulty['hard']}", task_set.version,
+                      task_set.reward.version)
     console.print(table)
     return 0
 
 
 def _tasks_table(task_set: TaskSet) -> Table:
-    table = Table(title=f"task set {task_set.name!r} ({len(task_set)} tasks, version {task_set.version})")
-    for column in ("id", "split", "difficulty", "family", "entry point", "version"):
+    table = Table(title=f"task set {task_set.name!r} ({len(task_set)} tasks, version {task_set.version}, "
+                        f"reward {task_set.reward.version})")
+    for column in ("id", "kind", "split", "difficulty", "family", "what is graded", "version"):
         table.add_column(column)
     for task in task_set:
-        table.add_row(task.id, task.split, task.difficulty, task.family, task.entry_point, task.version)
+        table.add_row(task.id, task.kind, task.split, task.difficulty, task.family, _graded(task), task.version)
     return table
+
+
+def _graded(task: Task) -> str:
+    if isinstance(task, RepositoryTask):
+        return f"{len(task.fail_to_pass)} fail-to-pass, {len(task.pass_to_pass)} pass-to-pass tests"
+    return f"{task.entry_point}()"
 
 
 def command_show(args: argparse.Namespace) -> int:
@@ -146,16 +154,32 @@ def command_show(args: argparse.Namespace) -> int:
 
 def _describe(task: Task) -> str:
     limits = task.limits
+    command = task.test_command if isinstance(task, RepositoryTask) else task.entry_command
     header = (f"{task.id}  version {task.version}\n"
-              f"split {task.split} · difficulty {task.difficulty} · family {task.family} · domain {task.domain} · "
-              f"language {task.language} · network {'yes' if task.network else 'no'}\n"
+              f"{task.kind} task · split {task.split} · difficulty {task.difficulty} · family {task.family} · "
+              f"domain {task.domain} · language {task.language} · network {'yes' if task.network else 'no'}\n"
               f"limits: wall {limits.wall_s}s, cpu {limits.cpu_s}s, memory {limits.memory_mb} MB, "
-              f"pids {limits.pids}, disk {limits.disk_mb} MB · grading command: {task.entry_command}")
+              f"pids {limits.pids}, disk {limits.disk_mb} MB · grading command: {command}")
     sections = [("prompt", task.prompt)]
+    if isinstance(task, RepositoryTask):
+        sections += [
+            ("reference submission (diff)", task.reference_solution),
+            ("tests that must start passing", "\n".join(task.fail_to_pass)),
+            ("tests that must keep passing", "\n".join(task.pass_to_pass) or "(none)"),
+            ("protected paths (restored before grading)", "\n".join(task.guarded_paths)),
+            ("repository", "\n".join(sorted(task.files))),
+        ]
+        sections += [(f"hidden test file {name}", body) for name, body in sorted(task.hidden_tests.items())]
+        sections += [(f"grader file /tests/{name}", body) for name, body in sorted(task.grader_files.items())]
+        return _sections(header, sections)
     if task.solution_prefix:
         sections.append(("solution.py starts with (the submission follows)", task.solution_prefix))
     sections += [("reference submission", task.reference_solution), ("hidden tests", task.tests)]
     sections += [(f"workspace file {name}", body) for name, body in sorted(task.files.items())]
+    return _sections(header, sections)
+
+
+def _sections(header: str, sections: list[tuple[str, str]]) -> str:
     return header + "".join(f"\n\n── {title} ──\n{body.rstrip()}" for title, body in sections)
 
 
@@ -225,7 +249,8 @@ def command_verify(args: argparse.Namespace) -> int:
     task_set = _load(args.task_set)
     submissions, results = _read_solutions(args.solutions, task_set)
     with _grading_pool(args.backend, args.workers) as pool:
-        futures = [(number, task, pool.submit(sandbox_spec(task), partial(grade_solution, task, solution)))
+        futures = [(number, task, pool.submit(sandbox_spec(task), partial(grade_solution, task, solution,
+                                                                          reward=task_set.reward)))
                    for number, task, solution in submissions]
         for done, (number, task, future) in enumerate(futures, start=1):
             results[number] = _result_line(task.id, future.result())
@@ -274,7 +299,9 @@ def _solution_problem(record: object, task_set: TaskSet) -> str | None:
 
 def _result_line(task_id: str, grade) -> dict:
     return {"task_id": task_id, "status": grade.exec.status.value, "reward": grade.reward,
-            "reward_status": grade.reward_status, "tests": grade.outcomes, "tamper_flags": list(grade.tamper_flags)}
+            "reward_status": grade.reward_status, "reward_version": grade.reward_version,
+            "reward_components": grade.reward_components, "tests": grade.outcomes,
+            "tamper_flags": list(grade.tamper_flags)}
 
 
 def _write_lines(lines: list[str], out: Path | None) -> None:

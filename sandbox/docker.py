@@ -48,7 +48,7 @@ from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import SandboxSpec
 from sandbox.workspace import files_to_tar, regular_files_from_tar, safe_relative
 
-DEFAULT_IMAGE = "crucible-sandbox:bookworm"  # built by scripts/build-sandbox-image
+DEFAULT_IMAGE = "crucible-sandbox:bookworm-2"  # built by scripts/build-sandbox-image
 LABEL = "crucible.sandbox"
 OWNER_LABEL = "crucible.owner"  # "<hostname>:<pid>" of the process that opened the session
 NOFILE = 1024

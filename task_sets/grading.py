@@ -11,6 +11,8 @@ task files plus the submission; then score it with the task set's reward functio
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import shlex
 import time
 
@@ -61,7 +63,7 @@ def _grade_function(
     source = task.solution_file(solution)
     workspace = {**task.files, SOLUTION_FILE: source}
     graded = grade(sandbox, workspace, {HIDDEN_TESTS_FILE: task.tests}, command=shlex.split(task.entry_command))
-    return reward.apply(graded, code=[source], process=process)
+    return reward.apply(graded, compiles=_defines(source, task.entry_point), code=[source], process=process)
 
 
 def _grade_repository(
@@ -80,9 +82,48 @@ def _grade_repository(
     )
     if guarded.touched:
         graded.messages["_protected"] = "restored before grading: " + ", ".join(guarded.touched)
-    edited = [submitted[path] for path in sorted(changed_paths(task.files, submitted))
-              if path.endswith(".py") and path in submitted]
-    return reward.apply(graded, code=edited, process=process)
+    graded = _repository_progress(graded, task)
+    changed = changed_paths(task.files, submitted)
+    edited = [submitted[path] for path in sorted(changed) if path.endswith(".py") and path in submitted]
+    compiles = bool(changed) and all(_parses(source) for source in edited)
+    return reward.apply(graded, compiles=compiles, code=edited, process=process)
+
+
+def _repository_progress(graded: GradeResult, task: RepositoryTask) -> GradeResult:
+    """For a repository, "tests passed" is progress on fail_to_pass scaled by what still passes
+    of pass_to_pass: a diff that changes nothing earns 0, one that breaks half the old tests
+    keeps half its progress."""
+    if graded.reward_status != "scored":
+        return graded
+    def fraction(tests: tuple[str, ...]) -> float:
+        return sum(graded.outcomes.get(t) == "passed" for t in tests) / len(tests) if tests else 1.0
+    fail_to_pass, pass_to_pass = fraction(task.fail_to_pass), fraction(task.pass_to_pass)
+    components = {**graded.reward_components, "fail_to_pass_fraction": fail_to_pass,
+                  "pass_to_pass_fraction": pass_to_pass, "tests_passed_fraction": fail_to_pass * pass_to_pass}
+    reward = 0.0 if graded.gated else components["tests_passed_fraction"]
+    return dataclasses.replace(graded, reward_components=components, reward=reward)
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
+        return False
+    return True
+
+
+def _defines(source: str, name: str) -> bool:
+    """The module parses and defines `name` at top level (a function, class or assignment)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+    return False
 
 
 def _not_applied(task: RepositoryTask, sandbox: Sandbox, reason: str, wall_s: float) -> GradeResult:

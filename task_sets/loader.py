@@ -25,6 +25,7 @@ from types import MappingProxyType
 import yaml
 from pydantic import ValidationError
 
+from task_sets.rewards import DEFAULT, RewardError, RewardFunction, load_reward_function
 from task_sets.schema import TASK_KINDS, Split, Task, parse_task
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -44,6 +45,7 @@ class TaskSetError(ValueError):
 class TaskSet:
     name: str
     tasks: tuple[Task, ...]
+    reward: RewardFunction = DEFAULT  # configured by the set's reward.toml
 
     @cached_property
     def version(self) -> str:
@@ -96,7 +98,11 @@ def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
     tasks = _validate_all(_records(root))
     if not tasks:
         raise TaskSetError(f"{root.name}: task set is empty")
-    return TaskSet(name=name, tasks=tuple(tasks))
+    try:
+        reward = load_reward_function(root if root.is_dir() else None)
+    except RewardError as e:
+        raise TaskSetError(str(e)) from None
+    return TaskSet(name=name, tasks=tuple(tasks), reward=reward)
 
 
 def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:
@@ -129,9 +135,32 @@ def _records(root: Path) -> Iterator[Record]:
 
 def _file_records(path: Path, shown: str) -> Iterator[Record]:
     text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        return _jsonl_records(text, shown)
-    return _yaml_records(text, shown)
+    records = _jsonl_records(text, shown) if path.suffix == ".jsonl" else _yaml_records(text, shown)
+    for where, record in records:
+        yield where, _with_repository_files(record, path.parent, where)
+
+
+def _with_repository_files(record: object, base: Path, where: str) -> object:
+    """A record's `repository: DIR` (relative to its task file) becomes its `files`: every
+    file under DIR, so a repository task set can keep its repository as a real directory."""
+    if not (isinstance(record, dict) and "repository" in record):
+        return record
+    record = dict(record)
+    relative = record.pop("repository")
+    root = (base / str(relative)).resolve()
+    if not isinstance(relative, str) or not root.is_dir() or not root.is_relative_to(base.resolve()):
+        raise TaskSetError(f"{where}: field 'repository': {relative!r} is not a directory beside the task file")
+    if "files" in record:
+        raise TaskSetError(f"{where}: fields 'repository' and 'files' both give the starting files; keep one")
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+            try:
+                files[path.relative_to(root).as_posix()] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise TaskSetError(f"{where}: field 'repository': {path} is not UTF-8 text") from None
+    record["files"] = files
+    return record
 
 
 def _jsonl_records(text: str, shown: str) -> Iterator[Record]:

@@ -83,16 +83,16 @@ class RewardFunction(BaseModel):
         body = json.dumps(self.model_dump(exclude={"version"}), sort_keys=True)
         return f"{self.name}@{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 
-    def apply(self, grade: GradeResult, code: Iterable[str] = (), compiles: bool | None = None,
+    def apply(self, grade: GradeResult, compiles: bool, code: Iterable[str] = (),
               process: Process = Process()) -> GradeResult:
         """`grade` with this function's reward and version, and its measures in the components.
 
-        `code`: the submitted Python sources (for the quality terms and, unless `compiles` is
-        given, for tier 1)."""
+        `compiles`: tier 1, as the task's kind defines it (task_sets/grading.py); `code`: the
+        submitted Python sources, for the quality terms."""
         if grade.reward_status != "scored":
             return dataclasses.replace(grade, reward_version=self.version)
         sources = list(code)
-        measures = {"compiles": float(all(_parses(s) for s in sources) if compiles is None else compiles)}
+        measures = {"compiles": float(compiles)}
         if self.lint:
             measures["lint_findings"] = float(sum(_lint_findings(s) for s in sources))
         if self.complexity:
@@ -127,14 +127,6 @@ def load_reward_function(task_set_dir: Path | None) -> RewardFunction:
     except ValidationError as e:
         problems = [f"{path}: {'.'.join(map(str, err['loc'])) or 'reward'}: {err['msg']}" for err in e.errors()]
         raise RewardError("\n".join(problems)) from None
-
-
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
-        return False
-    return True
 
 
 def _lint_findings(source: str) -> int:

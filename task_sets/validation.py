@@ -5,6 +5,7 @@ For every task:
   flaky, with the tests whose outcome varied);
 - an empty submission and a trivially wrong one (the entry point returning None) both fail
   (else the tests are too lax to tell a correct implementation from a coincidental pass);
+  for a repository task, the empty diff fails;
 - no grading ends as an infrastructure error (else the task cannot be judged here).
 """
 
@@ -17,7 +18,7 @@ from functools import partial
 from sandbox.grading import GradeResult
 from sandbox.pool import SandboxPool
 from task_sets.grading import grade_solution, sandbox_spec
-from task_sets.schema import Task
+from task_sets.schema import RepositoryTask, Task
 
 DEFAULT_REPEATS = 3
 VERDICTS = ("ok", "broken", "flaky", "lax", "unjudgeable")
@@ -46,7 +47,11 @@ class ValidationReport:
 
 
 def wrong_submissions(task: Task) -> dict[str, str]:
-    """Submissions that must fail: nothing at all, and the entry point returning None."""
+    """Submissions that must fail: nothing at all, and (function tasks) the entry point
+    returning None. For a repository task "nothing" is the empty diff: its fail-to-pass tests
+    must fail on the repository as it is."""
+    if isinstance(task, RepositoryTask):
+        return {"an empty diff": ""}
     if task.solution_prefix:  # the submission completes a function the prefix opens
         trivially_wrong = "    return None\n"
     else:

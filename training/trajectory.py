@@ -59,6 +59,7 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "reward_components": grade.reward_components,
         "reward": grade.reward,
         "reward_status": grade.reward_status,
+        "reward_version": grade.reward_version,
         "passed": verified.passed,
         "tamper_flags": list(grade.tamper_flags),
         "exec_status": execution.status.value,
@@ -89,6 +90,7 @@ def evaluation_row(verified: VerifiedRollout) -> dict:
         "reward": verified.grade.reward,
         "passed": verified.passed,
         "reward_status": verified.grade.reward_status,
+        "reward_version": verified.grade.reward_version,
     }
 
 
