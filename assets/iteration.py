@@ -34,7 +34,7 @@ from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 from task_sets.rewards import Process, RewardFunction
 from task_sets.reproducibility import agreement, regrade_sample
-from task_sets.schema import Task
+from task_sets.schema import TaskBase
 from task_sets.separation import separation
 from training.checkpoint import CheckpointError, verify_checkpoint
 from training.engine import SamplingParams, TransformersEngine
@@ -64,14 +64,14 @@ def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tupl
 
 
 def _grade_all(
-    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[Task, Rollout]],
+    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[TaskBase, Rollout]],
     reward: RewardFunction,
 ) -> list[VerifiedRollout]:
     """Grade every (task, rollout) in its own fresh sandbox session, through the sandbox pool
     (admission by CPU slots, retries of infrastructure failures on a fresh sandbox), and score
     it with the task set's reward function."""
 
-    def verify(sandbox, item: tuple[Task, Rollout]) -> VerifiedRollout:
+    def verify(sandbox, item: tuple[TaskBase, Rollout]) -> VerifiedRollout:
         task, rollout = item
         started = time.perf_counter()
         process = Process(turns=1, tokens=len(rollout.response_ids))
@@ -98,7 +98,7 @@ def _grade_all(
 )
 def task_set(
     context: AssetExecutionContext, crucible: CrucibleResource
-) -> Iterator[Output[list[Task]] | AssetCheckResult]:
+) -> Iterator[Output[list[TaskBase]] | AssetCheckResult]:
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     experiment, iteration = _experiment(context, crucible)
@@ -123,7 +123,7 @@ def task_set(
 
 @asset(**ITERATION, deps=[base_policy], kinds={"pytorch"})
 def rollouts(
-    context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[Task]
+    context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase]
 ) -> Output[list[Rollout]]:
     """K samples per task from the previous iteration's checkpoint, with behaviour log-probs."""
     experiment, iteration = _experiment(context, crucible)
@@ -164,7 +164,7 @@ def rollouts(
 def verified_rollouts(
     context: AssetExecutionContext,
     crucible: CrucibleResource,
-    task_set: list[Task],
+    task_set: list[TaskBase],
     rollouts: list[Rollout],
 ) -> Iterator[Output[list[VerifiedRollout]] | AssetCheckResult]:
     """Every sample graded in a fresh sandbox against its task's hidden tests; a sample of them

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from datastore import catalog
-from datastore.schema import DATASETS
+from datastore.schema import DATASETS, SCHEMA_VERSION
 from datastore.store import DatasetStore, SchemaError, rows_to_table
 
 
@@ -40,6 +40,7 @@ def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 
         "reward_components": {"tests_passed_fraction": reward},
         "reward": reward,
         "reward_status": "scored",
+        "reward_version": "tests-passed-fraction@5e1e1b606039",
         "passed": reward == 1.0,
         "tamper_flags": [],
         "exec_status": "OK",
@@ -65,7 +66,7 @@ def test_partition_round_trips_through_parquet(tmp_path):
     assert path.endswith("trajectories/experiment=exp/iteration=1/data.parquet")
     table = pq.read_table(path)
     assert table.num_rows == 2
-    assert table.schema.metadata[b"crucible_schema_version"] == b"1"
+    assert table.schema.metadata[b"crucible_schema_version"] == str(SCHEMA_VERSION).encode()
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
     assert store.read_partition("trajectories", "exp", 1).column("reward").to_pylist() == [1.0, 0.5]
 
@@ -129,7 +130,8 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
     write_trajectories(store, 2, [1.0, 1.0, 0.5, 1.0])
     evaluations = [
         {"task_id": f"e/{i}", "difficulty": "easy", "family": "add_k", "policy_version": "p",
-         "response_text": "", "reward": float(i % 2), "passed": bool(i % 2), "reward_status": "scored"}
+         "response_text": "", "reward": float(i % 2), "passed": bool(i % 2), "reward_status": "scored",
+         "reward_version": "tests-passed-fraction@5e1e1b606039"}
         for i in range(4)
     ]
     store.write_partition("evaluations", "exp", 2, rows_to_table("evaluations", evaluations))
