@@ -16,8 +16,11 @@ starts pytest), run by /bin/sh in /workspace, which holds the repository with th
 applied, protected paths restored and hidden tests written in (task_sets/grading.py does that,
 before the run). pytest writes a JUnit report into /report (private, writable, fresh); the
 expected tests are the task's node ids. Here the code under test runs inside the test runner's
-process, so it could write the report itself: rules 4 and 6 and the protected paths stop the
-cheap forgeries, not a deliberate one (documented in README "Grading").
+process, so it could write the report itself. Our pytest plugin (harness/pytest_session.py)
+records that the session reached its end, signed with a token the code under test never sees
+unless it goes looking in the plugin's memory: a report without that record is "early_exit",
+one with a record that lacks the token "forged_output". With rules 4 and 6 and the protected
+paths, that stops every forgery that does not target this grader's internals.
 
 Rules, in the order they apply:
  1. No expected test (or a test file that does not parse) -> "invalid", reward None: the task
@@ -52,7 +55,9 @@ sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -72,8 +77,11 @@ HARNESS = Path(__file__).parent / "harness" / "run_tests.py"
 HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
 REPORT_NAME = "junit.xml"
+PLUGIN = Path(__file__).parent / "harness" / "pytest_session.py"
+PLUGIN_DIR = "/grader"
 # xunit1 keeps pytest's classname as the dotted module (and class) path of each test.
-PYTEST_OPTIONS = f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider"
+PYTEST_OPTIONS = (f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider "
+                  f"-p {PLUGIN.stem}")
 KILLED = (ExecStatus.TO, ExecStatus.ML, ExecStatus.OL)
 _SEVERITY = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
@@ -143,8 +151,8 @@ def grade(
     command = list(command or DEFAULT_COMMAND)
     # The built-in harness writes its report to stdout unless it is told a file.
     report_on_stdout = HARNESS_IN_SANDBOX in command and "--report" not in command
-    with _grading_dirs(sandbox, {"run_tests.py": HARNESS.read_text(), **{f"tests/{n}": s for n, s in tests.items()}},
-                       "/grader") as dirs:
+    grader = {"run_tests.py": HARNESS.read_text(), **{f"tests/{name}": source for name, source in tests.items()}}
+    with _grading_dirs(sandbox, {"/grader": grader}) as dirs:
         result = sandbox.run(command, workspace_files, dirs.mounts)
         report = _parse(result.stdout) if report_on_stdout else _read(dirs.report / REPORT_NAME)
     if not expected:
@@ -174,17 +182,26 @@ def grade_test_command(
     its exit code, or the number it writes to `verdict_file` (1 = pass, as Harbor's
     reward.txt); either must agree with the report: pass iff no collected test failed.
     `tamper_flags` found before the run (protected paths) set the reward to 0."""
-    command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", "PYTHONDONTWRITEBYTECODE=1",
-               "/bin/sh", "-c", test_command]
+    command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={PLUGIN_DIR}",
+               "PYTHONDONTWRITEBYTECODE=1", "/bin/sh", "-c", test_command]
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
-    with _grading_dirs(sandbox, grader_files, "/tests", verdict_dir) as dirs:
+    trees = {"/tests": grader_files, PLUGIN_DIR: {PLUGIN.name: PLUGIN.read_text()}}
+    token = secrets.token_hex(16)
+    with _grading_dirs(sandbox, trees, verdict_dir) as dirs:
+        _write_private(dirs.report / "session-token", token, sandbox)
         result = sandbox.run(command, workspace_files, dirs.mounts)
         report = _read(dirs.report / REPORT_NAME)
+        session = _read_small_json(dirs.report / "session.json")
         verdict = _read_verdict(dirs.verdict / PurePosixPath(verdict_file).name) if dirs.verdict else None
     if not expected:
         return _unscored("invalid", result, "the task names no test to run", [])
     if result.status is ExecStatus.XX:
         return _unscored("infra_error", result, result.error or "", list(expected))
+    if report is not None and result.status not in KILLED:
+        if session is None:
+            tamper_flags = [*tamper_flags, "early_exit"]
+        elif session.get("token") != token:
+            tamper_flags = [*tamper_flags, "forged_output"]
     runner_passed = verdict if verdict_file else result.exit_code == 0
     by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
     return score(list(expected), report, result, lambda t: by_junit_key.get((t.classname, t.name)), runner_passed,
@@ -274,16 +291,37 @@ def _read(path: Path) -> list[TestOutcome] | None:
 def _read_verdict(path: Path) -> bool | None:
     """A verdict file's number >= 1 is a pass; missing, odd or huge: no verdict."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        return float(_read_small(path, 64).decode().strip()) >= 1.0
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
+
+
+def _read_small_json(path: Path) -> dict | None:
+    try:
+        document = json.loads(_read_small(path, 4096))
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    """A file the sandbox wrote, refusing links, FIFOs and anything over `limit` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        try:
-            return float(f.read(64).decode().strip()) >= 1.0
-        except (UnicodeDecodeError, ValueError):
-            return None
+            raise OSError(f"{path.name} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path.name} is larger than {limit} bytes")
+    return data
+
+
+def _write_private(path: Path, text: str, sandbox: Sandbox) -> None:
+    """A file only the sandbox user (and root) can read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chown(path, sandbox.spec.uid, sandbox.spec.gid)
 
 
 def _unscored(status: RewardStatus, exec_result: ExecResult, message: str, expected: list) -> GradeResult:
@@ -303,31 +341,39 @@ class _GradingDirs:
 
 @contextmanager
 def _grading_dirs(
-    sandbox: Sandbox, grader_files: Mapping[str, str], grader_at: str, verdict_at: str | None = None,
+    sandbox: Sandbox, trees: Mapping[str, Mapping[str, str]], verdict_at: str | None = None,
 ) -> Iterator[_GradingDirs]:
-    """Fresh directories in the sandbox's scratch space: the grader files (root-owned and
-    world-readable, so the sandbox user can read but not change them) shown at `grader_at`,
+    """Fresh directories in the sandbox's scratch space: each tree of grader files (root-owned
+    and world-readable, so the sandbox user can read but not change them) shown at its path,
     and report/ (plus a verdict directory when asked) owned by the sandbox user."""
     root = Path(tempfile.mkdtemp(prefix="crucible-grade-", dir=sandbox.scratch_dir))
     try:
-        grader, report = root / "grader", root / "report"
-        grader.mkdir()
-        for filename, source in grader_files.items():
-            target = grader / _safe_name(filename)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(source)
-        for path in [grader, *grader.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" else 0o644)
-        mounts = [Mount(grader, grader_at), Mount(report, "/report", writable=True)]
+        mounts = []
+        for number, (sandbox_path, files) in enumerate(trees.items()):
+            tree = root / f"grader-{number}"
+            _write_read_only_tree(tree, files)
+            mounts.append(Mount(tree, sandbox_path))
+        report = root / "report"
         verdict = root / "verdict" if verdict_at else None
         for private in filter(None, (report, verdict)):
             private.mkdir(mode=0o700)
             os.chown(private, sandbox.spec.uid, sandbox.spec.gid)
+        mounts.append(Mount(report, "/report", writable=True))
         if verdict is not None:
             mounts.append(Mount(verdict, verdict_at, writable=True))
         yield _GradingDirs(mounts, report, verdict)
     finally:
         shutil.rmtree(root)
+
+
+def _write_read_only_tree(tree: Path, files: Mapping[str, str]) -> None:
+    tree.mkdir()
+    for filename, source in files.items():
+        target = tree / _safe_name(filename)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source)
+    for path in [tree, *tree.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" else 0o644)
 
 
 def _is_test_file(filename: str) -> bool:

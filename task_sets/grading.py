@@ -131,7 +131,7 @@ def _not_applied(task: RepositoryTask, sandbox: Sandbox, reason: str, wall_s: fl
     applying = ExecResult(
         status=ExecStatus.RE, exit_code=1, signal=None, wall_s=round(wall_s, 4), cpu_s=0.0,
         peak_memory_bytes=None, stdout="", stderr=reason, stdout_truncated=False, stderr_truncated=False,
-        spec_hash=sandbox.spec.hash(), backend="host", command=("git", "apply"),
+        spec_hash=sandbox.spec.hash, backend="host", command=("git", "apply"),
     )
     expected = task.expected_tests
     return GradeResult(
