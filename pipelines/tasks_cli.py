@@ -20,8 +20,14 @@ from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.grading import grade_solution, sandbox_spec
-from task_sets.importers import FORMATS, ImportError_, import_tasks, write_task_set
-from task_sets.importers.humaneval import SPLITS
+from task_sets.importers import (
+    FORMATS,
+    SPLITS,
+    ImportError_,
+    ImportOptions,
+    import_tasks,
+    write_task_set,
+)
 from task_sets.loader import (
     TASK_SET_NAME,
     TaskSet,
@@ -50,6 +56,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     importer.add_argument("--name", required=True, help="the new task set's name")
     importer.add_argument("--split", choices=SPLITS, default="eval",
                           help="eval (default: benchmarks are for evaluation), train, or hash (80/20 by id)")
+    importer.add_argument("--repos", type=Path, help="swebench: the folder holding each instance's repository "
+                          "as a git clone named OWNER__NAME (default: PATH's folder/repos)")
     importer.set_defaults(handler=command_import)
 
     listing = tasks.add_parser("list", help="task sets, or the tasks of one set")
@@ -89,7 +97,7 @@ def command_import(args: argparse.Namespace) -> int:
     if args.name in builtin_task_set_names():
         raise UserError(f"--name {args.name!r} is a built-in task set; choose another name")
     try:
-        imported = import_tasks(args.format, args.path, args.name, args.split)
+        imported = import_tasks(args.format, args.path, ImportOptions(args.name, args.split, args.repos))
     except ImportError_ as e:
         raise UserError(str(e)) from None
     for rejection in imported.rejected[:MAX_REJECTIONS_SHOWN]:

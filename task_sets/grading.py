@@ -23,7 +23,7 @@ from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import Limits, SandboxSpec
 from task_sets.patches import PatchError, apply_patch, changed_paths
 from task_sets.protection import guard
-from task_sets.rewards import DEFAULT, Process, RewardFunction
+from task_sets.rewards import DEFAULT, ONE_TURN, Process, RewardFunction
 from task_sets.schema import FunctionTask, RepositoryTask, Task
 
 SOLUTION_FILE = "solution.py"
@@ -47,7 +47,7 @@ def sandbox_spec(task: Task) -> SandboxSpec:
 
 def grade_solution(
     task: Task, solution: str, sandbox: Sandbox | None = None, reward: RewardFunction = DEFAULT,
-    process: Process = Process(),
+    process: Process = ONE_TURN,
 ) -> GradeResult:
     """Grade in a fresh session of `sandbox` (which must run `sandbox_spec(task)`; default: a
     local one); the hidden tests exist only inside this grading run."""

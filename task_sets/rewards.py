@@ -37,7 +37,14 @@ from pathlib import Path
 
 import mccabe
 import pyflakes.checker
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    computed_field,
+    model_validator,
+)
 
 from sandbox.grading import GradeResult
 
@@ -51,6 +58,9 @@ class Process:
 
     turns: int = 1
     tokens: int = 0
+
+
+ONE_TURN = Process()
 
 
 class RewardError(ValueError):
@@ -84,7 +94,7 @@ class RewardFunction(BaseModel):
         return f"{self.name}@{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 
     def apply(self, grade: GradeResult, compiles: bool, code: Iterable[str] = (),
-              process: Process = Process()) -> GradeResult:
+              process: Process = ONE_TURN) -> GradeResult:
         """`grade` with this function's reward and version, and its measures in the components.
 
         `compiles`: tier 1, as the task's kind defines it (task_sets/grading.py); `code`: the

@@ -21,7 +21,15 @@ from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationInfo, computed_field, field_validator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationInfo,
+    computed_field,
+    field_validator,
 )
 from pydantic_core import PydanticCustomError
 

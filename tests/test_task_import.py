@@ -16,7 +16,7 @@ import pytest
 from sandbox.local import LocalSandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.grading import grade_solution, sandbox_spec
-from task_sets.importers import import_tasks
+from task_sets.importers import ImportOptions, import_tasks
 from task_sets.importers.humaneval import import_humaneval
 from task_sets.loader import load_task_set
 
@@ -31,14 +31,14 @@ def humaneval_records(count: int | None = None) -> list[dict]:
 
 
 def test_the_whole_of_humaneval_imports():
-    imported = import_humaneval(HUMANEVAL, "humaneval")
+    imported = import_humaneval(HUMANEVAL, ImportOptions("humaneval"))
     assert (len(imported.tasks), imported.rejected) == (164, [])
     assert imported.tasks[0].id == "humaneval/HumanEval/0" and {t.split for t in imported.tasks} == {"eval"}
     assert {t.difficulty for t in imported.tasks} == {"easy", "medium", "hard"}
 
 
 def test_every_humaneval_reference_passes_and_an_empty_completion_fails_in_the_sandbox():
-    tasks = import_humaneval(HUMANEVAL, "humaneval").tasks
+    tasks = import_humaneval(HUMANEVAL, ImportOptions("humaneval")).tasks
     with SandboxPool(LocalSandbox, PoolConfig(cpu_slots=2)) as pool:
         references = [pool.submit(sandbox_spec(t), partial(grade_solution, t, t.reference_solution)) for t in tasks]
         empties = [pool.submit(sandbox_spec(t), partial(grade_solution, t, "    return None\n")) for t in tasks]
@@ -53,7 +53,7 @@ def test_bad_records_are_rejected_with_their_position_and_the_rest_import(tmp_pa
     lines = [json.dumps(good[0]), "{not json", json.dumps({"task_id": "X/0"}), json.dumps(broken_entry), "[1, 2]"]
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    imported = import_tasks("humaneval", path, "mixed", "train")
+    imported = import_tasks("humaneval", path, ImportOptions("mixed", "train"))
     assert [t.id for t in imported.tasks] == ["mixed/HumanEval/0"]
     assert [r.split(":")[1] for r in imported.rejected] == ["2", "3", "4", "5"]
     assert "malformed JSON" in imported.rejected[0] and "missing or empty field(s): prompt" in imported.rejected[1]
@@ -61,7 +61,7 @@ def test_bad_records_are_rejected_with_their_position_and_the_rest_import(tmp_pa
 
 
 def test_hash_split_keeps_a_fifth_for_evaluation():
-    tasks = import_humaneval(HUMANEVAL, "humaneval", split="hash").tasks
+    tasks = import_humaneval(HUMANEVAL, ImportOptions("humaneval", split="hash")).tasks
     assert sum(t.split == "eval" for t in tasks) == round(164 * 0.2)
 
 

@@ -7,15 +7,20 @@ JSONL file, atomically.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from task_sets.schema import Task
+from task_sets.schema import Split, Task
+from task_sets.splits import hash_splits
 
-FORMATS = ("humaneval",)
+FORMATS = ("humaneval", "swebench", "harbor")
+SPLITS = ("eval", "train", "hash")  # hash: 80/20 by task id
+EVAL_FRACTION = 0.2
 
 
 class ImportError_(ValueError):
@@ -28,12 +33,34 @@ class Imported:
     rejected: list[str] = field(default_factory=list)  # "file:line: reason"
 
 
-def import_tasks(fmt: str, path: Path, name: str, split: str) -> Imported:
+@dataclass(frozen=True)
+class ImportOptions:
+    name: str  # the new task set's name, the first part of every task id
+    split: str = "eval"  # one of SPLITS
+    repos: Path | None = None  # swebench: where the repositories are (default: PATH's folder/repos)
+
+
+def import_tasks(fmt: str, path: Path, options: ImportOptions) -> Imported:
+    if options.split not in SPLITS:
+        raise ImportError_(f"unknown split {options.split!r}; choose one of {', '.join(SPLITS)}")
     if fmt == "humaneval":
         from task_sets.importers.humaneval import import_humaneval
 
-        return import_humaneval(path, name, split)
+        return import_humaneval(path, options)
+    if fmt == "swebench":
+        from task_sets.importers.swebench import import_swebench
+
+        return import_swebench(path, options)
+    if fmt == "harbor":
+        from task_sets.importers.harbor import import_harbor
+
+        return import_harbor(path, options)
     raise ImportError_(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def assign_splits(task_ids: list[str], split: str) -> dict[str, Split]:
+    """Every id in `split`, or (split "hash") a stable 80/20 train/eval split by id."""
+    return hash_splits(task_ids, EVAL_FRACTION) if split == "hash" else dict.fromkeys(task_ids, split)
 
 
 def write_task_set(tasks: list[Task], directory: Path) -> Path:
@@ -50,3 +77,29 @@ def write_task_set(tasks: list[Task], directory: Path) -> Path:
         Path(staging).unlink(missing_ok=True)
         raise
     return target
+
+
+def json_records(path: Path) -> Iterator[tuple[str, object]]:
+    """(position, record) of each record of a JSON list, JSONL or JSONL.gz file. A line that is
+    not JSON comes as its error message, for the importer to reject with its position."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ImportError_(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ImportError_(f"{path}: cannot read: {err}") from None
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ImportError_(f"{path.name}: malformed JSON: {err.msg} (line {err.lineno})") from None
+        yield from ((f"{path.name}[{index}]", record) for index, record in enumerate(records))
+        return
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            try:
+                yield f"{path.name}:{number}", json.loads(line)
+            except json.JSONDecodeError as err:
+                yield f"{path.name}:{number}", f"malformed JSON: {err.msg} (column {err.colno})"

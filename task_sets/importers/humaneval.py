@@ -9,37 +9,30 @@ derived from the length of the canonical solution.
 
 from __future__ import annotations
 
-import gzip
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from task_sets.importers import Imported, ImportError_
+from task_sets.importers import Imported, ImportOptions, assign_splits, json_records
 from task_sets.schema import Difficulty, FunctionTask, Task
-from task_sets.splits import hash_splits
 
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
-SPLITS = ("eval", "train", "hash")  # hash: 80/20 by task id
-EVAL_FRACTION = 0.2
 # Lines of the canonical solution: HumanEval's own median is about 6.
 EASY_MAX_LINES, MEDIUM_MAX_LINES = 3, 10
 
 
-def import_humaneval(path: Path, name: str, split: str = "eval") -> Imported:
-    if split not in SPLITS:
-        raise ImportError_(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+def import_humaneval(path: Path, options: ImportOptions) -> Imported:
+    name = options.name
     imported = Imported()
     records, rejected = [], {}  # rejected: position in the file -> reason, reported in file order
-    for position, (where, record) in enumerate(_records(path)):
+    for position, (where, record) in enumerate(json_records(path)):
         problem = _problem(record)
         if problem:
             rejected[position] = f"{where}: {problem}"
         else:
             records.append((position, where, record))
     ids = [f"{name}/{record['task_id']}" for _, _, record in records]
-    splits = hash_splits(ids, EVAL_FRACTION) if split == "hash" else dict.fromkeys(ids, split)
+    splits = assign_splits(ids, options.split)
     for (position, where, record), task_id in zip(records, ids):
         try:
             imported.tasks.append(_task(record, task_id, splits[task_id], name))
@@ -48,24 +41,6 @@ def import_humaneval(path: Path, name: str, split: str = "eval") -> Imported:
             rejected[position] = f"{where}: task {record['task_id']!r}: {reasons}"
     imported.rejected = [rejected[position] for position in sorted(rejected)]
     return imported
-
-
-def _records(path: Path) -> Iterator[tuple[str, object]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path.name}:{number}"
-                try:
-                    yield where, json.loads(line)
-                except json.JSONDecodeError as err:
-                    yield where, f"malformed JSON: {err.msg} (column {err.colno})"
-    except FileNotFoundError:
-        raise ImportError_(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ImportError_(f"{path}: cannot read: {err}") from None
 
 
 def _problem(record: object) -> str | None:

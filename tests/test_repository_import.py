@@ -1,0 +1,154 @@
+"""Importing repository-level formats from real files: SWE-bench instances over a real git
+clone, and Harbor task directories; the imported tasks are then graded in the sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from task_sets.grading import grade_solution
+from task_sets.importers import ImportOptions, import_tasks
+from task_sets.loader import load_task_set
+from task_sets.schema import RepositoryTask
+
+OPS = '''\
+def add(a, b):
+    return a + b
+
+
+def divide(a, b):
+    return a / b
+'''
+OPS_FIXED = OPS.replace("    return a / b\n", '''\
+    if b == 0:
+        raise ValueError("division by zero")
+    return a / b
+''')
+TESTS = '''\
+from calc.ops import add, divide
+
+
+def test_add():
+    assert add(2, 3) == 5
+
+
+def test_divide():
+    assert divide(6, 3) == 2
+'''
+TESTS_NEW = TESTS + '''
+
+def test_divide_by_zero_raises_value_error():
+    import pytest
+
+    with pytest.raises(ValueError):
+        divide(1, 0)
+'''
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+@pytest.fixture(scope="module")
+def swebench(tmp_path_factory) -> Path:
+    """A folder holding repos/acme__calc (a git clone) and instances.jsonl: one good instance,
+    then one bad instance per way an instance can be wrong."""
+    root = tmp_path_factory.mktemp("swebench")
+    clone = root / "repos" / "acme__calc"
+    clone.mkdir(parents=True)
+    git(clone, "init", "-q")
+    write(clone, {"calc/__init__.py": "", "calc/ops.py": OPS, "tests/test_ops.py": TESTS, "logo.png": ""})
+    (clone / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-qm", "base")
+    base = git(clone, "rev-parse", "HEAD").strip()
+    write(clone, {"calc/ops.py": OPS_FIXED})
+    gold = git(clone, "diff")
+    git(clone, "checkout", "-q", ".")
+    write(clone, {"tests/test_ops.py": TESTS_NEW})
+    test_patch = git(clone, "diff")
+    git(clone, "checkout", "-q", ".")
+    good = {
+        "instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": base, "patch": gold,
+        "test_patch": test_patch, "problem_statement": "divide(1, 0) should raise ValueError, not ZeroDivisionError.",
+        "FAIL_TO_PASS": json.dumps(["tests/test_ops.py::test_divide_by_zero_raises_value_error"]),
+        "PASS_TO_PASS": ["tests/test_ops.py::test_add", "tests/test_ops.py::test_divide"],
+        "difficulty": "<15 min fix",
+    }
+    bad = [
+        {k: v for k, v in good.items() if k != "patch"},
+        good | {"instance_id": "acme__calc-2", "repo": "acme/missing"},
+        good | {"instance_id": "acme__calc-3", "base_commit": "0" * 40},
+        good | {"instance_id": "acme__calc-4", "FAIL_TO_PASS": ["test_divide (tests.test_ops.OpsTest)"]},
+        good | {"instance_id": "acme__calc-5", "patch": gold.replace("return a / b", "return a // b")},
+    ]
+    lines = [json.dumps(good), *map(json.dumps, bad), "{not json"]
+    (root / "instances.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_a_swebench_instance_becomes_a_repository_task(swebench):
+    imported = import_tasks("swebench", swebench / "instances.jsonl", ImportOptions("swe"))
+    [task] = imported.tasks
+    assert isinstance(task, RepositoryTask) and task.id == "swe/acme__calc-1"
+    assert set(task.files) == {"calc/__init__.py", "calc/ops.py", "tests/test_ops.py"}  # the PNG is binary
+    assert task.files["tests/test_ops.py"] == TESTS and task.hidden_tests == {"tests/test_ops.py": TESTS_NEW}
+    assert task.test_command == "python3 -m pytest -q tests/test_ops.py"
+    assert (task.difficulty, task.split, task.family) == ("easy", "eval", "acme/calc")
+    assert task.fail_to_pass == ("tests/test_ops.py::test_divide_by_zero_raises_value_error",)
+
+
+def test_bad_swebench_instances_are_rejected_with_position_and_reason(swebench):
+    rejected = import_tasks("swebench", swebench / "instances.jsonl", ImportOptions("swe")).rejected
+    assert len(rejected) == 6
+    for position, reason in zip(rejected, [
+        "instances.jsonl:2: missing or empty field(s): patch",
+        "instances.jsonl:3: no git clone at",
+        "instances.jsonl:4: acme__calc: cannot read commit 000000000000",
+        "instances.jsonl:5: FAIL_TO_PASS has ids that are not pytest node ids",
+        "instances.jsonl:6: instance 'acme__calc-5': a patch does not apply",
+        "instances.jsonl:7: malformed JSON",
+    ]):
+        assert position.startswith(reason), position
+
+
+def test_the_imported_gold_patch_passes_in_the_sandbox_and_nothing_fails(swebench):
+    [task] = import_tasks("swebench", swebench / "instances.jsonl", ImportOptions("swe")).tasks
+    gold, empty = grade_solution(task, task.reference_solution), grade_solution(task, "")
+    assert (gold.reward, gold.tamper_flags, set(gold.outcomes.values())) == (1.0, (), {"passed"})
+    assert empty.outcomes == {"tests/test_ops.py::test_divide_by_zero_raises_value_error": "failed",
+                              "tests/test_ops.py::test_add": "passed", "tests/test_ops.py::test_divide": "passed"}
+    assert empty.reward == 0.0
+
+
+def test_the_import_command_reports_rejections_and_writes_a_loadable_set(swebench, tmp_path):
+    env = {**os.environ, "CRUCIBLE_TASK_SETS": str(tmp_path / "library")}
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "import", "--format", "swebench",
+                           str(swebench / "instances.jsonl"), "--name", "swe", "--split", "train"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "imported 1 tasks (1 train, 0 eval), rejected 6" in done.stdout
+    assert "rejected instances.jsonl:5: FAIL_TO_PASS" in " ".join(done.stderr.split())
+    assert load_task_set(tmp_path / "library" / "swe").by_id["swe/acme__calc-1"].kind == "repository"
+
+
+def test_a_missing_repositories_folder_is_a_clear_error(swebench, tmp_path):
+    env = {**os.environ, "CRUCIBLE_TASK_SETS": str(tmp_path / "library")}
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "import", "--format", "swebench",
+                           str(swebench / "instances.jsonl"), "--name", "swe", "--repos", str(tmp_path / "none")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and "no such folder of repositories" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr
