@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from sandbox import cgroups, seccomp
 from sandbox.base import WORKSPACE, Mount, SandboxUnavailable, SessionLifecycle, process_alive, run_once
@@ -267,7 +267,14 @@ class LocalSession(SessionLifecycle):
                  "--bind", str(self._dir / "shm"), "/dev/shm",
                  "--bind", str(self._dir / "tmp"), "/tmp",
                  "--bind", str(self._dir / "workspace"), WORKSPACE]
+        made = set()
         for m in self._mounts:
+            # Directories bwrap creates on the way to a mount point are 0700 unless told: the
+            # sandbox user could not reach /logs/verifier through them.
+            for parent in reversed(PurePosixPath(m.sandbox_path).parents[:-1]):
+                if str(parent) not in made:
+                    made.add(str(parent))
+                    args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--bind" if m.writable else "--ro-bind", str(m.host_path), m.sandbox_path]
         return args + ["--chdir", WORKSPACE, "--"]
 

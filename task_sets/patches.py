@@ -1,4 +1,5 @@
-"""Apply a unified diff (a repository task's submission) to a repository held as a file map.
+"""Repositories held as file maps: apply a unified diff (a repository task's submission), make
+one, and read the text files of a tar archive.
 
 `git apply` does the work, in a throwaway directory and with no repository configuration of
 its own: it refuses paths outside the tree and edits through symlinks, and it applies the
@@ -8,11 +9,14 @@ creates a symlink, a binary or a non-UTF-8 file is refused like one that does no
 
 from __future__ import annotations
 
+import difflib
+import io
 import os
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 MAX_PATCH_BYTES = 4 << 20
 APPLY_TIMEOUT_S = 30
@@ -51,6 +55,33 @@ def apply_patch(files: Mapping[str, str], diff: str) -> dict[str, str]:
 def changed_paths(before: Mapping[str, str], after: Mapping[str, str]) -> set[str]:
     """Paths added, deleted or modified."""
     return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+
+
+def make_patch(before: Mapping[str, str], after: Mapping[str, str]) -> str:
+    """The unified diff that `apply_patch` turns `before` into `after` with."""
+    out = []
+    for path in sorted(changed_paths(before, after)):
+        old, new = before.get(path), after.get(path)
+        for line in difflib.unified_diff(
+            (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True),
+            f"a/{path}" if old is not None else "/dev/null", f"b/{path}" if new is not None else "/dev/null",
+        ):
+            out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def text_files_from_tar(archive: bytes) -> dict[str, str]:
+    """The regular UTF-8 files of a tar archive, read member by member (nothing is extracted);
+    binary files, links and devices are left out: a task's files are text."""
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar:
+            if member.isreg():
+                try:
+                    files[str(PurePosixPath(member.name))] = tar.extractfile(member).read().decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+    return files
 
 
 def _with_final_newline(diff: str) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from task_sets.grading import grade_solution
+from sandbox.backends import open_sandbox
+from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.loader import load_task_set
 from task_sets.schema import RepositoryTask
@@ -152,3 +153,104 @@ def test_a_missing_repositories_folder_is_a_clear_error(swebench, tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and "no such folder of repositories" in " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr
+
+
+# -- Harbor ----------------------------------------------------------------------------------
+
+HARBOR_TEST_SH = """\
+#!/bin/bash
+cd /workspace
+python3 -m pytest /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+HARBOR_TESTS = """\
+from greet import greet
+
+
+def test_greets_by_name():
+    assert greet("Ada") == "Hello, Ada!"
+
+
+def test_strips_whitespace():
+    assert greet("  Bob ") == "Hello, Bob!"
+"""
+
+
+def harbor_task(root: Path, name: str, **overrides: str | None) -> Path:
+    files = {
+        "instruction.md": "Make `greet(name)` in greet.py return 'Hello, NAME!' with NAME stripped of spaces.\n",
+        "task.toml": 'version = "1.0"\n\n[metadata]\ndifficulty = "easy"\ncategory = "python"\n\n'
+                     "[verifier]\ntimeout_sec = 60.0\n\n[environment]\nmemory_mb = 1024\nstorage_mb = 256\n",
+        "environment/Dockerfile": "FROM python:3.11-slim\nWORKDIR /workspace\nCOPY greet.py .\n",
+        "environment/greet.py": 'def greet(name):\n    return "Hi"\n',
+        "solution/solve.sh": "#!/bin/bash\ncat > greet.py <<'PY'\ndef greet(name):\n"
+                             "    return f\"Hello, {name.strip()}!\"\nPY\n",
+        "tests/test.sh": HARBOR_TEST_SH,
+        "tests/test_outputs.py": HARBOR_TESTS,
+    }
+    files.update(overrides)
+    write(root / name, {path: text for path, text in files.items() if text is not None})
+    return root / name
+
+
+@pytest.fixture(scope="module")
+def harbor(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("harbor")
+    harbor_task(root, "greet")
+    harbor_task(root, "no-instruction", **{"instruction.md": None})
+    harbor_task(root, "bad-toml", **{"task.toml": "[metadata\n"})
+    harbor_task(root, "solve-fails", **{"solution/solve.sh": "#!/bin/bash\necho cannot >&2\nexit 3\n"})
+    harbor_task(root, "no-tests", **{"tests/test_outputs.py": "def helper():\n    pass\n"})
+    return root
+
+
+def test_harbor_task_directories_import_with_a_reference_diff_from_solve_sh(harbor):
+    imported = import_tasks("harbor", harbor, ImportOptions("hb"))
+    [task] = imported.tasks
+    assert task.id == "hb/greet" and task.files == {"greet.py": 'def greet(name):\n    return "Hi"\n'}
+    assert task.fail_to_pass == ("test_outputs.py::test_greets_by_name", "test_outputs.py::test_strips_whitespace")
+    assert (task.test_command, task.verdict_file) == ("bash /tests/test.sh", "/logs/verifier/reward.txt")
+    assert set(task.grader_files) == {"test.sh", "test_outputs.py"}
+    assert (task.difficulty, task.domain, task.limits.wall_s, task.limits.disk_mb) == ("easy", "python", 60.0, 256)
+    assert '+    return f"Hello, {name.strip()}!"' in task.reference_solution
+    assert sorted(imported.rejected) == [
+        "bad-toml: task.toml: malformed TOML: Expected ']' at the end of a table declaration (at line 1, column 10)",
+        "no-instruction: instruction.md is missing",
+        "no-tests: tests/ defines no test function (tests/test_*.py with def test_*)",
+        "solve-fails: solution/solve.sh failed (RE, exit 3): cannot",
+    ]
+
+
+def test_a_harbor_task_is_graded_by_its_test_sh_and_verdict_file(harbor):
+    task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
+    solved, untouched = grade_solution(task, task.reference_solution), grade_solution(task, "")
+    assert (solved.reward, solved.tamper_flags, set(solved.outcomes.values())) == (1.0, (), {"passed"})
+    assert (untouched.reward, untouched.tamper_flags, set(untouched.outcomes.values())) == (0.0, (), {"failed"})
+    half = task.reference_solution.replace("name.strip()", "name")
+    assert grade_solution(task, half).outcomes == {"test_outputs.py::test_greets_by_name": "passed",
+                                                   "test_outputs.py::test_strips_whitespace": "failed"}
+
+
+def test_a_harbor_submission_cannot_write_the_verdict_for_failing_tests(harbor):
+    task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
+    cheat = textwrap.dedent("""\
+        --- a/greet.py
+        +++ b/greet.py
+        @@ -1,2 +1,8 @@
+        +import atexit
+        +
+        +def _claim_success():
+        +    open("/logs/verifier/reward.txt", "w").write("1")
+        +
+        +atexit.register(_claim_success)
+         def greet(name):
+             return "Hi"
+        """)
+    g = grade_solution(task, cheat)
+    assert set(g.outcomes.values()) == {"failed"} and g.reward == 0.0
+
+
+def test_a_harbor_reference_passes_on_every_backend(harbor, backend_name):
+    task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
+    g = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task)))
+    assert (g.reward, g.exec.backend) == (1.0, backend_name)

@@ -18,11 +18,9 @@ are rejected with that reason.
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
 import subprocess
-import tarfile
 from functools import cache
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from task_sets.importers import (
     assign_splits,
     json_records,
 )
-from task_sets.patches import PatchError, apply_patch, changed_paths
+from task_sets.patches import PatchError, apply_patch, changed_paths, text_files_from_tar
 from task_sets.schema import Difficulty, RepositoryTask, TaskLimits
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement")
@@ -131,15 +129,7 @@ def _snapshot(clone: Path, commit: str) -> dict[str, str]:
                           f"{e.stderr.decode(errors='replace').strip()}") from None
     if len(archive) > MAX_REPOSITORY_BYTES:
         raise RecordError(f"{clone.name} at {commit[:12]} is larger than {MAX_REPOSITORY_BYTES >> 20} MiB")
-    files = {}
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:  # read member by member; nothing is extracted
-        for member in tar:
-            if member.isfile():
-                try:
-                    files[member.name] = tar.extractfile(member).read().decode("utf-8")
-                except UnicodeDecodeError:
-                    continue  # binary: a task's files are text
-    return files
+    return text_files_from_tar(archive)
 
 
 def _difficulty(record: dict) -> Difficulty:

@@ -1,0 +1,168 @@
+"""Harbor format (Terminal-Bench's successor): task directories with instruction.md, task.toml,
+environment/, solution/solve.sh and tests/test.sh. PATH is one task directory or a directory
+of them.
+
+Each task becomes a repository task:
+- the prompt is instruction.md; difficulty, category and limits come from task.toml
+  ([metadata] difficulty, category; [verifier] timeout_sec; [environment] memory_mb,
+  storage_mb, docker_image);
+- the starting workspace is environment/ without its Dockerfile and compose files: the
+  Dockerfile is not built, the task runs in the sandbox image (or the task's docker_image on the
+  Docker backend), with the workspace at /workspace;
+- grading runs `bash /tests/test.sh` with tests/ shown read-only at /tests and its verdict read
+  from /logs/verifier/reward.txt, as Harbor's verifier does; the expected tests are the
+  `def test*` functions of tests/test_*.py, as node ids relative to /tests;
+- the reference solution is the diff solution/solve.sh makes: the importer runs it in a local
+  sandbox session over the starting workspace and records what changed.
+A test.sh that installs its tools from the network (uv, pip) cannot run here: such a task
+imports, and `crucible tasks validate` reports it broken.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import tomllib
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sandbox.base import Mount, SandboxUnavailable
+from sandbox.harness.run_tests import test_names
+from sandbox.local import LocalSandbox
+from sandbox.spec import Limits, SandboxSpec
+from task_sets.importers import Imported, ImportError_, ImportOptions, assign_splits
+from task_sets.patches import make_patch, text_files_from_tar
+from task_sets.schema import DIFFICULTIES, RepositoryTask, TaskLimits
+
+VERDICT_FILE = "/logs/verifier/reward.txt"
+TEST_COMMAND = "bash /tests/test.sh"
+NOT_WORKSPACE = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", ".dockerignore")
+SOLVE_TIMEOUT_S = 120
+
+
+class RecordError(ValueError):
+    """This task directory cannot become a task; the message says why."""
+
+
+def import_harbor(path: Path, options: ImportOptions) -> Imported:
+    if not path.is_dir():
+        raise ImportError_(f"{path}: not a directory (a Harbor task directory, or a directory of them)")
+    task_dirs = [path] if (path / "task.toml").exists() else sorted(p for p in path.iterdir() if p.is_dir())
+    imported, accepted = Imported(), []
+    for task_dir in task_dirs:
+        try:
+            accepted.append((task_dir, _fields(task_dir, options.name)))
+        except RecordError as e:
+            imported.rejected.append(f"{task_dir.name}: {e}")
+    splits = assign_splits([fields["id"] for _, fields in accepted], options.split)
+    for task_dir, fields in accepted:
+        try:
+            imported.tasks.append(RepositoryTask(**fields, split=splits[fields["id"]]))
+        except ValidationError as err:
+            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            imported.rejected.append(f"{task_dir.name}: {reasons}")
+    return imported
+
+
+def _fields(task_dir: Path, name: str) -> dict:
+    config = _config(task_dir)
+    prompt = _text(task_dir / "instruction.md")
+    tests = _tree(task_dir / "tests")
+    if "test.sh" not in tests:
+        raise RecordError("tests/test.sh is missing")
+    expected = tuple(f"{file}::{test}" for file, source in sorted(tests.items())
+                     if file.startswith("test_") and file.endswith(".py") for test in _test_names(file, source))
+    if not expected:
+        raise RecordError("tests/ defines no test function (tests/test_*.py with def test_*)")
+    workspace = {p: text for p, text in _tree(task_dir / "environment").items() if p not in NOT_WORKSPACE}
+    limits = _limits(config)
+    metadata, environment = config.get("metadata", {}), config.get("environment", {})
+    category = str(metadata.get("category") or "harbor")
+    fields = {
+        "id": f"{name}/{task_dir.name}", "kind": "repository", "prompt": prompt, "files": workspace,
+        "reference_solution": _reference_diff(task_dir, workspace, limits), "grader_files": tests,
+        "fail_to_pass": expected, "test_command": TEST_COMMAND, "verdict_file": VERDICT_FILE,
+        "difficulty": metadata.get("difficulty") if metadata.get("difficulty") in DIFFICULTIES else "medium",
+        "domain": category, "family": category, "limits": limits,
+    }
+    if environment.get("docker_image"):
+        fields["image"] = str(environment["docker_image"])
+    return fields
+
+
+def _config(task_dir: Path) -> dict:
+    try:
+        return tomllib.loads(_text(task_dir / "task.toml"))
+    except tomllib.TOMLDecodeError as e:
+        raise RecordError(f"task.toml: malformed TOML: {e}") from None
+
+
+def _limits(config: dict) -> TaskLimits:
+    verifier, environment = config.get("verifier", {}), config.get("environment", {})
+    try:
+        return TaskLimits(
+            wall_s=float(verifier.get("timeout_sec", 120.0)), cpu_s=int(float(verifier.get("timeout_sec", 120.0))),
+            memory_mb=int(environment.get("memory_mb", 1024)), pids=256,
+            disk_mb=min(int(environment.get("storage_mb", 512)), 4096),
+        )
+    except (TypeError, ValueError, ValidationError) as e:
+        raise RecordError(f"task.toml: bad limits: {e}") from None
+
+
+def _reference_diff(task_dir: Path, workspace: dict[str, str], limits: TaskLimits) -> str:
+    """What solution/solve.sh changes in the workspace, run in a local sandbox session."""
+    solution = _tree(task_dir / "solution")
+    if "solve.sh" not in solution:
+        raise RecordError("solution/solve.sh is missing: without a reference the task cannot be validated")
+    spec = SandboxSpec(limits=Limits(wall_s=SOLVE_TIMEOUT_S, cpu_s=SOLVE_TIMEOUT_S, memory_mb=limits.memory_mb,
+                                     pids=limits.pids, disk_mb=limits.disk_mb))
+    try:
+        sandbox = LocalSandbox(spec)
+    except SandboxUnavailable as e:
+        raise ImportError_(f"importing Harbor tasks runs their solution/solve.sh in the local sandbox, "
+                           f"which is unavailable: {e}") from None
+    with tempfile.TemporaryDirectory(prefix="crucible-harbor-", dir=sandbox.scratch_dir) as tmp:
+        for file, text in solution.items():
+            (Path(tmp) / file).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / file).write_text(text)
+        Path(tmp).chmod(0o755)
+        for path in Path(tmp).rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        with sandbox.session(workspace, [Mount(Path(tmp), "/solution")]) as session:
+            result = session.exec(["bash", "/solution/solve.sh"])
+            if not result.ok:
+                tail = (result.stderr or result.stdout or result.error or "").strip()[-300:]
+                raise RecordError(f"solution/solve.sh failed ({result.status.value}, exit {result.exit_code}): {tail}")
+            solved = text_files_from_tar(session.snapshot())
+    diff = make_patch(workspace, solved)
+    if not diff:
+        raise RecordError("solution/solve.sh changes no file in the workspace")
+    return diff
+
+
+def _test_names(file: str, source: str) -> list[str]:
+    try:
+        return test_names(source, file)
+    except SyntaxError as e:
+        raise RecordError(f"tests/{file} does not parse: {e.msg} (line {e.lineno})") from None
+
+
+def _tree(directory: Path) -> dict[str, str]:
+    """The text files under `directory` by relative path ({} if it does not exist)."""
+    if not directory.is_dir():
+        return {}
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            files[path.relative_to(directory).as_posix()] = _text(path, directory.parent)
+    return files
+
+
+def _text(path: Path, root: Path | None = None) -> str:
+    shown = path.relative_to(root).as_posix() if root else path.name
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecordError(f"{shown} is missing") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"{shown}: cannot read as UTF-8 text: {e}") from None
