@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sandbox.grading import HARNESS
+from sandbox.harness.bundle import HARNESS
 from task_sets.grading import HIDDEN_TESTS_FILE, SOLUTION_FILE, grade_solution
 from task_sets.loader import load_task_set
 

@@ -69,11 +69,11 @@ from types import MappingProxyType
 from typing import Literal
 
 from sandbox.base import Mount, Sandbox
+from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.test_report import ReportError, TestOutcome, parse_junit, read_report
 
-HARNESS = Path(__file__).parent / "harness" / "run_tests.py"
 HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
 REPORT_NAME = "junit.xml"
@@ -151,7 +151,7 @@ def grade(
     command = list(command or DEFAULT_COMMAND)
     # The built-in harness writes its report to stdout unless it is told a file.
     report_on_stdout = HARNESS_IN_SANDBOX in command and "--report" not in command
-    grader = {"run_tests.py": HARNESS.read_text(), **{f"tests/{name}": source for name, source in tests.items()}}
+    grader = {**harness_files(), **{f"tests/{name}": source for name, source in tests.items()}}
     with _grading_dirs(sandbox, {"/grader": grader}) as dirs:
         result = sandbox.run(command, workspace_files, dirs.mounts)
         report = _parse(result.stdout) if report_on_stdout else _read(dirs.report / REPORT_NAME)
@@ -341,7 +341,7 @@ class _GradingDirs:
 
 @contextmanager
 def _grading_dirs(
-    sandbox: Sandbox, trees: Mapping[str, Mapping[str, str]], verdict_at: str | None = None,
+    sandbox: Sandbox, trees: Mapping[str, Mapping[str, str | bytes]], verdict_at: str | None = None,
 ) -> Iterator[_GradingDirs]:
     """Fresh directories in the sandbox's scratch space: each tree of grader files (root-owned
     and world-readable, so the sandbox user can read but not change them) shown at its path,
@@ -366,12 +366,12 @@ def _grading_dirs(
         shutil.rmtree(root)
 
 
-def _write_read_only_tree(tree: Path, files: Mapping[str, str]) -> None:
+def _write_read_only_tree(tree: Path, files: Mapping[str, str | bytes]) -> None:
     tree.mkdir()
-    for filename, source in files.items():
+    for filename, content in files.items():
         target = tree / _safe_name(filename)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(source)
+        target.write_bytes(content.encode() if isinstance(content, str) else content)
     for path in [tree, *tree.rglob("*")]:
         path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" else 0o644)
 

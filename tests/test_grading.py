@@ -11,7 +11,9 @@ import textwrap
 
 import pytest
 
+from sandbox.base import Mount
 from sandbox.grading import grade
+from sandbox.harness.bundle import harness_files
 from sandbox.local import BWRAP, LocalSandbox
 from sandbox.result import ExecStatus
 from sandbox.spec import Limits, SandboxSpec
@@ -315,3 +317,16 @@ def test_report_that_is_a_symlink_is_refused(tmp_path):
     (tmp_path / "junit.xml").symlink_to("/etc/hostname")
     with pytest.raises(ReportError):
         read_report(tmp_path / "junit.xml")
+
+
+@needs_sandbox
+def test_the_sandbox_loads_the_harness_from_byte_code_compiled_in_advance(sandbox, tmp_path):
+    grader = tmp_path / "grader"
+    for name, content in harness_files().items():
+        (grader / name).parent.mkdir(parents=True, exist_ok=True)
+        (grader / name).write_bytes(content.encode() if isinstance(content, str) else content)
+    for path in [grader, *grader.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    probe = "import sys; sys.path.insert(0, '/grader/harness'); import run_tests"
+    result = sandbox.run(["/usr/bin/python3", "-I", "-S", "-v", "-c", probe], {}, [Mount(grader, "/grader")])
+    assert "code object from '/grader/harness/__pycache__/run_tests.cpython-" in result.stderr

@@ -379,7 +379,8 @@ def main(argv: list[str]) -> int:
     return 0 if cases and all(c.outcome == "passed" for c in cases) else 1
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """Run as the program: grade, then leave without interpreter teardown."""
     code = main(sys.argv[1:])
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -389,3 +390,7 @@ if __name__ == "__main__":
     # os._exit skips interpreter teardown, where a solution's atexit or __del__ hooks could
     # still run and change the exit code after the report was written.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run()
