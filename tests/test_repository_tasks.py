@@ -4,6 +4,9 @@ pytest in the sandbox, and submissions that try to break each grading rule."""
 from __future__ import annotations
 
 import difflib
+import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -194,3 +197,16 @@ def test_every_shopcart_task_needs_its_diff_and_the_diff_suffices():
         empty = grade_solution(task, "", reward=SHOPCART.reward)
         assert (task.id, reference.reward) == (task.id, 1.0)
         assert (task.id, empty.reward_components["all_passed"]) == (task.id, 0.0)
+
+
+def test_verify_grades_diffs_and_reports_the_reward_version(tmp_path):
+    lines = [{"task_id": TASK.id, "solution": TASK.reference_solution}, {"task_id": TASK.id, "solution": ""}]
+    solutions = tmp_path / "solutions.jsonl"
+    solutions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "verify", "--task-set", "shopcart", "--solutions",
+                           str(solutions), "--backend", "local"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    solved, untouched = map(json.loads, done.stdout.splitlines())
+    assert (solved["reward"], solved["reward_version"]) == (1.0, SHOPCART.reward.version)
+    assert untouched["reward"] == 0.0 and untouched["reward_components"]["pass_to_pass_fraction"] == 1.0
+    assert "2 solutions: 1 passed all tests, 1 did not" in done.stderr
