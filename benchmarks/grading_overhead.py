@@ -19,22 +19,27 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sandbox.harness.bundle import HARNESS
+from sandbox.harness.bundle import harness_files
 from task_sets.grading import HIDDEN_TESTS_FILE, SOLUTION_FILE, grade_solution
 from task_sets.loader import load_task_set
 
 
 def bare_run(task) -> float:
-    """The harness on the host, no isolation at all: the floor any sandbox is measured against."""
+    """The harness on the host, no isolation at all: the floor any sandbox is measured against.
+    It is loaded the way the sandbox loads it: as a module, from the same precompiled byte code."""
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
+        for name, content in harness_files().items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(content.encode() if isinstance(content, str) else content)
         (root / "workspace").mkdir()
         (root / "tests").mkdir()
         (root / "workspace" / SOLUTION_FILE).write_text(task.reference_solution)
         (root / "tests" / HIDDEN_TESTS_FILE).write_text(task.tests)
+        launcher = f"import sys; sys.path.insert(0, {str(root / 'harness')!r}); import run_tests; run_tests.run()"
         started = time.perf_counter()
         subprocess.run(
-            ["/usr/bin/python3", "-I", "-S", str(HARNESS), "--tests", str(root / "tests"),
+            ["/usr/bin/python3", "-I", "-S", "-c", launcher, "--tests", str(root / "tests"),
              "--report", str(root / "junit.xml"), "--workspace", str(root / "workspace")],
             check=True, capture_output=True,
         )

@@ -210,7 +210,7 @@ def command_validate(args: argparse.Namespace) -> int:
         console.print(_validation_table(report))
     else:
         console.print(f"task set {report.task_set!r}: all {len(report.tasks)} tasks fit to judge with (reference "
-                      f"passed {report.repeats} of {report.repeats} times; empty and returns-None submissions fail)",
+                      f"passed {report.repeats} of {report.repeats} times; every wrong submission failed)",
                       highlight=False)
     split = separation(task_set)
     console.print(f"splits: {len(split.exact_duplicates)} eval prompts copied into train"
