@@ -11,11 +11,13 @@ import gzip
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from task_sets.schema import Split, Task
+from pydantic import ValidationError
+
+from task_sets.schema import Split, Task, TaskBase
 from task_sets.splits import hash_splits
 
 FORMATS = ("humaneval", "swebench", "harbor")
@@ -25,6 +27,10 @@ EVAL_FRACTION = 0.2
 
 class ImportError_(ValueError):
     """The input cannot be imported at all (missing file, unknown format, nothing valid)."""
+
+
+class RecordError(ValueError):
+    """One record cannot become a task; the message says why (the rest still import)."""
 
 
 @dataclass
@@ -56,6 +62,30 @@ def import_tasks(fmt: str, path: Path, options: ImportOptions) -> Imported:
 
         return import_harbor(path, options)
     raise ImportError_(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def collect(records: Iterable[tuple[str, Callable[[], dict]]], task_type: type[TaskBase], split: str) -> Imported:
+    """Tasks from (position, fields maker) pairs, in order: a maker raising RecordError, or
+    fields the task type refuses, becomes a rejection "position: reason"; the split is
+    assigned over the accepted tasks' ids."""
+    outcomes: list[tuple[str, dict | str]] = []
+    for where, make_fields in records:
+        try:
+            outcomes.append((where, make_fields()))
+        except RecordError as e:
+            outcomes.append((where, str(e)))
+    splits = assign_splits([f["id"] for _, f in outcomes if isinstance(f, dict)], split)
+    imported = Imported()
+    for where, fields in outcomes:
+        if isinstance(fields, str):
+            imported.rejected.append(f"{where}: {fields}")
+            continue
+        try:
+            imported.tasks.append(task_type(**fields, split=splits[fields["id"]]))
+        except ValidationError as err:
+            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            imported.rejected.append(f"{where}: task {fields['id']!r}: {reasons}")
+    return imported
 
 
 def assign_splits(task_ids: list[str], split: str) -> dict[str, Split]:

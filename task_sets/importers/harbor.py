@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import tempfile
 import tomllib
+from functools import partial
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -30,7 +31,13 @@ from sandbox.base import Mount, SandboxUnavailable
 from sandbox.harness.run_tests import test_names
 from sandbox.local import LocalSandbox
 from sandbox.spec import Limits, SandboxSpec
-from task_sets.importers import Imported, ImportError_, ImportOptions, assign_splits
+from task_sets.importers import (
+    Imported,
+    ImportError_,
+    ImportOptions,
+    RecordError,
+    collect,
+)
 from task_sets.patches import make_patch, text_files_from_tar
 from task_sets.schema import DIFFICULTIES, RepositoryTask, TaskLimits
 
@@ -40,28 +47,11 @@ NOT_WORKSPACE = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "com
 SOLVE_TIMEOUT_S = 120
 
 
-class RecordError(ValueError):
-    """This task directory cannot become a task; the message says why."""
-
-
 def import_harbor(path: Path, options: ImportOptions) -> Imported:
     if not path.is_dir():
         raise ImportError_(f"{path}: not a directory (a Harbor task directory, or a directory of them)")
     task_dirs = [path] if (path / "task.toml").exists() else sorted(p for p in path.iterdir() if p.is_dir())
-    imported, accepted = Imported(), []
-    for task_dir in task_dirs:
-        try:
-            accepted.append((task_dir, _fields(task_dir, options.name)))
-        except RecordError as e:
-            imported.rejected.append(f"{task_dir.name}: {e}")
-    splits = assign_splits([fields["id"] for _, fields in accepted], options.split)
-    for task_dir, fields in accepted:
-        try:
-            imported.tasks.append(RepositoryTask(**fields, split=splits[fields["id"]]))
-        except ValidationError as err:
-            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            imported.rejected.append(f"{task_dir.name}: {reasons}")
-    return imported
+    return collect(((d.name, partial(_fields, d, options.name)) for d in task_dirs), RepositoryTask, options.split)
 
 
 def _fields(task_dir: Path, name: str) -> dict:

@@ -9,12 +9,17 @@ derived from the length of the canonical solution.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from task_sets.importers import Imported, ImportOptions, assign_splits, json_records
-from task_sets.schema import Difficulty, FunctionTask, Task
+from task_sets.importers import (
+    Imported,
+    ImportOptions,
+    RecordError,
+    collect,
+    json_records,
+)
+from task_sets.schema import Difficulty, FunctionTask
 
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 # Lines of the canonical solution: HumanEval's own median is about 6.
@@ -22,40 +27,19 @@ EASY_MAX_LINES, MEDIUM_MAX_LINES = 3, 10
 
 
 def import_humaneval(path: Path, options: ImportOptions) -> Imported:
-    name = options.name
-    imported = Imported()
-    records, rejected = [], {}  # rejected: position in the file -> reason, reported in file order
-    for position, (where, record) in enumerate(json_records(path)):
-        problem = _problem(record)
-        if problem:
-            rejected[position] = f"{where}: {problem}"
-        else:
-            records.append((position, where, record))
-    ids = [f"{name}/{record['task_id']}" for _, _, record in records]
-    splits = assign_splits(ids, options.split)
-    for (position, where, record), task_id in zip(records, ids):
-        try:
-            imported.tasks.append(_task(record, task_id, splits[task_id], name))
-        except ValidationError as err:
-            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            rejected[position] = f"{where}: task {record['task_id']!r}: {reasons}"
-    imported.rejected = [rejected[position] for position in sorted(rejected)]
-    return imported
+    return collect(((where, partial(_fields, record, options.name)) for where, record in json_records(path)),
+                   FunctionTask, options.split)
 
 
-def _problem(record: object) -> str | None:
-    """Why a record cannot be a task, or None."""
+def _fields(record: object, name: str) -> dict:
+    """The FunctionTask fields of one record (all but the split)."""
     if isinstance(record, str):
-        return record
+        raise RecordError(record)
     if not isinstance(record, dict):
-        return "expected a JSON object"
+        raise RecordError("expected a JSON object")
     missing = [f for f in FIELDS if not isinstance(record.get(f), str) or not record[f].strip()]
     if missing:
-        return f"missing or empty field(s): {', '.join(missing)}"
-    return None
-
-
-def _task(record: dict, task_id: str, split: str, name: str) -> Task:
+        raise RecordError(f"missing or empty field(s): {', '.join(missing)}")
     entry_point = record["entry_point"]
     tests = (
         "# HumanEval's check(candidate), run as one test. The star import gives it the names the\n"
@@ -63,11 +47,11 @@ def _task(record: dict, task_id: str, split: str, name: str) -> Task:
         f"from solution import *  # noqa: F403\nfrom solution import {entry_point}\n\n"
         f"{record['test']}\n\n\ndef test_check():\n    check({entry_point})\n"
     )
-    return FunctionTask(
-        id=task_id, prompt=record["prompt"], entry_point=entry_point, solution_prefix=record["prompt"],
-        reference_solution=record["canonical_solution"], tests=tests, difficulty=_difficulty(record),
-        domain="python-functions", family=name, split=split,
-    )
+    return {
+        "id": f"{name}/{record['task_id']}", "prompt": record["prompt"], "entry_point": entry_point,
+        "solution_prefix": record["prompt"], "reference_solution": record["canonical_solution"], "tests": tests,
+        "difficulty": _difficulty(record), "domain": "python-functions", "family": name,
+    }
 
 
 def _difficulty(record: dict) -> Difficulty:

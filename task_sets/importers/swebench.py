@@ -21,19 +21,23 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
-
-from pydantic import ValidationError
 
 from task_sets.importers import (
     Imported,
     ImportError_,
     ImportOptions,
-    assign_splits,
+    RecordError,
+    collect,
     json_records,
 )
-from task_sets.patches import PatchError, apply_patch, changed_paths, text_files_from_tar
+from task_sets.patches import (
+    PatchError,
+    apply_patch,
+    changed_paths,
+    text_files_from_tar,
+)
 from task_sets.schema import Difficulty, RepositoryTask, TaskLimits
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement")
@@ -46,30 +50,13 @@ EASY_MAX_CHANGED_LINES, MEDIUM_MAX_CHANGED_LINES = 6, 30
 LIMITS = TaskLimits(wall_s=300, cpu_s=300, memory_mb=2048, pids=256, disk_mb=1024)
 
 
-class RecordError(ValueError):
-    """This instance cannot become a task; the message says why."""
-
-
 def import_swebench(path: Path, options: ImportOptions) -> Imported:
     repos = options.repos or path.parent / "repos"
     if not repos.is_dir():
         raise ImportError_(f"{repos}: no such folder of repositories (give --repos DIR, holding a git clone "
                            "per repository named OWNER__NAME)")
-    imported, accepted = Imported(), []
-    for where, record in json_records(path):
-        try:
-            accepted.append(_fields(record, repos, options.name) | {"where": where})
-        except RecordError as e:
-            imported.rejected.append(f"{where}: {e}")
-    splits = assign_splits([fields["id"] for fields in accepted], options.split)
-    for fields in accepted:
-        where = fields.pop("where")
-        try:
-            imported.tasks.append(RepositoryTask(**fields, split=splits[fields["id"]]))
-        except ValidationError as err:
-            reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            imported.rejected.append(f"{where}: {reasons}")
-    return imported
+    return collect(((where, partial(_fields, record, repos, options.name)) for where, record in json_records(path)),
+                   RepositoryTask, options.split)
 
 
 def _fields(record: object, repos: Path, name: str) -> dict:
