@@ -17,10 +17,13 @@ applied, protected paths restored and hidden tests written in (task_sets/grading
 before the run). pytest writes a JUnit report into /report (private, writable, fresh); the
 expected tests are the task's node ids. Here the code under test runs inside the test runner's
 process, so it could write the report itself. Our pytest plugin (harness/pytest_session.py)
-records that the session reached its end, signed with a token the code under test never sees
-unless it goes looking in the plugin's memory: a report without that record is "early_exit",
-one with a record that lacks the token "forged_output". With rules 4 and 6 and the protected
-paths, that stops every forgery that does not target this grader's internals.
+vouches for the report: after the session it records pytest's exit status, the report's hash
+and whether pytest's reporting functions are still pytest's, signed with a key the code under
+test is never shown. A report without that record is "early_exit"; a record that does not
+verify, names another report or saw pytest patched is "forged_output". That stops forgeries by
+exit, by writing or rewriting the report, and by patching the usual reporting functions; code
+written to read the key out of the plugin's memory, or to patch pytest deeper, could still
+forge a session: a known limit of running the code under test in the runner's process.
 
 Rules, in the order they apply:
  1. No expected test (or a test file that does not parse) -> "invalid", reward None: the task
@@ -55,6 +58,8 @@ sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -72,12 +77,14 @@ from sandbox.base import Mount, Sandbox
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.result import ExecResult, ExecStatus
-from sandbox.test_report import ReportError, TestOutcome, parse_junit, read_report
+from sandbox.harness.session_signature import signature
+from sandbox.test_report import MAX_REPORT_BYTES, ReportError, TestOutcome, parse_junit
 
 HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
 REPORT_NAME = "junit.xml"
 PLUGIN = Path(__file__).parent / "harness" / "pytest_session.py"
+PLUGIN_FILES = (PLUGIN, Path(__file__).parent / "harness" / "session_signature.py")
 PLUGIN_DIR = "/grader"
 # xunit1 keeps pytest's classname as the dotted module (and class) path of each test.
 PYTEST_OPTIONS = (f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider "
@@ -154,7 +161,8 @@ def grade(
     grader = {**harness_files(), **{f"tests/{name}": source for name, source in tests.items()}}
     with _grading_dirs(sandbox, {"/grader": grader}) as dirs:
         result = sandbox.run(command, workspace_files, dirs.mounts)
-        report = _parse(result.stdout) if report_on_stdout else _read(dirs.report / REPORT_NAME)
+        report = _parse(result.stdout if report_on_stdout else _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
+                        or b"")
     if not expected:
         return _unscored("invalid", result, invalid, expected)
     if result.status is ExecStatus.XX:
@@ -185,12 +193,13 @@ def grade_test_command(
     command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={PLUGIN_DIR}",
                "PYTHONDONTWRITEBYTECODE=1", "/bin/sh", "-c", test_command]
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
-    trees = {"/tests": grader_files, PLUGIN_DIR: {PLUGIN.name: PLUGIN.read_text()}}
+    plugin = {path.name: path.read_text() for path in PLUGIN_FILES}
     token = secrets.token_hex(16)
-    with _grading_dirs(sandbox, trees, verdict_dir) as dirs:
+    with _grading_dirs(sandbox, {"/tests": grader_files, PLUGIN_DIR: plugin}, verdict_dir) as dirs:
         _write_private(dirs.report / "session-token", token, sandbox)
         result = sandbox.run(command, workspace_files, dirs.mounts)
-        report = _read(dirs.report / REPORT_NAME)
+        report_bytes = _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
+        report = _parse(report_bytes) if report_bytes is not None else None
         session = _read_small_json(dirs.report / "session.json")
         verdict = _read_verdict(dirs.verdict / PurePosixPath(verdict_file).name) if dirs.verdict else None
     if not expected:
@@ -198,10 +207,8 @@ def grade_test_command(
     if result.status is ExecStatus.XX:
         return _unscored("infra_error", result, result.error or "", list(expected))
     if report is not None and result.status not in KILLED:
-        if session is None:
-            tamper_flags = [*tamper_flags, "early_exit"]
-        elif session.get("token") != token:
-            tamper_flags = [*tamper_flags, "forged_output"]
+        problem = _session_problem(session, token, report_bytes)
+        tamper_flags = [*tamper_flags, problem] if problem else tamper_flags
     runner_passed = verdict if verdict_file else result.exit_code == 0
     by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
     return score(list(expected), report, result, lambda t: by_junit_key.get((t.classname, t.name)), runner_passed,
@@ -244,6 +251,22 @@ def score(
     )
 
 
+def _session_problem(session: dict | None, token: str, report_bytes: bytes) -> str | None:
+    """What the plugin's session record says of the report: None (it vouches for it),
+    "early_exit" (no record: the session never ended) or "forged_output"."""
+    if session is None:
+        return "early_exit"
+    try:
+        exitstatus, report_sha256 = int(session["exitstatus"]), str(session["report_sha256"])
+        intact, claimed = session["runner_intact"] is True, str(session["signature"])
+    except (KeyError, TypeError, ValueError):
+        return "forged_output"
+    genuine = hmac.compare_digest(claimed, signature(token, exitstatus, report_sha256, intact))
+    if not (genuine and intact and report_sha256 == hashlib.sha256(report_bytes).hexdigest()):
+        return "forged_output"
+    return None
+
+
 def _no_failures(report: list[TestOutcome]) -> bool:
     return bool(report) and not any(t.outcome in ("failed", "error") for t in report)
 
@@ -274,16 +297,9 @@ def _outcomes(expected: list[str], report: list[TestOutcome], node_id) -> tuple[
     return outcomes, messages
 
 
-def _parse(stdout: str) -> list[TestOutcome] | None:
+def _parse(data: str | bytes) -> list[TestOutcome] | None:
     try:
-        return parse_junit(stdout)
-    except ReportError:
-        return None
-
-
-def _read(path: Path) -> list[TestOutcome] | None:
-    try:
-        return read_report(path)
+        return parse_junit(data)
     except ReportError:
         return None
 
@@ -291,29 +307,30 @@ def _read(path: Path) -> list[TestOutcome] | None:
 def _read_verdict(path: Path) -> bool | None:
     """A verdict file's number >= 1 is a pass; missing, odd or huge: no verdict."""
     try:
-        return float(_read_small(path, 64).decode().strip()) >= 1.0
-    except (OSError, UnicodeDecodeError, ValueError):
+        return float((_read_small(path, 64) or b"").decode().strip()) >= 1.0
+    except (UnicodeDecodeError, ValueError):
         return None
 
 
 def _read_small_json(path: Path) -> dict | None:
     try:
-        document = json.loads(_read_small(path, 4096))
-    except (OSError, ValueError):
+        document = json.loads(_read_small(path, 4096) or b"null")
+    except ValueError:
         return None
     return document if isinstance(document, dict) else None
 
 
-def _read_small(path: Path, limit: int) -> bytes:
-    """A file the sandbox wrote, refusing links, FIFOs and anything over `limit` bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+def _read_small(path: Path, limit: int) -> bytes | None:
+    """A file the sandbox wrote; None if missing, a link, a FIFO or over `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path.name} is not a regular file")
+            return None
         data = f.read(limit + 1)
-    if len(data) > limit:
-        raise OSError(f"{path.name} is larger than {limit} bytes")
-    return data
+    return data if len(data) <= limit else None
 
 
 def _write_private(path: Path, text: str, sandbox: Sandbox) -> None:

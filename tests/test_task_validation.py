@@ -71,3 +71,15 @@ def test_the_command_exits_1_and_writes_the_report(tmp_path):
     report = json.loads(out.read_text())
     assert [t["verdict"] for t in report["tasks"]] == ["ok", "lax", "flaky", "broken"]
     assert report["separation"]["exact_duplicates"] == []
+
+
+def test_a_repository_task_whose_fail_to_pass_tests_already_pass_is_lax():
+    shopcart = load_task_set("shopcart")
+    good = shopcart.by_id["shopcart/negative-money"]
+    lax = good.model_copy(update={"id": "shopcart/lax", "fail_to_pass": ("tests/test_money.py::test_format_pads_cents",),
+                                  "pass_to_pass": ()})
+    with SandboxPool(LocalSandbox, PoolConfig(cpu_slots=2)) as pool:
+        report = validate([good, lax], pool, repeats=2)
+    verdicts = {t.task_id: t.verdict for t in report.tasks}
+    assert verdicts == {"shopcart/negative-money": "ok", "shopcart/lax": "lax"}
+    assert "an empty diff" in next(t for t in report.tasks if t.verdict == "lax").reasons[0]

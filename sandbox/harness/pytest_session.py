@@ -1,25 +1,45 @@
 """A pytest plugin the grader loads into a repository task's test run (`-p pytest_session`).
 
-It proves that the pytest session the report came from reached its end. The grader leaves a
-random token in /report/session-token; this plugin reads and deletes it when pytest loads it,
-which is before any conftest or code under test is imported, and keeps it only in a closure.
-When the session finishes it writes /report/session.json with the token and pytest's exit
-status. The grader then knows:
-- no session.json: the run never finished its session (os._exit, a crash, a kill of pytest):
-  an early exit, whatever report was left behind;
-- a session.json without the token: someone else wrote it (a forged report).
-Code under test runs in this process, so a submission that set out to dig the token out of
-this module's closure could still forge a session; this stops exits and forgeries that do not
-know how the grader works. One pytest session per grading: a second one finds no token.
+It vouches for the report of the session it ran in. The grader leaves a random token in
+/report/session-token; this plugin reads and deletes it when pytest loads it, before any
+conftest or code under test is imported, and keeps it only in a closure. After every other
+plugin has finished the session (so after the JUnit report is written), it writes
+/report/session.json: pytest's exit status, the SHA-256 of the JUnit report as it stands, and
+whether pytest's reporting functions are still the ones it found at load, all signed with an
+HMAC keyed by the token (the token itself is never written). The grader then knows:
+- no session record: the session never reached its end (os._exit, a crash, a kill): an
+  early exit, whatever report was left behind;
+- a record whose signature does not verify, whose report hash is not the report's (a report
+  rewritten afterwards, by an atexit hook say), or that says the reporting functions were
+  replaced: a forged report.
+Code under test runs in this process, so a submission written to dig the token out of this
+closure, or to patch pytest more deeply than the functions checked here, could still forge a
+session; the grader's docstring says so. One pytest session per grading: a second one finds no
+token.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
+import _pytest.junitxml
+import _pytest.reports
+import _pytest.runner
+import pytest
+from session_signature import signature  # beside this file in the grader's directory
+
 TOKEN_FILE = "/report/session-token"
 SESSION_FILE = "/report/session.json"
+REPORT_FILE = "/report/junit.xml"
+
+
+def _reporting_functions() -> tuple:
+    functions = (_pytest.reports.TestReport.from_item_and_call, _pytest.runner.call_and_report,
+                 _pytest.runner.runtestprotocol, _pytest.junitxml.LogXML.pytest_runtest_logreport,
+                 _pytest.junitxml.LogXML.pytest_sessionfinish)
+    return tuple(getattr(f, "__func__", f) for f in functions)  # a classmethod is rebound on each access
 
 
 def _arm():
@@ -29,11 +49,21 @@ def _arm():
         os.unlink(TOKEN_FILE)
     except OSError:
         token = ""
+    functions_at_load = _reporting_functions()
 
+    @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(session, exitstatus):
+        try:
+            with open(REPORT_FILE, "rb") as f:
+                report_sha256 = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            report_sha256 = ""
+        intact = all(a is b for a, b in zip(functions_at_load, _reporting_functions()))
+        record = {"exitstatus": int(exitstatus), "report_sha256": report_sha256, "runner_intact": intact,
+                  "signature": signature(token, int(exitstatus), report_sha256, intact)}
         staging = SESSION_FILE + ".tmp"
         with open(staging, "w", encoding="ascii") as f:
-            json.dump({"token": token, "exitstatus": int(exitstatus), "collected": session.testscollected}, f)
+            json.dump(record, f)
         os.replace(staging, SESSION_FILE)
 
     return pytest_sessionfinish
