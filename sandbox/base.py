@@ -69,6 +69,12 @@ class Session(Protocol):
     ) -> ExecResult: ...
     def put_files(self, files: Mapping[str, str | bytes]) -> None: ...
     def get_files(self, paths: Sequence[str]) -> dict[str, bytes]: ...
+    def protect(self, paths: Sequence[str]) -> None:
+        """Make these workspace files unchangeable by the commands: root-owned and read-only,
+        every directory on the way to them root-owned and sticky, so that a command can still
+        add files beside them but never edit, delete, rename or replace them (grading uses it
+        for hidden tests and protected paths). Until reset or close."""
+        ...
     def snapshot(self) -> bytes: ...
     def restore(self, snapshot: bytes) -> None: ...
     def reset(self) -> None: ...
@@ -139,7 +145,8 @@ class Sandbox(Protocol):
     scratch_dir: Path  # host directory for grading mounts (test files, report)
 
     def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> Session: ...  # noqa: B006
-    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult: ...
+    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = (),
+            protected: Sequence[str] = ()) -> ExecResult: ...
 
 
 def run_once(
@@ -147,13 +154,17 @@ def run_once(
     command: list[str],
     files: Mapping[str, str | bytes],
     mounts: Sequence[Mount],
+    protected: Sequence[str] = (),
     open_session: Callable[..., Session] | None = None,
 ) -> ExecResult:
     """One command in a fresh session (what `Sandbox.run` does; `open_session` defaults to
-    `sandbox.session`); a session that cannot open is an XX result."""
+    `sandbox.session`), `protected` files sealed first; a session that cannot open is an XX
+    result."""
     started = time.monotonic()
     try:
         with (open_session or sandbox.session)(files, mounts) as session:
+            if protected:
+                session.protect(protected)
             return session.exec(command)
     except SandboxUnavailable as e:
         return infrastructure_error(sandbox.spec.hash, sandbox.name, str(e), started)

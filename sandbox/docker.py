@@ -109,8 +109,9 @@ class DockerSandbox:
     def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> DockerSession:  # noqa: B006
         return DockerSession(self, files, mounts)
 
-    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult:
-        return run_once(self, command, files, mounts)
+    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = (),
+            protected: Sequence[str] = ()) -> ExecResult:
+        return run_once(self, command, files, mounts, protected)
 
     def containers(self, **labels: str) -> list:
         """Containers of any Crucible sandbox on this daemon, narrowed by `labels`."""
@@ -201,6 +202,15 @@ class DockerSession(SessionLifecycle):
         script = _PATH_GUARD + 'exec tar -c --no-recursion -f - -- "$@"'
         archive = self._call(["sh", "-c", script, "sh", *names])
         return regular_files_from_tar(archive, names)
+
+    def protect(self, paths: Sequence[str]) -> None:
+        """Weaker than Session.protect asks: the files become read-only but stay the sandbox
+        user's, who could make them writable again. Sealing needs root with CAP_CHOWN, which
+        an exec never holds under no-new-privileges. Grading checks protected files from inside
+        the test run as well (harness/pytest_session.py), which is what stands on Docker."""
+        self._check_open()
+        names = [str(safe_relative(p)) for p in paths]
+        self._call(["sh", "-c", _PATH_GUARD + 'exec chmod a-w -- "$@"', "sh", *names])
 
     def snapshot(self) -> bytes:
         self._check_open()

@@ -73,7 +73,7 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Literal
 
-from sandbox.base import Mount, Sandbox
+from sandbox.base import WORKSPACE, Mount, Sandbox
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.result import ExecResult, ExecStatus
@@ -182,6 +182,7 @@ def grade_test_command(
     grader_files: Mapping[str, str] = MappingProxyType({}),
     verdict_file: str | None = None,
     tamper_flags: Sequence[str] = (),
+    sealed: Sequence[str] = (),
 ) -> GradeResult:
     """Grade a repository with its own test command (run by /bin/sh in the repository root).
 
@@ -189,15 +190,18 @@ def grade_test_command(
     PYTEST_ADDOPTS. `grader_files` are shown read-only at /tests. The runner's own verdict is
     its exit code, or the number it writes to `verdict_file` (1 = pass, as Harbor's
     reward.txt); either must agree with the report: pass iff no collected test failed.
-    `tamper_flags` found before the run (protected paths) set the reward to 0."""
+    `tamper_flags` found before the run (protected paths) set the reward to 0. `sealed` files
+    (hidden tests, protected paths) cannot be changed by the run (Session.protect)."""
     command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={PLUGIN_DIR}",
                "PYTHONDONTWRITEBYTECODE=1", "/bin/sh", "-c", test_command]
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
     plugin = {path.name: path.read_text() for path in PLUGIN_FILES}
     token = secrets.token_hex(16)
     with _grading_dirs(sandbox, {"/tests": grader_files, PLUGIN_DIR: plugin}, verdict_dir) as dirs:
-        _write_private(dirs.report / "session-token", token, sandbox)
-        result = sandbox.run(command, workspace_files, dirs.mounts)
+        sealed_sha256 = {f"{WORKSPACE}/{path}": hashlib.sha256(workspace_files[path].encode()).hexdigest()
+                         for path in sealed}
+        _write_private(dirs.report / "session-token", json.dumps({"token": token, "sealed": sealed_sha256}), sandbox)
+        result = sandbox.run(command, workspace_files, dirs.mounts, protected=sealed)
         report_bytes = _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
         report = _parse(report_bytes) if report_bytes is not None else None
         session = _read_small_json(dirs.report / "session.json")
@@ -253,18 +257,20 @@ def score(
 
 def _session_problem(session: dict | None, token: str, report_bytes: bytes) -> str | None:
     """What the plugin's session record says of the report: None (it vouches for it),
-    "early_exit" (no record: the session never ended) or "forged_output"."""
+    "early_exit" (no record: the session never ended), "forged_output", or
+    "protected_path_modified" (a sealed file changed during the run)."""
     if session is None:
         return "early_exit"
     try:
         exitstatus, report_sha256 = int(session["exitstatus"]), str(session["report_sha256"])
-        intact, claimed = session["runner_intact"] is True, str(session["signature"])
+        intact, sealed_intact = session["runner_intact"] is True, session["sealed_intact"] is True
+        claimed = str(session["signature"])
     except (KeyError, TypeError, ValueError):
         return "forged_output"
-    genuine = hmac.compare_digest(claimed, signature(token, exitstatus, report_sha256, intact))
+    genuine = hmac.compare_digest(claimed, signature(token, exitstatus, report_sha256, intact, sealed_intact))
     if not (genuine and intact and report_sha256 == hashlib.sha256(report_bytes).hexdigest()):
         return "forged_output"
-    return None
+    return None if sealed_intact else "protected_path_modified"
 
 
 def _no_failures(report: list[TestOutcome]) -> bool:

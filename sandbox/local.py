@@ -101,9 +101,10 @@ class LocalSandbox:
         (bwrap's --die-with-parent follows the thread): open and use it in the same thread."""
         return LocalSession(self, files, mounts, supervised=supervised)
 
-    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = ()) -> ExecResult:
+    def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = (),
+            protected: Sequence[str] = ()) -> ExecResult:
         """One command: a one-shot session, which starts no supervisor."""
-        return run_once(self, command, files, mounts, open_session=partial(self.session, supervised=False))
+        return run_once(self, command, files, mounts, protected, open_session=partial(self.session, supervised=False))
 
     def reap(self) -> list[str]:
         """Remove what sessions of owner processes that died without closing them left behind
@@ -198,6 +199,10 @@ class LocalSession(SessionLifecycle):
     def get_files(self, paths: Sequence[str]) -> dict[str, bytes]:
         self._check_open()
         return self.workspace.get(paths)
+
+    def protect(self, paths: Sequence[str]) -> None:
+        self._check_open()
+        self.workspace.protect(paths)
 
     def snapshot(self) -> bytes:
         self._check_open()

@@ -82,6 +82,32 @@ class HostWorkspace:
     def get(self, paths: Sequence[str]) -> dict[str, bytes]:
         return {rel: self._read(safe_relative(rel)) for rel in paths}
 
+    def protect(self, paths: Sequence[str]) -> None:
+        """See Session.protect: each file root-owned and read-only, every directory on the way
+        to it (the workspace included) root-owned and sticky."""
+        for rel in paths:
+            path = safe_relative(rel)
+            fd = os.open(self.root, _DIR_FLAGS)
+            try:
+                _seal_directory(fd)
+                for part in path.parts[:-1]:
+                    next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    os.close(fd)
+                    fd = next_fd
+                    _seal_directory(fd)
+                file_fd = os.open(path.name, _READ_FLAGS, dir_fd=fd)
+            except OSError as e:
+                raise WorkspacePathError(f"cannot protect {rel!r}: {e.strerror}") from e
+            finally:
+                os.close(fd)
+            try:
+                if not stat.S_ISREG(os.fstat(file_fd).st_mode):
+                    raise WorkspacePathError(f"cannot protect {rel!r}: not a regular file")
+                os.fchown(file_fd, 0, 0)
+                os.fchmod(file_fd, 0o444)
+            finally:
+                os.close(file_fd)
+
     def snapshot(self) -> bytes:
         """The workspace as a tar archive; symlinks are stored as links, never followed.
         Refused beyond `max_file_bytes` of apparent size: sparse files the command made could
@@ -132,6 +158,8 @@ class HostWorkspace:
 
     def clear(self) -> None:
         clear_directory(self.root)
+        os.chown(self.root, self.uid, self.gid)  # the sandbox user's again, if `protect` sealed it
+        os.chmod(self.root, 0o755)
 
     def _open_parent(self, path: PurePosixPath, create: bool) -> int:
         """An fd of `path`'s directory, reached without following any symlink."""
@@ -183,6 +211,13 @@ class HostWorkspace:
                 return f.read(self.max_file_bytes)
         finally:
             os.close(fd)
+
+
+def _seal_directory(fd: int) -> None:
+    # Sticky and root-owned: the sandbox user may add files of its own, never remove or rename
+    # root's (a directory's owner could, hence root).
+    os.fchown(fd, 0, 0)
+    os.fchmod(fd, 0o1777)
 
 
 def clear_directory(directory: Path) -> None:

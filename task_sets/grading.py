@@ -78,7 +78,7 @@ def _grade_repository(
     guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests)
     graded = grade_test_command(
         sandbox, guarded.files, task.expected_tests, task.test_command, grader_files=task.grader_files,
-        verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags,
+        verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags, sealed=guarded.sealed,
     )
     if guarded.touched:
         graded.messages["_protected"] = "restored before grading: " + ", ".join(guarded.touched)

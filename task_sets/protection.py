@@ -3,7 +3,8 @@
 A pattern without "/" matches a file name at any depth ("conftest.py" guards every conftest);
 one with "/" matches the whole path, "*" crossing directories (".github/*"). Hidden test files
 are always protected. A submission that touches a protected path is graded on the restored
-tree, and the touch is a tamper flag:
+tree, where those files are sealed (root's, read-only, in directories it cannot rename), so that
+code run by the tests cannot rewrite them either; and the touch is a tamper flag:
 
 - `protected_path_modified`: a protected file of the repository was edited or deleted, or a
   file was added where a hidden test goes;
@@ -36,6 +37,7 @@ class Guarded:
     files: dict[str, str]  # the tree to grade: submission, protected paths restored, hidden tests in
     tamper_flags: tuple[str, ...]
     touched: tuple[str, ...]  # the protected paths the submission changed, for the grade's messages
+    sealed: tuple[str, ...]  # files of `files` the test run must not be able to change (Session.protect)
 
 
 def matches(path: str, patterns: Iterable[str]) -> bool:
@@ -70,4 +72,5 @@ def guard(
             touched.append(path)
             flags.add("shadows_runner_module")
     files.update(hidden_tests)
-    return Guarded(files, tuple(sorted(flags)), tuple(touched))
+    sealed = tuple(sorted(path for path in files if path in hidden_tests or matches(path, patterns)))
+    return Guarded(files, tuple(sorted(flags)), tuple(touched), sealed)

@@ -112,8 +112,8 @@ class ThroughSessions:
     def __getattr__(self, name):
         return getattr(self._sandbox, name)
 
-    def run(self, command, files, mounts=()):
-        return run_once(self._sandbox, command, files, mounts)
+    def run(self, command, files, mounts=(), protected=()):
+        return run_once(self._sandbox, command, files, mounts, protected)
 
 
 def residue(sb) -> list[str]:

@@ -122,6 +122,34 @@ def test_added_runner_configuration_is_removed_and_flagged(path):
     assert g.outcomes["tests/test_money.py::test_parse_negative_amounts"] == "failed"  # the conftest never ran
 
 
+@pytest.mark.parametrize("attack", ["rewrite", "rename the folder", "delete"])
+def test_code_run_by_the_tests_cannot_change_hidden_tests(backend_name, attack):
+    """cart.py is imported while tests/test_cart.py is collected, before tests/test_money.py
+    is. The local backend seals the hidden tests (each attempt fails); Docker cannot, and the
+    session record reports the change."""
+    attempts = {
+        "rewrite": 'os.chmod(hidden, 0o644); hidden.write_text(hidden.read_text().replace("assert ", "assert True or "))',
+        "rename the folder": 'os.rename("tests", "tests_moved")',
+        "delete": "hidden.unlink()",
+    }
+    code = f"""\
+        import os, pathlib
+        hidden = pathlib.Path("tests/test_money.py")
+        try:
+            {attempts[attack]}
+        except OSError:
+            pass
+        """
+    cart = TASK.files["shopcart/cart.py"]
+    future = "from __future__ import annotations\n"
+    g = grade(diff({"shopcart/cart.py": cart.replace(future, future + textwrap.dedent(code))}), backend_name)
+    assert g.outcomes["tests/test_money.py::test_parse_negative_amounts"] != "passed" or g.reward == 0.0
+    if backend_name == "local":
+        assert g.tamper_flags == () and g.outcomes["tests/test_money.py::test_parse_negative_amounts"] == "failed"
+    else:
+        assert g.tamper_flags == ("protected_path_modified",) and g.reward == 0.0
+
+
 def test_a_module_shadowing_the_standard_library_is_removed_and_flagged():
     g = grade(TASK.reference_solution + diff({"json.py": "import os\nos._exit(0)\n"}))
     assert g.tamper_flags == ("shadows_runner_module",) and g.reward == 0.0

@@ -568,3 +568,19 @@ def test_snapshot_keeps_modes_and_symlinks(sandbox):
         session.exec(["sh", "-c", "rm s.sh link"])
         session.restore(snapshot)
         assert session.exec(["sh", "-c", "./link; readlink link"]).stdout == "run\ns.sh\n"
+
+
+def test_protected_files_cannot_be_changed_but_new_files_can_be_added(sandbox):
+    if sandbox.name == "docker":
+        pytest.skip("Docker's protect is weaker by design (no root with CAP_CHOWN under no-new-privileges): "
+                    "grading detects changes instead (tests/test_repository_tasks.py)")
+    with sandbox.session({"tests/test_a.py": "sealed\n", "tests/helper.py": "mine\n", "README": "x\n"}) as session:
+        session.protect(["tests/test_a.py"])
+        attempts = ["echo changed > tests/test_a.py", "chmod 644 tests/test_a.py", "rm -f tests/test_a.py",
+                    "mv tests/test_a.py tests/b.py", "mv tests moved", "ln -sf /etc/passwd tests/test_a.py"]
+        for attempt in attempts:
+            assert session.exec(["sh", "-c", attempt]).status is ExecStatus.RE, attempt
+        assert session.exec(["sh", "-c", "echo new > tests/new.py && echo more >> tests/helper.py"]).ok
+        assert session.get_files(["tests/test_a.py"]) == {"tests/test_a.py": b"sealed\n"}
+        session.reset()  # back to the sandbox user's own workspace
+        assert session.exec(["sh", "-c", "echo changed > tests/test_a.py && mv tests moved"]).ok

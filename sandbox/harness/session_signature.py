@@ -7,7 +7,7 @@ import hashlib
 import hmac
 
 
-def signature(token: str, exitstatus: int, report_sha256: str, runner_intact: bool) -> str:
+def signature(token: str, exitstatus: int, report_sha256: str, runner_intact: bool, sealed_intact: bool) -> str:
     """An HMAC over the record's fields, keyed by the grading's secret token."""
-    message = f"{exitstatus}:{report_sha256}:{int(runner_intact)}".encode()
+    message = f"{exitstatus}:{report_sha256}:{int(runner_intact)}:{int(sealed_intact)}".encode()
     return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
