@@ -282,10 +282,13 @@ def _harness_node_id(t: TestOutcome) -> str:
 
 
 def _junit_key(node_id: str) -> tuple[str, str]:
-    """pytest's JUnit (classname, name) for a node id: "a/test_b.py::C::t" -> ("a.test_b.C", "t")."""
-    path, *scopes = node_id.split("::")
+    """pytest's JUnit (classname, name) for a node id: "a/test_b.py::C::t[x]" -> ("a.test_b.C",
+    "t[x]"). Parameters may hold "::" themselves, so they are set aside first."""
+    base, bracket, parameters = node_id.partition("[")
+    path, *scopes = base.split("::")
     module = path.removesuffix(".py").replace("/", ".")
-    return ".".join([module, *scopes[:-1]]), scopes[-1] if scopes else ""
+    name = (scopes[-1] if scopes else "") + bracket + parameters
+    return ".".join([module, *scopes[:-1]]), name
 
 
 def _outcomes(expected: list[str], report: list[TestOutcome], node_id) -> tuple[dict[str, str], dict[str, str]]:

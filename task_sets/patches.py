@@ -94,7 +94,7 @@ def _write_tree(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        path.write_text(text, encoding="utf-8", newline="")  # CRLF stays CRLF
 
 
 def _read_tree(root: Path) -> dict[str, str]:
@@ -106,7 +106,7 @@ def _read_tree(root: Path) -> dict[str, str]:
             if path.is_symlink() or not path.is_file():
                 raise PatchError(f"the diff creates {relative!r}, which is not a regular file")
             try:
-                tree[relative] = path.read_text(encoding="utf-8")
+                tree[relative] = path.read_bytes().decode("utf-8")  # no newline translation
             except UnicodeDecodeError:
                 raise PatchError(f"the diff leaves {relative!r} as a binary (non-UTF-8) file") from None
     return tree

@@ -10,26 +10,29 @@ code run by the tests cannot rewrite them either; and the touch is a tamper flag
   file was added where a hidden test goes;
 - `runner_config_added`: a new file that steers the test runner (a conftest.py, pytest.ini,
   sitecustomize.py, a .pth file...) appeared anywhere;
-- `shadows_runner_module`: a new module or package at the repository root is named like a
-  standard-library module or part of pytest (json.py, _pytest/). `python -m pytest` puts the
-  root first on sys.path, so such a file would run before the test runner could. Only the root
-  is checked: deeper directories reach sys.path only through the task's own configuration.
+- `shadows_runner_module`: a new module or package at the repository root is named like one
+  the sandbox's interpreter would otherwise import (the standard library, pytest and its
+  dependencies: json.py, attr/, _pytest/, a .pyc or .so of such a name). `python -m pytest` puts
+  the root first on sys.path, so such a file would run before the test runner could. Only the
+  root is checked: deeper directories reach sys.path only through the task's own configuration.
+
+A submitted file that would sit where a protected file's folder must be, or inside a protected
+file's path, is dropped and flagged `protected_path_modified` as well.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
+from sandbox.interpreter import importable_modules
 from task_sets.patches import changed_paths
 from task_sets.schema import RUNNER_CONFIGURATION
 
-RUNNER_MODULES = frozenset(sys.stdlib_module_names) | {
-    "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "pytest_session",
-}
+MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd")
+GRADER_MODULES = frozenset({"pytest_session", "session_signature", "run_tests"})
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,17 @@ def matches(path: str, patterns: Iterable[str]) -> bool:
 
 def _shadows_runner_module(path: str) -> bool:
     parts = PurePosixPath(path).parts
-    top = parts[0].removesuffix(".py") if len(parts) == 1 else parts[0]
-    return (len(parts) > 1 or parts[0].endswith(".py")) and top in RUNNER_MODULES
+    if len(parts) == 1:  # a module file at the root: json.py, json.cpython-311.pyc, json.so
+        is_module = parts[0].endswith(MODULE_SUFFIXES)
+    else:  # a package at the root: attr/__init__.py
+        is_module = len(parts) == 2 and parts[1].startswith("__init__.")
+    name = parts[0].split(".", 1)[0]
+    return is_module and (name in importable_modules() or name in GRADER_MODULES)
+
+
+def _in_the_way(path: str, protected: Iterable[str]) -> bool:
+    """`path` is a folder of a protected file, or lies inside one's path."""
+    return any(other.startswith(path + "/") or path.startswith(other + "/") for other in protected)
 
 
 def guard(
@@ -71,6 +83,11 @@ def guard(
             del files[path]
             touched.append(path)
             flags.add("shadows_runner_module")
+    protected = {*hidden_tests, *(p for p in files if matches(p, patterns))}
+    for path in sorted(p for p in files if _in_the_way(p, protected)):
+        del files[path]
+        touched.append(path)
+        flags.add("protected_path_modified")
     files.update(hidden_tests)
     sealed = tuple(sorted(path for path in files if path in hidden_tests or matches(path, patterns)))
     return Guarded(files, tuple(sorted(flags)), tuple(touched), sealed)

@@ -40,8 +40,8 @@ DIFFICULTIES: tuple[Difficulty, ...] = ("easy", "medium", "hard")
 # a submission adds one anywhere, removed and flagged. A pattern without "/" matches a file
 # name at any depth; one with "/" matches the whole path ("*" crosses directories).
 RUNNER_CONFIGURATION = (
-    "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
-    "usercustomize.py", "*.pth", "noxfile.py",
+    "conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
+    "pyproject.toml", "sitecustomize.py", "usercustomize.py", "*.pth", "noxfile.py",
 )
 CI_FILES = (".github/*", ".gitlab-ci.yml", ".circleci/*", "Makefile")
 
@@ -154,6 +154,19 @@ class RepositoryTask(TaskBase):
         for name in files:
             _check_relative_path(name)
         return files
+
+    @field_validator("verdict_file")
+    @classmethod
+    def _verdict_file_has_a_folder_of_its_own(cls, path: str | None) -> str | None:
+        if path is None:
+            return path
+        pure = PurePosixPath(path)
+        taken = ("/workspace", "/report", "/tests", "/grader", "/tmp", "/dev", "/proc", "/usr", "/etc")
+        if not pure.is_absolute() or ".." in pure.parts or len(pure.parts) < 3 or \
+                any(pure.is_relative_to(t) for t in taken):
+            raise PydanticCustomError("verdict_file", "{reason}", {"reason": f"{path!r} must be an absolute path "
+                                      f"in a folder of its own, outside {', '.join(taken)}"})
+        return path
 
     @field_validator("pass_to_pass")
     @classmethod

@@ -114,7 +114,7 @@ def test_an_edited_hidden_test_is_restored_and_the_grade_zeroed():
 
 
 @pytest.mark.parametrize("path", ["conftest.py", "shopcart/conftest.py", "sitecustomize.py", "pytest.ini",
-                                  "evil.pth"])
+                                  ".pytest.ini", "pytest.toml", "evil.pth"])
 def test_added_runner_configuration_is_removed_and_flagged(path):
     force_pass = "import pytest\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n    return True\n"
     g = grade(diff({path: force_pass}))
@@ -150,8 +150,9 @@ def test_code_run_by_the_tests_cannot_change_hidden_tests(backend_name, attack):
         assert g.tamper_flags == ("protected_path_modified",) and g.reward == 0.0
 
 
-def test_a_module_shadowing_the_standard_library_is_removed_and_flagged():
-    g = grade(TASK.reference_solution + diff({"json.py": "import os\nos._exit(0)\n"}))
+@pytest.mark.parametrize("path", ["json.py", "attr.py", "attr/__init__.py"])  # stdlib, and pytest's dependency
+def test_a_module_shadowing_the_standard_library_is_removed_and_flagged(path):
+    g = grade(TASK.reference_solution + diff({path: "import os\nos._exit(0)\n"}))
     assert g.tamper_flags == ("shadows_runner_module",) and g.reward == 0.0
     assert g.suite_ran and set(g.outcomes.values()) == {"passed"}  # json.py was gone before the run
 
@@ -251,6 +252,20 @@ def test_guard_restores_protected_files_and_names_what_was_touched():
 def test_junit_keys_follow_pytest_node_ids():
     assert _junit_key("tests/test_cart.py::test_total") == ("tests.test_cart", "test_total")
     assert _junit_key("tests/test_cart.py::TestCart::test_total[2]") == ("tests.test_cart.TestCart", "test_total[2]")
+    assert _junit_key("tests/test_a.py::test_f[a::b]") == ("tests.test_a", "test_f[a::b]")
+
+
+def test_guard_drops_files_in_the_way_of_a_protected_file():
+    submitted = {"t/old.py": "x\n", "t/new.py/x.txt": "blocks the hidden test\n", "t/old.py/y": "z\n"}
+    guarded = guard({"t/old.py": "x\n"}, submitted, ("t/old.py",), {"t/new.py": "hidden\n"})
+    assert guarded.files == {"t/old.py": "x\n", "t/new.py": "hidden\n"}
+    assert guarded.tamper_flags == ("protected_path_modified",)
+
+
+def test_line_endings_survive_a_diff():
+    files = {"win.txt": "a\r\nb\r\n", "m.py": "x = 1\n"}
+    after = apply_patch(files, "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n")
+    assert after == {"win.txt": "a\r\nb\r\n", "m.py": "x = 2\n"}
 
 
 def test_every_shopcart_task_needs_its_diff_and_the_diff_suffices():

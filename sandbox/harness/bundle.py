@@ -15,8 +15,9 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
+from sandbox.interpreter import SANDBOX_PYTHON
+
 HARNESS = Path(__file__).parent / "run_tests.py"
-SANDBOX_PYTHON = "/usr/bin/python3"
 LAUNCHER = 'import sys\nsys.path.insert(0, "/grader/harness")\nimport run_tests\nrun_tests.run()\n'
 _COMPILE = """\
 import py_compile, sys
