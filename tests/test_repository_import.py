@@ -254,3 +254,32 @@ def test_a_harbor_reference_passes_on_every_backend(harbor, backend_name):
     task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
     g = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task)))
     assert (g.reward, g.exec.backend) == (1.0, backend_name)
+
+
+def test_hostile_or_odd_swebench_fields_are_rejected_not_obeyed(swebench, tmp_path):
+    good = json.loads((swebench / "instances.jsonl").read_text().splitlines()[0])
+    planted = tmp_path / "planted"
+    odd = [
+        good | {"base_commit": f"--output={planted}"},
+        good | {"repo": ".."},
+        good | {"test_command": 5},
+        good | {"difficulty": ["hard"]},
+    ]
+    instances = tmp_path / "odd.jsonl"
+    instances.write_text("".join(json.dumps(record) + "\n" for record in odd))
+    imported = import_tasks("swebench", instances, ImportOptions("swe", repos=swebench / "repos"))
+    assert not planted.exists()
+    assert [r.split(": ", 2)[-1][:40] for r in imported.rejected] == [
+        f"base_commit '--output={planted}' is not a"[:40], "repo '..' is not OWNER/NAME",
+        "test_command must be a string", "difficulty must be a string",
+    ]
+
+
+@pytest.mark.parametrize(("toml", "reason"), [
+    ('metadata = "x"\n', "task.toml: [metadata] must be a table"),
+    ("[verifier]\ntimeout_sec = inf\n", "task.toml: bad limits"),
+])
+def test_odd_harbor_task_toml_is_rejected_with_its_reason(tmp_path, toml, reason):
+    harbor_task(tmp_path, "odd", **{"task.toml": toml})
+    imported = import_tasks("harbor", tmp_path, ImportOptions("hb"))
+    assert imported.tasks == [] and imported.rejected[0].startswith(f"odd: {reason}")

@@ -82,9 +82,13 @@ def _fields(task_dir: Path, name: str) -> dict:
 
 def _config(task_dir: Path) -> dict:
     try:
-        return tomllib.loads(_text(task_dir / "task.toml"))
+        config = tomllib.loads(_text(task_dir / "task.toml"))
     except tomllib.TOMLDecodeError as e:
         raise RecordError(f"task.toml: malformed TOML: {e}") from None
+    for section in ("metadata", "verifier", "environment"):
+        if not isinstance(config.get(section, {}), dict):
+            raise RecordError(f"task.toml: [{section}] must be a table")
+    return config
 
 
 def _limits(config: dict) -> TaskLimits:
@@ -95,7 +99,7 @@ def _limits(config: dict) -> TaskLimits:
             memory_mb=int(environment.get("memory_mb", 1024)), pids=256,
             disk_mb=min(int(environment.get("storage_mb", 512)), 4096),
         )
-    except (TypeError, ValueError, ValidationError) as e:
+    except (TypeError, ValueError, OverflowError, ValidationError) as e:
         raise RecordError(f"task.toml: bad limits: {e}") from None
 
 

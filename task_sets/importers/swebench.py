@@ -19,6 +19,7 @@ are rejected with that reason.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 from functools import cache, partial
@@ -48,6 +49,9 @@ MAX_REPOSITORY_BYTES = 64 << 20
 VERIFIED_DIFFICULTY: dict[str, Difficulty] = {"<15 min fix": "easy", "15 min - 1 hour": "medium"}
 EASY_MAX_CHANGED_LINES, MEDIUM_MAX_CHANGED_LINES = 6, 30
 LIMITS = TaskLimits(wall_s=300, cpu_s=300, memory_mb=2048, pids=256, disk_mb=1024)
+REPOSITORY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*")
+COMMIT = re.compile(r"[0-9a-f]{7,40}")  # never an option: git archive takes it as an argument
+GIT_TIMEOUT_S = 120
 
 
 def import_swebench(path: Path, options: ImportOptions) -> Imported:
@@ -67,6 +71,15 @@ def _fields(record: object, repos: Path, name: str) -> dict:
     if missing:
         raise RecordError(f"missing or empty field(s): {', '.join(missing)}")
     instance = record["instance_id"]
+    if not REPOSITORY.fullmatch(record["repo"]):
+        raise RecordError(f"instance {instance!r}: repo {record['repo']!r} is not OWNER/NAME")
+    if not COMMIT.fullmatch(record["base_commit"]):
+        raise RecordError(f"instance {instance!r}: base_commit {record['base_commit']!r} is not a commit hash")
+    command = record.get("test_command") or record.get("test_cmd") or DEFAULT_TEST_COMMAND
+    if not isinstance(command, str):
+        raise RecordError(f"instance {instance!r}: test_command must be a string")
+    if not isinstance(record.get("difficulty", ""), str):
+        raise RecordError(f"instance {instance!r}: difficulty must be a string")
     fail_to_pass, pass_to_pass = (_test_ids(record, key) for key in TEST_LISTS)
     if not fail_to_pass:
         raise RecordError(f"instance {instance!r}: FAIL_TO_PASS is empty")
@@ -77,7 +90,6 @@ def _fields(record: object, repos: Path, name: str) -> dict:
     except PatchError as e:
         raise RecordError(f"instance {instance!r}: a patch does not apply at {record['base_commit'][:12]}: {e}") from None
     hidden = {p: with_tests[p] for p in sorted(changed_paths(files, with_tests)) if p in with_tests}
-    command = record.get("test_command") or record.get("test_cmd") or DEFAULT_TEST_COMMAND
     return {
         "id": f"{name}/{instance}", "kind": "repository", "prompt": record["problem_statement"], "files": files,
         "reference_solution": record["patch"], "hidden_tests": hidden, "fail_to_pass": fail_to_pass,
@@ -110,20 +122,23 @@ def _snapshot(clone: Path, commit: str) -> dict[str, str]:
         raise RecordError(f"no git clone at {clone}")
     try:
         archive = subprocess.run(["git", "-C", str(clone), "archive", "--format=tar", commit],
-                                 capture_output=True, check=True, timeout=120).stdout
+                                 capture_output=True, check=True, timeout=GIT_TIMEOUT_S).stdout
     except subprocess.CalledProcessError as e:
         raise RecordError(f"{clone.name}: cannot read commit {commit[:12]}: "
                           f"{e.stderr.decode(errors='replace').strip()}") from None
+    except subprocess.TimeoutExpired:
+        raise RecordError(f"{clone.name}: git archive took longer than {GIT_TIMEOUT_S} s") from None
+    except FileNotFoundError:
+        raise ImportError_("importing SWE-bench instances needs git on the PATH") from None
     if len(archive) > MAX_REPOSITORY_BYTES:
         raise RecordError(f"{clone.name} at {commit[:12]} is larger than {MAX_REPOSITORY_BYTES >> 20} MiB")
     return text_files_from_tar(archive)
 
 
 def _difficulty(record: dict) -> Difficulty:
-    if record.get("difficulty") in VERIFIED_DIFFICULTY:
-        return VERIFIED_DIFFICULTY[record["difficulty"]]
-    if record.get("difficulty"):
-        return "hard"
+    annotated = record.get("difficulty")
+    if isinstance(annotated, str) and annotated:
+        return VERIFIED_DIFFICULTY.get(annotated, "hard")
     changed = sum(line[:1] in "+-" and line[:3] not in ("+++", "---") for line in record["patch"].splitlines())
     if changed <= EASY_MAX_CHANGED_LINES:
         return "easy"
