@@ -49,7 +49,8 @@ TRAJECTORIES = pa.schema(
         _field("prompt_token_ids", pa.list_(pa.int32()), "prompt as token ids"),
         _field("response_token_ids", pa.list_(pa.int32()), "sampled token ids, stop token included"),
         _field("loss_mask", pa.list_(pa.int8()), "1 for tokens the policy produced, 0 otherwise"),
-        _field("behaviour_logprobs", pa.list_(pa.float32()), "log-prob of each sampled token"),
+        _field("behaviour_logprobs", pa.list_(pa.float32()), "log-prob of each sampled token; null where the engine "
+               "returned none (a text-only HTTP server): such rows are evaluated, never trained on"),
         _field("response_text", pa.string(), "decoded response"),
         _field("turns", pa.list_(TURN), "episode turns (role, action, exit status, observation)"),
         _field("patch", pa.string(), "the submission: solution.py's code, or a repository task's diff"),

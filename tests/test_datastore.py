@@ -161,3 +161,12 @@ def test_every_dataset_has_a_documented_schema():
     for name, schema in DATASETS.items():
         undocumented = [f.name for f in schema if not (f.metadata or {}).get(b"doc")]
         assert not undocumented, f"{name}: {undocumented}"
+
+
+def test_rows_without_behaviour_logprobs_are_stored_but_never_trained_on():
+    from training.trajectory import train_samples
+
+    evaluated_only = trajectory_row("t/2") | {"behaviour_logprobs": None}  # a text-only HTTP engine's sample
+    table = rows_to_table("trajectories", [trajectory_row("t/1"), evaluated_only])
+    assert table["behaviour_logprobs"].null_count == 1
+    assert [s.group_id for s in train_samples(table)] == ["t/1#g"]

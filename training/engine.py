@@ -36,7 +36,9 @@ class SamplingParams:
 @dataclass
 class Completion:
     token_ids: list[int]  # generated ids, including the stop token when finish_reason == "stop"
-    logprobs: list[float]  # behaviour logprob of each token in token_ids
+    # Behaviour logprob of each token in token_ids; None where the engine cannot say (an HTTP
+    # server that returns text only): such a completion is for evaluation, never for training.
+    logprobs: list[float] | None
     finish_reason: FinishReason  # "stop": emitted <|im_end|> / <|endoftext|>; "length": hit max_new_tokens
     text: str  # decode(token_ids), special tokens kept (see prompts.extract_solution)
 

@@ -21,7 +21,7 @@ class Rollout:
     policy_version: str
     prompt_ids: list[int]
     response_ids: list[int]
-    behaviour_logprobs: list[float]
+    behaviour_logprobs: list[float] | None  # None: the engine returned none (not trainable)
     finish_reason: str
     response_text: str
     generate_s: float  # this sample's share of its batch's generation time

@@ -95,9 +95,11 @@ def evaluation_row(verified: VerifiedRollout) -> dict:
 
 
 def train_samples(table: pa.Table) -> list[TrainSample]:
-    """Scored rows as training samples; infrastructure errors and invalid grades are masked out."""
+    """Scored rows as training samples; infrastructure errors, invalid grades and samples
+    without behaviour log-probs (text-only HTTP engines) are masked out."""
     columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id"]
-    rows = table.filter(pc.equal(table["reward_status"], "scored")).select(columns).to_pylist()
+    usable = pc.and_(pc.equal(table["reward_status"], "scored"), pc.is_valid(table["behaviour_logprobs"]))
+    rows = table.filter(usable).select(columns).to_pylist()
     return [
         TrainSample(
             prompt_ids=row["prompt_token_ids"],

@@ -1,0 +1,71 @@
+"""The OpenAI-compatible HTTP engine against a real local completions server (tests/openai_server.py:
+HTTP, JSON, a real checkpoint sampled by the transformers engine)."""
+
+from __future__ import annotations
+
+import pytest
+from openai_server import CompletionsServer
+
+from training.engine import SamplingParams, TransformersEngine
+from training.http_engine import EngineError, OpenAICompatibleEngine
+from training.model import PolicyConfig, build_base_policy
+from training.prompts import render_prompt
+
+TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
+                    max_position_embeddings=512)
+SAMPLED = SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=7)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> TransformersEngine:
+    policy = build_base_policy(tmp_path_factory.mktemp("http") / "policy", TINY)
+    return TransformersEngine(policy, policy_version="base", threads=1, batch_size=8)
+
+
+@pytest.fixture
+def server(local):
+    serving = CompletionsServer(local)
+    yield serving
+    serving.close()
+
+
+def prompts(engine) -> list[list[int]]:
+    return [render_prompt(engine.tokenizer, text) for text in ("Write add(x, y).", "Write a function f.")]
+
+
+def test_the_http_engine_returns_exactly_what_the_server_sampled(server, local):
+    remote = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, policy_version="served-base")
+    over_http = remote.generate(prompts(local), SAMPLED)
+    direct = [local.generate([prompt], SAMPLED)[0] for prompt in prompts(local)]
+    assert [[c.token_ids for c in group] for group in over_http] == [[c.token_ids for c in g] for g in direct]
+    for group, expected in zip(over_http, direct):  # the server samples in its own thread: last-bit noise
+        for completion, reference in zip(group, expected):
+            assert completion.logprobs == pytest.approx(reference.logprobs, abs=1e-5)
+    assert [len(group) for group in over_http] == [3, 3] and remote.policy_version == "served-base"
+    assert server.requests[0]["prompt"] == prompts(local)[0]  # token ids went out, not text
+
+
+def test_a_text_only_server_gives_completions_that_are_never_trained_on(server, local):
+    server.text_only = True
+    [[completion, *_], _] = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer).generate(
+        prompts(local), SAMPLED)
+    assert completion.logprobs is None
+    assert completion.token_ids == local.tokenizer.encode(completion.text)
+
+
+def test_overload_is_retried_and_refusals_are_clear(server, local):
+    server.fail_next = 2
+    engine = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, retries=2)
+    assert len(engine.generate(prompts(local)[:1], SAMPLED)[0]) == 3
+    with pytest.raises(EngineError, match=r"HTTP 404: model 'gpt-nope' does not exist"):
+        OpenAICompatibleEngine(server.url, "gpt-nope", local.tokenizer).generate(prompts(local)[:1], SAMPLED)
+    server.fail_next = 5
+    with pytest.raises(EngineError, match=r"HTTP 503: overloaded, try again \(after 1 retries\)"):
+        OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, retries=1).generate(
+            prompts(local)[:1], SAMPLED)
+
+
+def test_an_unreachable_server_is_named(local):
+    engine = OpenAICompatibleEngine("http://127.0.0.1:9", "m", local.tokenizer, retries=0, timeout_s=2)
+    with pytest.raises(EngineError, match=r"cannot reach http://127.0.0.1:9/v1/completions"):
+        engine.generate(prompts(local)[:1], SAMPLED)

@@ -1,0 +1,112 @@
+"""The OpenAI-compatible HTTP engine: any server with `/v1/completions` (vllm serve, SGLang,
+hosted APIs), behind the same token-in / token-out interface as the local engines.
+
+Prompts go out as token ids (the completions API takes a list of ids as `prompt`). What comes
+back is trainable only if the server says exactly which tokens it sampled and their log-probs:
+vLLM and SGLang do, with `logprobs` and `return_tokens_as_token_ids` ("token_id:123"). A server
+that returns text alone (most hosted APIs) yields completions whose ids are the text
+re-tokenised here and whose `logprobs` is None: fine for evaluation, never trained on, because
+re-tokenised text is not what the policy sampled.
+
+Requests for different prompts run concurrently; a connection error or a 5xx is retried with
+backoff, a 4xx is an EngineError carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from training.engine import Completion, FinishReason, SamplingParams
+
+TOKEN_ID_PREFIX = "token_id:"
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class EngineError(RuntimeError):
+    """The server could not be reached, refused the request, or answered off-protocol."""
+
+
+class OpenAICompatibleEngine:
+    def __init__(
+        self, base_url: str, model: str, tokenizer, policy_version: str | None = None, api_key: str | None = None,
+        timeout_s: float = 300.0, retries: int = 3, concurrency: int = 8,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.model, self.tokenizer = model, tokenizer
+        self.policy_version = policy_version or f"http:{model}"
+        self.timeout_s, self.retries, self.concurrency = timeout_s, retries, concurrency
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """params.n completions for each prompt, in prompt order."""
+        with requests.Session() as session, ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda prompt: self._complete(session, prompt, params), prompts))
+
+    def _complete(self, session: requests.Session, prompt: list[int], params: SamplingParams) -> list[Completion]:
+        body = {
+            "model": self.model, "prompt": prompt, "n": params.n, "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
+            "logprobs": 1, "return_tokens_as_token_ids": True,
+        }
+        answer = self._post(session, body)
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not isinstance(choices, list) or len(choices) != params.n:
+            raise EngineError(f"{self.url}: expected {params.n} choices, got {_describe(choices)}")
+        return [self._completion(choice) for choice in sorted(choices, key=lambda c: c.get("index", 0))]
+
+    def _post(self, session: requests.Session, body: dict) -> dict:
+        for attempt in range(self.retries + 1):
+            try:
+                response = session.post(self.url, json=body, headers=self.headers, timeout=self.timeout_s)
+            except requests.RequestException as e:
+                problem = f"cannot reach {self.url}: {type(e).__name__}: {e}"
+            else:
+                if response.status_code == 200:
+                    try:
+                        return response.json()
+                    except ValueError:
+                        raise EngineError(f"{self.url}: the answer is not JSON: {response.text[:200]!r}") from None
+                problem = f"{self.url}: HTTP {response.status_code}: {_server_message(response)}"
+                if response.status_code not in RETRY_STATUSES:
+                    raise EngineError(problem)
+            if attempt < self.retries:
+                time.sleep(min(2.0**attempt * 0.5, 10.0))
+        raise EngineError(f"{problem} (after {self.retries} retries)")
+
+    def _completion(self, choice: dict) -> Completion:
+        text = choice.get("text") or ""
+        finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
+        sampled = _sampled_tokens(choice.get("logprobs"))
+        if sampled is None:
+            return Completion(token_ids=self.tokenizer.encode(text), logprobs=None, finish_reason=finish, text=text)
+        token_ids, logprobs = sampled
+        return Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish, text=text)
+
+
+def _sampled_tokens(logprobs: object) -> tuple[list[int], list[float]] | None:
+    """The sampled token ids and their log-probs, if the server gave both for every token."""
+    if not isinstance(logprobs, dict):
+        return None
+    tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
+    if not isinstance(tokens, list) or not isinstance(values, list) or len(tokens) != len(values):
+        return None
+    try:
+        ids = [int(token.removeprefix(TOKEN_ID_PREFIX)) for token in tokens if token.startswith(TOKEN_ID_PREFIX)]
+        return (ids, [float(v) for v in values]) if len(ids) == len(tokens) else None
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _server_message(response: requests.Response) -> str:
+    try:
+        error = response.json().get("error", {})
+        return str(error.get("message", error) if isinstance(error, dict) else error)[:500]
+    except (ValueError, AttributeError):
+        return response.text[:500]
+
+
+def _describe(value: object) -> str:
+    return f"{len(value)}" if isinstance(value, list) else type(value).__name__
