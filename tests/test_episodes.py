@@ -1,0 +1,106 @@
+"""Multi-turn episodes in real sandbox sessions, driven by a scripted policy (a policy whose
+replies are written in advance, so the test can walk a known path through a repository task)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox.backends import open_sandbox
+from task_sets.grading import grade_solution, sandbox_spec
+from task_sets.loader import load_task_set
+from task_sets.patches import apply_patch
+from training.engine import Completion, SamplingParams
+from training.episodes import EpisodeLimits, render_episode_prompt, run_episodes, starting_files
+from training.tokenizer import IM_END, build_tokenizer
+
+SHOPCART = load_task_set("shopcart")
+TASK = SHOPCART.by_id["shopcart/negative-money"]
+MONEY = "shopcart/money.py"
+PARSE_LINE = '        return cls(int(whole) * 100 + int((fraction + "00")[:2]))'
+
+
+class ScriptedPolicy:
+    """Replies with the script's next line on every turn, to every live episode."""
+
+    policy_version = "scripted"
+
+    def __init__(self, tokenizer, script: list[str]):
+        self.tokenizer, self.script, self.calls = tokenizer, script, []
+
+    def generate(self, prompts, params):
+        self.calls.append(len(prompts))
+        ids = self.tokenizer.encode(self.script[len(self.calls) - 1] + IM_END, add_special_tokens=False)
+        return [[Completion(list(ids), [-0.5] * len(ids), "stop", self.tokenizer.decode(ids))] for _ in prompts]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def episodes_for(tokenizer, script, n=1, limits=EpisodeLimits(max_turns=6, max_tokens=60_000)):
+    policy = ScriptedPolicy(tokenizer, script)
+    def open_session(task):
+        return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
+    params = SamplingParams(n=n, max_new_tokens=4000)
+    return policy, run_episodes(policy, tokenizer, [TASK], params, limits, open_session, "it-1")
+
+
+def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_passes(tokenizer):
+    fixed = apply_patch(TASK.files, TASK.reference_solution)[MONEY]
+    script = [
+        # A wrong first fix: it breaks parsing of positive amounts.
+        f'The sign is lost.\n<replace path="{MONEY}"><old>{PARSE_LINE}</old>'
+        f'<new>        return cls(-int(whole) * 100)</new></replace>',
+        "<run>python3 -m pytest -q tests</run>",
+        f'That broke positive amounts. Rewriting the file.\n<write path="{MONEY}">\n{fixed}</write>',
+        "<run>python3 -m pytest -q tests</run>",
+        "<submit/>",
+    ]
+    policy, [episode] = episodes_for(tokenizer, script, n=1)
+    assert [t.action for t in episode.turns] == ["replace", "run", "write", "run", "submit"]
+    assert [t.status for t in episode.turns] == ["ok", "error", "ok", "ok", "submitted"]
+    assert "failed" in episode.turns[1].observation and episode.turns[1].exit_code == 1
+    assert "passed" in episode.turns[3].observation and episode.turns[3].exit_code == 0
+    assert episode.finish_reason == "submitted"
+    assert apply_patch(TASK.files, episode.submission)[MONEY] == fixed
+    graded = grade_solution(TASK, episode.submission, reward=SHOPCART.reward)
+    assert (graded.reward, graded.tamper_flags) == (1.0, ())  # graded in a fresh sandbox, hidden tests and all
+
+
+def test_the_context_is_sampled_tokens_with_mask_1_and_observations_with_mask_0(tokenizer):
+    script = ["<run>echo hello</run>", "<submit/>"]
+    policy, [episode] = episodes_for(tokenizer, script)
+    sampled = [tokenizer.encode(line + IM_END, add_special_tokens=False) for line in script]
+    trained = [t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 1]
+    assert trained == sampled[0] + sampled[1]  # exactly the sampled tokens, in order
+    observed = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 0])
+    assert observed == "\n<|im_start|>user\n[OK exit 0]\nhello\n<|im_end|>\n<|im_start|>assistant\n"
+    assert episode.behaviour_logprobs == [-0.5 if m else 0.0 for m in episode.loss_mask]
+    assert len(episode.response_ids) == len(episode.loss_mask)
+
+
+def test_each_limit_ends_episodes_and_is_recorded(tokenizer):
+    loose = EpisodeLimits(max_turns=3, max_tokens=60_000)
+    _, [looping] = episodes_for(tokenizer, ["<run>true</run>"] * 3, limits=loose)
+    assert (looping.finish_reason, len(looping.turns)) == ("max_turns", 3)
+    first_turn_only = len(render_episode_prompt(tokenizer, TASK)) + 4000 + 50  # the 4000-token budget fits once
+    _, [long] = episodes_for(tokenizer, ["<run>true</run>"] * 3,
+                             limits=EpisodeLimits(max_turns=3, max_tokens=first_turn_only))
+    assert (long.finish_reason, len(long.turns)) == ("max_tokens", 1)
+    _, [slow] = episodes_for(tokenizer, ["<run>true</run>"], limits=EpisodeLimits(max_turns=3, max_tokens=60_000,
+                                                                                   wall_s=0.0))
+    assert (slow.finish_reason, slow.turns) == ("wall_time", [])
+
+
+def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(tokenizer):
+    policy, episodes = episodes_for(tokenizer, ["I will fix it.", "<run>ls shopcart</run>", "<submit/>"], n=3)
+    assert policy.calls == [3, 3, 3]  # one batched generation per turn for the three episodes
+    for episode in episodes:
+        malformed, listed, _ = episode.turns
+        assert (malformed.action, malformed.status) == ("malformed", "error")
+        assert malformed.observation.startswith("error: no action found. Actions (one per turn)")
+        assert "money.py" in listed.observation and episode.finish_reason == "submitted"
+        assert episode.submission == ""  # nothing changed: an empty diff
+    assert [e.sample_index for e in episodes] == [0, 1, 2] and {e.group_id for e in episodes} == {
+        "it-1/shopcart/negative-money"}

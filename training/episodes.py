@@ -1,0 +1,225 @@
+"""Multi-turn episodes: the policy acts in its own sandbox session until it submits or a limit ends it.
+
+Every turn, all live episodes advance together: one batched generation call for every episode
+still running, then each parsed action (training/actions.py) runs in that episode's session,
+concurrently. The context is one token sequence per episode: the prompt, then for each turn the
+tokens the policy sampled (loss mask 1, with their behaviour log-probs) and the observation the
+environment answered with (loss mask 0), in the chat template's own framing. The tokens trained
+on are exactly the tokens sampled: nothing the policy wrote is decoded and re-encoded.
+
+An episode ends when the policy submits (`submitted`), or at a limit: `max_turns`, `max_tokens`
+(the next turn would not fit the context budget) or `wall_time`. Whatever ends it, its
+workspace is the submission: a diff against the task's files for a repository task, solution.py
+(less the task's prefix) for a function task. Grading happens later, in a fresh sandbox, by the
+verification protocol; never in the working session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from sandbox.base import Session, WorkspacePathError
+from task_sets.grading import SOLUTION_FILE
+from task_sets.patches import make_patch, text_files_from_tar
+from task_sets.schema import RepositoryTask, Task
+from training.actions import USAGE, Malformed, Replace, Run, Submit, Write, parse_action
+from training.engine import Completion, InferenceEngine, SamplingParams
+from training.tokenizer import IM_END, IM_START
+
+OBSERVATION_CHARS = 1200  # of command output shown to the policy per turn
+SYSTEM_MESSAGE = f"You work in a sandboxed repository. {USAGE}"
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 4
+    max_tokens: int = 1024  # the whole context: prompt, replies and observations
+    wall_s: float = 300.0  # per episode, generation and sandbox time together
+    command_timeout_s: float = 30.0  # per <run>
+
+
+@dataclass(frozen=True)
+class Turn:
+    action: str  # run | write | replace | submit | malformed
+    detail: str  # the command, the path, or why the reply was malformed
+    status: str  # ok | error (the action ran and failed, or could not run) | submitted
+    exit_code: int | None
+    observation: str  # what the policy was shown
+    generate_s: float  # this episode's share of the turn's batched generation
+    exec_s: float
+    sampled_tokens: int
+
+
+@dataclass
+class Episode:
+    task: Task
+    group_id: str
+    sample_index: int
+    policy_version: str
+    prompt_ids: list[int]
+    session: Session | None = field(default=None, repr=False)
+    response_ids: list[int] = field(default_factory=list)  # everything after the prompt
+    loss_mask: list[int] = field(default_factory=list)
+    behaviour_logprobs: list[float] | None = field(default_factory=list)  # 0.0 where the mask is 0
+    turns: list[Turn] = field(default_factory=list)
+    finish_reason: str = ""
+    submission: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+
+def run_episodes(
+    engine: InferenceEngine,
+    tokenizer,
+    tasks: Sequence[Task],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+    open_session: Callable[[Task], Session],
+    group_prefix: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Episode]:
+    """`params.n` episodes for every task, run together; `open_session(task)` gives a fresh
+    session holding the task's starting files."""
+    episodes = [Episode(task, f"{group_prefix}/{task.id}", index, engine.policy_version,
+                        render_episode_prompt(tokenizer, task)) for task in tasks for index in range(params.n)]
+    with ThreadPoolExecutor(max(1, min(len(episodes), 8))) as pool:
+        try:
+            list(pool.map(lambda e: _open(e, open_session), episodes))
+            for turn in range(limits.max_turns):
+                live = [e for e in episodes if not e.done and not _out_of_budget(e, params, limits)]
+                if not live:
+                    break
+                began = time.perf_counter()
+                turn_params = dataclasses.replace(params, n=1, seed=params.seed + turn)
+                completions = engine.generate([e.context for e in live], turn_params)
+                share = (time.perf_counter() - began) / len(live)
+                list(pool.map(lambda pair: _act(pair[0], pair[1][0], share, tokenizer, limits), zip(live, completions)))
+                if progress:
+                    progress(turn + 1, limits.max_turns)
+            for episode in episodes:
+                if not episode.done:
+                    episode.finish_reason = "max_turns"
+            list(pool.map(_submit, episodes))
+        finally:
+            list(pool.map(_close, episodes))
+    return episodes
+
+
+def starting_files(task: Task) -> dict[str, str]:
+    """What an episode's workspace holds at the start: the task's files (and, for a function
+    task, solution.py with the task's prefix)."""
+    if isinstance(task, RepositoryTask):
+        return dict(task.files)
+    return {**task.files, SOLUTION_FILE: task.solution_prefix}
+
+
+def render_episode_prompt(tokenizer, task: Task) -> list[int]:
+    messages = [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": task.prompt}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _open(episode: Episode, open_session: Callable[[Task], Session]) -> None:
+    episode.session = open_session(episode.task)
+
+
+def _out_of_budget(episode: Episode, params: SamplingParams, limits: EpisodeLimits) -> bool:
+    if time.monotonic() - episode.started > limits.wall_s:
+        episode.finish_reason = "wall_time"
+    elif len(episode.context) + params.max_new_tokens > limits.max_tokens:
+        episode.finish_reason = "max_tokens"
+    return episode.done
+
+
+def _act(episode: Episode, completion: Completion, generate_s: float, tokenizer, limits: EpisodeLimits) -> None:
+    """Take the sampled reply into the context, run its action, answer with an observation."""
+    episode.response_ids += completion.token_ids
+    episode.loss_mask += [1] * len(completion.token_ids)
+    if episode.behaviour_logprobs is not None and completion.logprobs is not None:
+        episode.behaviour_logprobs += completion.logprobs
+    else:
+        episode.behaviour_logprobs = None  # one turn without log-probs makes the episode untrainable
+    action = parse_action(completion.text.split(IM_END, 1)[0])
+    began = time.perf_counter()
+    kind, detail, status, exit_code, observation = _perform(episode, action, limits)
+    episode.turns.append(Turn(kind, detail, status, exit_code, observation, generate_s,
+                              time.perf_counter() - began, len(completion.token_ids)))
+    if isinstance(action, Submit):
+        episode.finish_reason = "submitted"
+        return
+    closing = "" if completion.finish_reason == "stop" else IM_END  # a reply cut by length was never closed
+    framed = f"{closing}\n{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n"
+    observed = list(tokenizer.encode(framed, add_special_tokens=False))
+    episode.response_ids += observed
+    episode.loss_mask += [0] * len(observed)
+    if episode.behaviour_logprobs is not None:
+        episode.behaviour_logprobs += [0.0] * len(observed)
+
+
+def _perform(episode: Episode, action, limits: EpisodeLimits) -> tuple[str, str, str, int | None, str]:
+    """(action, detail, status, exit code, observation) of one action in the episode's session."""
+    session = episode.session
+    match action:
+        case Submit():
+            return "submit", "", "submitted", None, "submitted"
+        case Malformed(reason=reason):
+            return "malformed", reason, "error", None, f"error: {reason}"
+        case Run(command=command):
+            result = session.exec(["/bin/sh", "-c", command], timeout_s=limits.command_timeout_s)
+            output = (result.stdout + result.stderr)[-OBSERVATION_CHARS:]
+            status = "ok" if result.ok else "error"
+            return "run", command, status, result.exit_code, f"[{result.status.value} exit {result.exit_code}]\n{output}"
+        case Write(path=path, content=content):
+            try:
+                session.put_files({path: content})
+            except WorkspacePathError as e:
+                return "write", path, "error", None, f"error: {e}"
+            return "write", path, "ok", None, f"wrote {len(content.encode())} bytes to {path}"
+        case Replace(path=path, old=old, new=new):
+            return ("replace", path, *_replace(session, path, old, new))
+    raise TypeError(f"unknown action {action!r}")
+
+
+def _replace(session: Session, path: str, old: str, new: str) -> tuple[str, None, str]:
+    try:
+        text = session.get_files([path])[path].decode("utf-8")
+    except (WorkspacePathError, UnicodeDecodeError) as e:
+        return "error", None, f"error: cannot read {path}: {e}"
+    count = text.count(old)
+    if count != 1:
+        return "error", None, f"error: the old text occurs {count} times in {path}; it must occur exactly once"
+    session.put_files({path: text.replace(old, new, 1)})
+    return "ok", None, f"replaced 1 occurrence in {path}"
+
+
+def _submit(episode: Episode) -> None:
+    """The episode's workspace as its submission."""
+    if episode.session is None:
+        return
+    try:
+        files = text_files_from_tar(episode.session.snapshot())
+    except WorkspacePathError as e:  # a workspace too big to snapshot: nothing gradable
+        episode.submission = ""
+        episode.turns.append(Turn("submit", "", "error", None, f"error: {e}", 0.0, 0.0, 0))
+        return
+    task = episode.task
+    if isinstance(task, RepositoryTask):
+        episode.submission = make_patch(task.files, files)
+    else:
+        episode.submission = files.get(SOLUTION_FILE, "").removeprefix(task.solution_prefix)
+
+
+def _close(episode: Episode) -> None:
+    if episode.session is not None:
+        episode.session.close()
