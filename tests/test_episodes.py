@@ -10,7 +10,12 @@ from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
 from training.engine import Completion, SamplingParams
-from training.episodes import EpisodeLimits, render_episode_prompt, run_episodes, starting_files
+from training.episodes import (
+    EpisodeLimits,
+    render_episode_prompt,
+    run_episodes,
+    starting_files,
+)
 from training.tokenizer import IM_END, build_tokenizer
 
 SHOPCART = load_task_set("shopcart")
@@ -38,7 +43,10 @@ def tokenizer():
     return build_tokenizer()
 
 
-def episodes_for(tokenizer, script, n=1, limits=EpisodeLimits(max_turns=6, max_tokens=60_000)):
+ROOMY = EpisodeLimits(max_turns=6, max_tokens=60_000)
+
+
+def episodes_for(tokenizer, script, n=1, limits=ROOMY):
     policy = ScriptedPolicy(tokenizer, script)
     def open_session(task):
         return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
@@ -50,14 +58,14 @@ def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_pass
     fixed = apply_patch(TASK.files, TASK.reference_solution)[MONEY]
     script = [
         # A wrong first fix: it breaks parsing of positive amounts.
-        f'The sign is lost.\n<replace path="{MONEY}"><old>{PARSE_LINE}</old>'
-        f'<new>        return cls(-int(whole) * 100)</new></replace>',
+        (f'The sign is lost.\n<replace path="{MONEY}"><old>{PARSE_LINE}</old>'
+         f'<new>        return cls(-int(whole) * 100)</new></replace>'),
         "<run>python3 -m pytest -q tests</run>",
         f'That broke positive amounts. Rewriting the file.\n<write path="{MONEY}">\n{fixed}</write>',
         "<run>python3 -m pytest -q tests</run>",
         "<submit/>",
     ]
-    policy, [episode] = episodes_for(tokenizer, script, n=1)
+    _, [episode] = episodes_for(tokenizer, script, n=1)
     assert [t.action for t in episode.turns] == ["replace", "run", "write", "run", "submit"]
     assert [t.status for t in episode.turns] == ["ok", "error", "ok", "ok", "submitted"]
     assert "failed" in episode.turns[1].observation and episode.turns[1].exit_code == 1
@@ -70,7 +78,7 @@ def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_pass
 
 def test_the_context_is_sampled_tokens_with_mask_1_and_observations_with_mask_0(tokenizer):
     script = ["<run>echo hello</run>", "<submit/>"]
-    policy, [episode] = episodes_for(tokenizer, script)
+    _, [episode] = episodes_for(tokenizer, script)
     sampled = [tokenizer.encode(line + IM_END, add_special_tokens=False) for line in script]
     trained = [t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 1]
     assert trained == sampled[0] + sampled[1]  # exactly the sampled tokens, in order
@@ -84,7 +92,7 @@ def test_each_limit_ends_episodes_and_is_recorded(tokenizer):
     loose = EpisodeLimits(max_turns=3, max_tokens=60_000)
     _, [looping] = episodes_for(tokenizer, ["<run>true</run>"] * 3, limits=loose)
     assert (looping.finish_reason, len(looping.turns)) == ("max_turns", 3)
-    first_turn_only = len(render_episode_prompt(tokenizer, TASK)) + 4000 + 50  # the 4000-token budget fits once
+    first_turn_only = len(render_episode_prompt(tokenizer, TASK)) + 4000  # the 4000-token budget fits once
     _, [long] = episodes_for(tokenizer, ["<run>true</run>"] * 3,
                              limits=EpisodeLimits(max_turns=3, max_tokens=first_turn_only))
     assert (long.finish_reason, len(long.turns)) == ("max_tokens", 1)

@@ -104,7 +104,8 @@ def run_episodes(
                 turn_params = dataclasses.replace(params, n=1, seed=params.seed + turn)
                 completions = engine.generate([e.context for e in live], turn_params)
                 share = (time.perf_counter() - began) / len(live)
-                list(pool.map(lambda pair: _act(pair[0], pair[1][0], share, tokenizer, limits), zip(live, completions)))
+                list(pool.map(_act, live, [group[0] for group in completions], [share] * len(live),
+                              [tokenizer] * len(live), [limits] * len(live)))
                 if progress:
                     progress(turn + 1, limits.max_turns)
             for episode in episodes:
