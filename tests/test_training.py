@@ -347,3 +347,25 @@ def test_train_policy_rejects_mismatched_logprobs(sft_result, tmp_path):
     bad = TrainSample([1, 2], [3, 4], [-0.1], 1.0, "g")
     with pytest.raises(ValueError, match="behaviour logprobs"):
         train_policy(sft_result[0], [bad], tmp_path / "x")
+
+
+def test_observation_tokens_are_context_and_never_trained_on(sft_result, tmp_path):
+    """Two multi-turn samples that differ only where the loss mask is 0 (the environment's
+    tokens: their behaviour log-probs are junk on purpose) train to the same weights."""
+    prompt, reply, observation = [5, 6, 7], [40, 41, 42], [50, 51]
+    response = reply + observation + reply
+    mask = [1, 1, 1, 0, 0, 1, 1, 1]
+
+    def samples(junk: float) -> list[TrainSample]:
+        logprobs = [-1.0 if m else junk for m in mask]
+        return [TrainSample(prompt, response, logprobs, reward, "g", loss_mask=mask) for reward in (1.0, 0.0)]
+
+    config = GRPOConfig(lr=1e-2, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False)
+    clean = train_policy(sft_result[0], samples(0.0), tmp_path / "clean", config)
+    junk = train_policy(sft_result[0], samples(123.0), tmp_path / "junk", config)
+    assert clean["response_tokens"] == junk["response_tokens"] == 2 * sum(mask)
+    a, _ = load_policy(tmp_path / "clean")
+    b, _ = load_policy(tmp_path / "junk")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    with pytest.raises(ValueError, match="loss mask of 2 for 8 tokens"):
+        train_policy(sft_result[0], [TrainSample(prompt, response, [-1.0] * 8, 1.0, "g", [1, 0])], tmp_path / "x")

@@ -53,9 +53,16 @@ class GRPOConfig:
 class TrainSample:
     prompt_ids: list[int]
     response_ids: list[int]  # as generated, including the stop token if any
-    behaviour_logprobs: list[float]  # one per response token, from the engine
+    behaviour_logprobs: list[float]  # one per response token, from the engine (0.0 where loss_mask is 0)
     reward: float
     group_id: str  # completions of the same prompt (same rollout round) share it
+    # 1 where the policy sampled the token, 0 where the environment wrote it (a multi-turn
+    # episode's observations); None: every response token was sampled.
+    loss_mask: list[int] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 def train_policy(
@@ -110,6 +117,8 @@ def _validate(samples: list[TrainSample], config: GRPOConfig) -> None:
             raise ValueError(
                 f"sample {i}: {len(s.behaviour_logprobs)} behaviour logprobs for {len(s.response_ids)} tokens"
             )
+        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
+            raise ValueError(f"sample {i}: a loss mask of {len(s.loss_mask)} for {len(s.response_ids)} tokens")
 
 
 def _advantages(samples: list[TrainSample], config: GRPOConfig) -> torch.Tensor:
@@ -144,7 +153,7 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
 
 def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfig) -> dict[str, float]:
     """One optimizer step on the samples `rows`; returns token-weighted sums of the stats."""
-    denominator = sum(len(samples[i].response_ids) for i in rows)
+    denominator = max(sum(samples[i].trained_tokens for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
     active.sort(key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
     optimizer.zero_grad(set_to_none=True)
@@ -155,7 +164,10 @@ def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfi
         batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro], pad_id)
         behaviour = torch.zeros_like(batch.mask)
         for row, i in enumerate(micro):
-            behaviour[row, batch.response_slices[row]] = torch.tensor(samples[i].behaviour_logprobs)
+            span = batch.response_slices[row]
+            behaviour[row, span] = torch.tensor(samples[i].behaviour_logprobs)
+            if samples[i].loss_mask is not None:  # observations are context, never trained on
+                batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
         logprobs = token_logprobs(model, batch, config.temperature)
         loss, stats = clipped_policy_loss(logprobs, behaviour, advantages[micro], batch.mask, config.clip_eps)
         weight = stats["tokens"] / denominator  # turns the micro-batch mean into the minibatch mean
@@ -184,7 +196,7 @@ def _metrics(samples, advantages, totals, grad_norms, steps, seconds, config) ->
         "optimizer_steps": int(totals.get("optimizer_steps", 0.0)),
         "samples": len(samples),
         "groups": groups,
-        "response_tokens": sum(len(s.response_ids) for s in samples),
+        "response_tokens": sum(s.trained_tokens for s in samples),
         "tokens": int(totals.get("tokens", 0.0)),  # forward+backward tokens (prompt + response, padded)
         "seconds": seconds,
         "tokens_per_s": totals.get("tokens", 0.0) / max(seconds, 1e-9),

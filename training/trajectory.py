@@ -97,7 +97,7 @@ def evaluation_row(verified: VerifiedRollout) -> dict:
 def train_samples(table: pa.Table) -> list[TrainSample]:
     """Scored rows as training samples; infrastructure errors, invalid grades and samples
     without behaviour log-probs (text-only HTTP engines) are masked out."""
-    columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id"]
+    columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id", "loss_mask"]
     usable = pc.and_(pc.equal(table["reward_status"], "scored"), pc.is_valid(table["behaviour_logprobs"]))
     rows = table.filter(usable).select(columns).to_pylist()
     return [
@@ -107,6 +107,7 @@ def train_samples(table: pa.Table) -> list[TrainSample]:
             behaviour_logprobs=row["behaviour_logprobs"],
             reward=row["reward"],
             group_id=row["group_id"],
+            loss_mask=row["loss_mask"],
         )
         for row in rows
     ]
