@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2  # 2: reward_version on trajectories and evaluations
+SCHEMA_VERSION = 3  # 2: reward_version on trajectories and evaluations; 3: replayable turns
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
     return pa.field(name, type_, nullable=nullable, metadata={"doc": doc})
 
 
+# One turn of an episode, enough to replay it: what the policy wrote, what ran, what it saw.
 TURN = pa.struct(
     [
-        ("role", pa.string()),
-        ("action", pa.string()),
-        ("exit_status", pa.string()),
-        ("observation_excerpt", pa.string()),
+        ("index", pa.int32()),
+        ("reply", pa.string()),  # the policy's text this turn
+        ("action", pa.string()),  # run | write | replace | submit | malformed
+        ("detail", pa.string()),  # the command, the path, or why the reply was malformed
+        ("status", pa.string()),  # ok | error | submitted
+        ("exit_code", pa.int32()),  # of a run; null otherwise
+        ("observation_excerpt", pa.string()),  # what the policy was shown next
+        ("generate_s", pa.float64()),
+        ("exec_s", pa.float64()),
+        ("sampled_tokens", pa.int32()),
     ]
 )
 
@@ -52,7 +59,8 @@ TRAJECTORIES = pa.schema(
         _field("behaviour_logprobs", pa.list_(pa.float32()), "log-prob of each sampled token; null where the engine "
                "returned none (a text-only HTTP server): such rows are evaluated, never trained on"),
         _field("response_text", pa.string(), "decoded response"),
-        _field("turns", pa.list_(TURN), "episode turns (role, action, exit status, observation)"),
+        _field("turns", pa.list_(TURN), "the episode turn by turn (reply, action, status, exit code, "
+               "observation, timings); a single-turn sample has one, its submission"),
         _field("patch", pa.string(), "the submission: solution.py's code, or a repository task's diff"),
         _field("test_results", pa.list_(TEST_RESULT), "per hidden test outcome"),
         _field("reward_components", pa.map_(pa.string(), pa.float64()), "named reward terms"),

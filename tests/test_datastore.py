@@ -31,7 +31,9 @@ def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 
         "loss_mask": [1, 1],
         "behaviour_logprobs": [-0.5, -0.25],
         "response_text": "def f(x):\n    return x\n",
-        "turns": [{"role": "assistant", "action": "submit", "exit_status": "OK", "observation_excerpt": ""}],
+        "turns": [{"index": 0, "reply": "def f(x):\n    return x\n", "action": "submit", "detail": "",
+                   "status": "submitted", "exit_code": None, "observation_excerpt": "", "generate_s": 0.1,
+                   "exec_s": 0.0, "sampled_tokens": 2}],
         "patch": "def f(x):\n    return x\n",
         "test_results": [
             {"name": "test_a", "outcome": "passed", "message": ""},

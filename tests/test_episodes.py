@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+from datastore import catalog
+from datastore.store import DatasetStore, rows_to_table
 from sandbox.backends import open_sandbox
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
 from training.engine import Completion, SamplingParams
-from training.episodes import (
-    EpisodeLimits,
-    render_episode_prompt,
-    run_episodes,
-    starting_files,
-)
+from training.episodes import EpisodeLimits, as_rollout, render_episode_prompt, run_episodes, starting_files
 from training.tokenizer import IM_END, build_tokenizer
+from training.trajectory import VerifiedRollout, trajectory_row
 
 SHOPCART = load_task_set("shopcart")
 TASK = SHOPCART.by_id["shopcart/negative-money"]
@@ -54,7 +52,7 @@ def episodes_for(tokenizer, script, n=1, limits=ROOMY):
     return policy, run_episodes(policy, tokenizer, [TASK], params, limits, open_session, "it-1")
 
 
-def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_passes(tokenizer):
+def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_passes(tokenizer, tmp_path):
     fixed = apply_patch(TASK.files, TASK.reference_solution)[MONEY]
     script = [
         # A wrong first fix: it breaks parsing of positive amounts.
@@ -74,6 +72,21 @@ def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_pass
     assert apply_patch(TASK.files, episode.submission)[MONEY] == fixed
     graded = grade_solution(TASK, episode.submission, reward=SHOPCART.reward)
     assert (graded.reward, graded.tamper_flags) == (1.0, ())  # graded in a fresh sandbox, hidden tests and all
+    replay_from_parquet(tokenizer, episode, graded, tmp_path)
+
+
+def replay_from_parquet(tokenizer, episode, graded, tmp_path):
+    """The stored row alone tells the episode again: reply, action, status, exit code, observation."""
+    rollout = as_rollout(episode, tokenizer)
+    row = trajectory_row(VerifiedRollout(rollout, TASK, graded, verify_s=0.5))
+    DatasetStore(str(tmp_path)).write_partition("trajectories", "exp", 1, rows_to_table("trajectories", [row]))
+    replay = catalog.connect(str(tmp_path)).sql(
+        "SELECT t.index, t.action, t.status, t.exit_code, t.reply, t.observation_excerpt, reward "
+        "FROM trajectories, UNNEST(turns) AS u(t) ORDER BY t.index").fetchall()
+    assert [(r[1], r[2], r[3]) for r in replay] == [("replace", "ok", None), ("run", "error", 1), ("write", "ok", None),
+                                                     ("run", "ok", 0), ("submit", "submitted", None)]
+    assert replay[1][4] == "<run>python3 -m pytest -q tests</run>" and "failed" in replay[1][5]
+    assert {r[6] for r in replay} == {1.0}
 
 
 def test_the_context_is_sampled_tokens_with_mask_1_and_observations_with_mask_0(tokenizer):

@@ -28,6 +28,7 @@ from task_sets.patches import make_patch, text_files_from_tar
 from task_sets.schema import RepositoryTask, Task
 from training.actions import USAGE, Malformed, Replace, Run, Submit, Write, parse_action
 from training.engine import Completion, InferenceEngine, SamplingParams
+from training.rollout import Rollout
 from training.tokenizer import IM_END, IM_START
 
 OBSERVATION_CHARS = 1200  # of command output shown to the policy per turn
@@ -44,6 +45,7 @@ class EpisodeLimits:
 
 @dataclass(frozen=True)
 class Turn:
+    reply: str  # the policy's text this turn
     action: str  # run | write | replace | submit | malformed
     detail: str  # the command, the path, or why the reply was malformed
     status: str  # ok | error (the action ran and failed, or could not run) | submitted
@@ -151,10 +153,11 @@ def _act(episode: Episode, completion: Completion, generate_s: float, tokenizer,
         episode.behaviour_logprobs += completion.logprobs
     else:
         episode.behaviour_logprobs = None  # one turn without log-probs makes the episode untrainable
-    action = parse_action(completion.text.split(IM_END, 1)[0])
+    reply = completion.text.split(IM_END, 1)[0]
+    action = parse_action(reply)
     began = time.perf_counter()
     kind, detail, status, exit_code, observation = _perform(episode, action, limits)
-    episode.turns.append(Turn(kind, detail, status, exit_code, observation, generate_s,
+    episode.turns.append(Turn(reply, kind, detail, status, exit_code, observation, generate_s,
                               time.perf_counter() - began, len(completion.token_ids)))
     if isinstance(action, Submit):
         episode.finish_reason = "submitted"
@@ -212,13 +215,25 @@ def _submit(episode: Episode) -> None:
         files = text_files_from_tar(episode.session.snapshot())
     except WorkspacePathError as e:  # a workspace too big to snapshot: nothing gradable
         episode.submission = ""
-        episode.turns.append(Turn("submit", "", "error", None, f"error: {e}", 0.0, 0.0, 0))
+        episode.turns.append(Turn("", "submit", "", "error", None, f"error: {e}", 0.0, 0.0, 0))
         return
     task = episode.task
     if isinstance(task, RepositoryTask):
         episode.submission = make_patch(task.files, files)
     else:
         episode.submission = files.get(SOLUTION_FILE, "").removeprefix(task.solution_prefix)
+
+
+def as_rollout(episode: Episode, tokenizer) -> Rollout:
+    """The episode as a sample: its whole context, mask and turns, for grading and storage."""
+    return Rollout(
+        task_id=episode.task.id, group_id=episode.group_id, sample_index=episode.sample_index,
+        policy_version=episode.policy_version, prompt_ids=episode.prompt_ids, response_ids=episode.response_ids,
+        behaviour_logprobs=episode.behaviour_logprobs, finish_reason=episode.finish_reason,
+        response_text=tokenizer.decode(episode.response_ids, skip_special_tokens=False),
+        generate_s=sum(t.generate_s for t in episode.turns), loss_mask=episode.loss_mask,
+        turns=tuple(episode.turns), submission=episode.submission,
+    )
 
 
 def _close(episode: Episode) -> None:

@@ -15,20 +15,25 @@ TASKS_PER_CALL = 16  # one generate call per chunk, so progress shows while a bi
 
 @dataclass(frozen=True)
 class Rollout:
+    """One sample: a single-turn reply, or a whole multi-turn episode (training/episodes.py)."""
+
     task_id: str
     group_id: str
     sample_index: int
     policy_version: str
     prompt_ids: list[int]
-    response_ids: list[int]
+    response_ids: list[int]  # everything after the prompt (an episode's observations included)
     behaviour_logprobs: list[float] | None  # None: the engine returned none (not trainable)
     finish_reason: str
     response_text: str
     generate_s: float  # this sample's share of its batch's generation time
+    loss_mask: list[int] | None = None  # None: every response token was sampled
+    turns: tuple = ()  # an episode's Turns; () for a single-turn reply
+    submission: str | None = None  # an episode's final workspace (diff or solution.py)
 
     @property
     def solution(self) -> str:
-        return extract_solution(self.response_text)
+        return extract_solution(self.response_text) if self.submission is None else self.submission
 
 
 def sample_rollouts(

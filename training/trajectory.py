@@ -40,17 +40,10 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "policy_version": rollout.policy_version,
         "prompt_token_ids": rollout.prompt_ids,
         "response_token_ids": rollout.response_ids,
-        "loss_mask": [1] * len(rollout.response_ids),
+        "loss_mask": rollout.loss_mask or [1] * len(rollout.response_ids),
         "behaviour_logprobs": rollout.behaviour_logprobs,
         "response_text": rollout.response_text,
-        "turns": [
-            {
-                "role": "assistant",
-                "action": "submit",
-                "exit_status": execution.status.value,
-                "observation_excerpt": (execution.stdout + execution.stderr)[:2000],
-            }
-        ],
+        "turns": _turns(rollout),
         "patch": rollout.solution,
         "test_results": [
             {"name": name, "outcome": outcome, "message": grade.messages.get(name, "")}
@@ -77,6 +70,16 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "sandbox_backend": execution.backend,
         "sandbox_spec_hash": execution.spec_hash,
     }
+
+
+def _turns(rollout: Rollout) -> list[dict]:
+    if not rollout.turns:  # single-turn: the reply is the submission
+        return [{"index": 0, "reply": rollout.response_text, "action": "submit", "detail": "", "status": "submitted",
+                 "exit_code": None, "observation_excerpt": "", "generate_s": rollout.generate_s, "exec_s": 0.0,
+                 "sampled_tokens": len(rollout.response_ids)}]
+    return [{"index": index, "reply": t.reply, "action": t.action, "detail": t.detail[:2000], "status": t.status,
+             "exit_code": t.exit_code, "observation_excerpt": t.observation[:2000], "generate_s": t.generate_s,
+             "exec_s": t.exec_s, "sampled_tokens": t.sampled_tokens} for index, t in enumerate(rollout.turns)]
 
 
 def evaluation_row(verified: VerifiedRollout) -> dict:
