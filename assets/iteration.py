@@ -10,6 +10,7 @@ checkpoint N-1 is resolved by path and its exact content hash is recorded in the
 import dataclasses
 import random
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from task_sets.schema import TaskBase
 from task_sets.separation import separation
 from training.checkpoint import CheckpointError, verify_checkpoint
 from training.engine import SamplingParams, TransformersEngine
+from training.episodes import EpisodeLimits, as_rollout, run_episodes
 from training.experiment import ExperimentConfig
 from training.rollout import Rollout, sample_rollouts
 from training.trainer import train_policy
@@ -79,7 +81,7 @@ def _grade_all(
     def verify(sandbox, item: tuple[TaskBase, Rollout]) -> VerifiedRollout:
         task, rollout = item
         started = time.perf_counter()
-        process = Process(turns=1, tokens=len(rollout.response_ids))
+        process = Process(turns=max(1, len(rollout.turns)), tokens=rollout.sampled_tokens)
         grade = grade_solution(task, rollout.solution, sandbox, reward, process)
         return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started)
 
@@ -126,11 +128,24 @@ def task_set(
     )
 
 
+def _sample(context, crucible: CrucibleResource, experiment: ExperimentConfig, engine, tasks, params,
+            group_prefix: str) -> list[Rollout]:
+    if experiment.max_turns == 1:
+        return sample_rollouts(engine, engine.tokenizer, tasks, params, group_prefix,
+                               progress=lambda done, total: context.log.info(f"sampled {done}/{total} tasks"))
+    limits = EpisodeLimits(max_turns=experiment.max_turns, max_tokens=experiment.episode_max_tokens,
+                           command_timeout_s=experiment.command_timeout_s)
+    episodes = run_episodes(engine, engine.tokenizer, tasks, params, limits, crucible.open_session, group_prefix,
+                            progress=lambda turn, turns: context.log.info(f"episodes: turn {turn}/{turns} done"))
+    return [as_rollout(episode, engine.tokenizer) for episode in episodes]
+
+
 @asset(**ITERATION, deps=[base_policy], kinds={"pytorch"})
 def rollouts(
     context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase]
 ) -> Output[list[Rollout]]:
-    """K samples per task from the previous iteration's checkpoint, with behaviour log-probs."""
+    """K samples per task from the previous iteration's checkpoint, with behaviour log-probs:
+    single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns."""
     experiment, iteration = _experiment(context, crucible)
     with timed_stage(crucible.store(), experiment.name, iteration, "rollouts"):
         policy_dir, policy_version = _policy(crucible, experiment.name, iteration)
@@ -141,11 +156,8 @@ def rollouts(
             temperature=experiment.temperature,
             seed=experiment.seed * 100_003 + iteration,
         )
-        samples = sample_rollouts(
-            engine, engine.tokenizer, task_set, params, context.partition_key,
-            progress=lambda done, total: context.log.info(f"sampled {done}/{total} tasks"),
-        )
-    tokens = sum(len(r.response_ids) for r in samples)
+        samples = _sample(context, crucible, experiment, engine, task_set, params, context.partition_key)
+    tokens = sum(r.sampled_tokens for r in samples)
     seconds = sum(r.generate_s for r in samples)
     return Output(
         samples,
@@ -156,6 +168,8 @@ def rollouts(
             "generated_tokens": tokens,
             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
             "truncated": sum(r.finish_reason == "length" for r in samples),
+            "finish_reasons": MetadataValue.json(dict(Counter(r.finish_reason for r in samples))),
+            "mean_turns": sum(max(1, len(r.turns)) for r in samples) / len(samples),
             "example": MetadataValue.md(f"```python\n{samples[0].response_text}\n```"),
         },
     )
@@ -277,7 +291,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
         full_set = load_task_set(experiment.task_set)
         tasks = full_set.eval()[: experiment.eval_tasks]
         params = SamplingParams(n=1, max_new_tokens=experiment.max_new_tokens, temperature=0.0)
-        samples = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{context.partition_key}/eval")
+        samples = _sample(context, crucible, experiment, engine, tasks, params, f"{context.partition_key}/eval")
         graded = _grade_all(context, crucible, list(zip(tasks, samples)), full_set.reward)
         rows = [evaluation_row(v) for v in graded]
         store.write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))

@@ -11,7 +11,11 @@ from dagster import ConfigurableResource
 
 from datastore.store import DatasetStore
 from sandbox.backends import BACKENDS, open_sandbox
+from sandbox.base import Session
 from sandbox.pool import PoolConfig, SandboxPool
+from task_sets.grading import sandbox_spec
+from task_sets.schema import Task
+from training.episodes import starting_files
 from training.experiment import ExperimentConfig
 
 
@@ -36,6 +40,10 @@ class CrucibleResource(ConfigurableResource):
             PoolConfig(cpu_slots=self.grading_workers),
             is_infra_failure=is_infra_failure,
         )
+
+    def open_session(self, task: Task) -> Session:
+        """A fresh sandbox session for an episode on `task`, holding its starting files."""
+        return open_sandbox(self.sandbox_backend, sandbox_spec(task)).session(starting_files(task))
 
     def _experiment_path(self, name: str) -> str:
         return f"{self.storage_root.rstrip('/')}/experiments/{name}.json"

@@ -157,3 +157,24 @@ def test_running_again_skips_the_finished_iteration(finished_run, environment):
     assert "iteration 1: already materialized" in again.stderr
     stored = json.loads((Path(environment["CRUCIBLE_STORAGE_ROOT"]) / "experiments" / "tiny.json").read_text())
     assert stored["tasks_per_iteration"] == 4
+
+
+def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, workdir):
+    """Same base policy, an experiment allowing two turns: each sample is an episode in a sandbox
+    session, stored turn by turn with its loss mask."""
+    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
+    try:
+        CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
+                         checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"]).save_experiment(
+            ExperimentConfig(name="turns", tasks_per_iteration=2, samples_per_task=2, max_new_tokens=24,
+                             eval_tasks=2, max_turns=2, episode_max_tokens=1024))
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    done = crucible_cli(environment, "run", "--experiment", "turns", "--iterations", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    [part] = (workdir / "data" / "trajectories" / "experiment=turns" / "iteration=1").glob("*.parquet")
+    rows = pq.read_table(part).to_pylist()
+    assert len(rows) == 4 and all(1 <= len(row["turns"]) <= 2 for row in rows)
+    assert all(row["turns"][0]["reply"] and row["turns"][0]["action"] for row in rows)
+    with_observation = [row for row in rows if len(row["turns"]) == 2]
+    assert with_observation and all(0 in row["loss_mask"] and 1 in row["loss_mask"] for row in with_observation)

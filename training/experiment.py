@@ -23,7 +23,12 @@ class ExperimentConfig(BaseModel):
         64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
     samples_per_task: int = Field(4, ge=2, description="GRPO group size K")
-    max_new_tokens: int = Field(96, ge=8, description="response budget per sample")
+    max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes)")
+    max_turns: int = Field(1, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
+                           "episodes in a sandbox session, ended by a submit or this many turns")
+    episode_max_tokens: int = Field(1024, ge=64, description="an episode's whole context budget (prompt, replies, "
+                                    "observations); at most the model's max_position_embeddings")
+    command_timeout_s: float = Field(10.0, gt=0, description="wall limit of each command an episode runs")
     temperature: float = Field(
         0.6, gt=0,
         description="sampling temperature of rollouts, and the trainer's (they must agree); 0.6 "

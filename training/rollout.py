@@ -32,6 +32,11 @@ class Rollout:
     submission: str | None = None  # an episode's final workspace (diff or solution.py)
 
     @property
+    def sampled_tokens(self) -> int:
+        """Tokens the policy wrote (an episode's observations are the environment's)."""
+        return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)
+
+    @property
     def solution(self) -> str:
         return extract_solution(self.response_text) if self.submission is None else self.submission
 
