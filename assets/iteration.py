@@ -38,7 +38,7 @@ from task_sets.rewards import Process, RewardFunction
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
 from training.checkpoint import CheckpointError, verify_checkpoint
-from training.engine import SamplingParams, TransformersEngine
+from training.engine import SamplingParams, open_engine
 from training.episodes import EpisodeLimits, as_rollout, run_episodes
 from training.experiment import ExperimentConfig
 from training.rollout import Rollout, sample_rollouts
@@ -149,7 +149,7 @@ def rollouts(
     experiment, iteration = _experiment(context, crucible)
     with timed_stage(crucible.store(), experiment.name, iteration, "rollouts"):
         policy_dir, policy_version = _policy(crucible, experiment.name, iteration)
-        engine = TransformersEngine(policy_dir, policy_version)
+        engine = open_engine(experiment.engine, policy_dir, policy_version)
         params = SamplingParams(
             n=experiment.samples_per_task,
             max_new_tokens=experiment.max_new_tokens,
@@ -287,7 +287,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     store = crucible.store()
     with timed_stage(store, experiment.name, iteration, "checkpoint_eval"):
         policy_dir = crucible.checkpoint_dir(experiment.name, iteration)
-        engine = TransformersEngine(policy_dir, verify_checkpoint(policy_dir)["content_hash"])
+        engine = open_engine(experiment.engine, policy_dir, verify_checkpoint(policy_dir)["content_hash"])
         full_set = load_task_set(experiment.task_set)
         tasks = full_set.eval()[: experiment.eval_tasks]
         params = SamplingParams(n=1, max_new_tokens=experiment.max_new_tokens, temperature=0.0)

@@ -143,3 +143,18 @@ class TransformersEngine:
             tokens, logprobs, reason = tokens[: stop + 1], logprobs[: stop + 1], "stop"
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         return Completion(token_ids=tokens, logprobs=logprobs, finish_reason=reason, text=text)
+
+
+ENGINES = ("transformers", "vllm")
+
+
+def open_engine(kind: str, checkpoint_dir: str | Path, policy_version: str) -> InferenceEngine:
+    """The engine an experiment samples with: "transformers" (CPU, the default) or "vllm" (GPU,
+    `pip install -e '.[gpu]'`). Both load the same checkpoint directory."""
+    if kind == "vllm":
+        from training.vllm_engine import VLLMEngine
+
+        return VLLMEngine(checkpoint_dir, policy_version)
+    if kind != "transformers":
+        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
+    return TransformersEngine(checkpoint_dir, policy_version)

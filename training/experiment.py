@@ -8,6 +8,8 @@ by the sensor) samples and trains exactly as the earlier ones did.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from training.trainer import GRPOConfig
@@ -23,6 +25,8 @@ class ExperimentConfig(BaseModel):
         64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
     samples_per_task: int = Field(4, ge=2, description="GRPO group size K")
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers", description="what samples: transformers on CPU, or vLLM on GPU (pip install -e '.[gpu]')")
     max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes)")
     max_turns: int = Field(1, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
                            "episodes in a sandbox session, ended by a submit or this many turns")
