@@ -69,3 +69,14 @@ def test_an_unreachable_server_is_named(local):
     engine = OpenAICompatibleEngine("http://127.0.0.1:9", "m", local.tokenizer, retries=0, timeout_s=2)
     with pytest.raises(EngineError, match=r"cannot reach http://127.0.0.1:9/v1/completions"):
         engine.generate(prompts(local)[:1], SAMPLED)
+
+
+def test_the_chat_api_gets_the_conversation_as_messages_and_gives_evaluation_only_completions(server, local):
+    episode_context = prompts(local)[0] + local.tokenizer.encode(
+        "<run>ls</run><|im_end|>\n<|im_start|>user\nsolution.py<|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False)
+    remote = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, api="chat")
+    [[completion, *_]] = remote.generate([episode_context], SAMPLED)
+    assert [m["role"] for m in server.requests[-1]["messages"]] == ["system", "user", "assistant", "user"]
+    assert server.chat_prompts[-1] == episode_context  # the server's template rebuilt the same tokens
+    assert completion.logprobs is None and completion.token_ids == local.tokenizer.encode(completion.text)

@@ -1,12 +1,17 @@
-"""The OpenAI-compatible HTTP engine: any server with `/v1/completions` (vllm serve, SGLang,
-hosted APIs), behind the same token-in / token-out interface as the local engines.
+"""The OpenAI-compatible HTTP engine: any server with `/v1/completions` or `/v1/chat/completions`
+(vllm serve, SGLang, hosted APIs), behind the same token-in / token-out interface as the local
+engines.
 
-Prompts go out as token ids (the completions API takes a list of ids as `prompt`). What comes
-back is trainable only if the server says exactly which tokens it sampled and their log-probs:
-vLLM and SGLang do, with `logprobs` and `return_tokens_as_token_ids` ("token_id:123"). A server
-that returns text alone (most hosted APIs) yields completions whose ids are the text
-re-tokenised here and whose `logprobs` is None: fine for evaluation, never trained on, because
-re-tokenised text is not what the policy sampled.
+- `api="completions"` (default): prompts go out as token ids (the completions API takes a list
+  of ids as `prompt`).
+- `api="chat"`: for chat-only servers. Prompts are ChatML token ids (what training/prompts.py
+  and training/episodes.py render); they are decoded back into messages, and the server applies
+  its own model's chat template.
+What comes back is trainable only if the server says exactly which tokens it sampled and their
+log-probs: vLLM and SGLang do on the completions API, with `logprobs` and
+`return_tokens_as_token_ids` ("token_id:123"). Anything else (chat answers, most hosted APIs)
+yields completions whose ids are the text re-tokenised here and whose `logprobs` is None: fine
+for evaluation, never trained on, because re-tokenised text is not what the policy sampled.
 
 Requests for different prompts run concurrently; a connection error or a 5xx is retried with
 backoff, a 4xx is an EngineError carrying the server's message.
@@ -14,15 +19,19 @@ backoff, a 4xx is an EngineError carrying the server's message.
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import requests
 
 from training.engine import Completion, FinishReason, SamplingParams
+from training.tokenizer import IM_END, IM_START
 
 TOKEN_ID_PREFIX = "token_id:"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_CHATML_TURN = re.compile(re.escape(IM_START) + r"(\w+)\n(.*?)" + re.escape(IM_END), re.DOTALL)
 
 
 class EngineError(RuntimeError):
@@ -33,8 +42,10 @@ class OpenAICompatibleEngine:
     def __init__(
         self, base_url: str, model: str, tokenizer, policy_version: str | None = None, api_key: str | None = None,
         timeout_s: float = 300.0, retries: int = 3, concurrency: int = 8,
+        api: Literal["completions", "chat"] = "completions",
     ) -> None:
-        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.api = api
+        self.url = base_url.rstrip("/") + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
         self.model, self.tokenizer = model, tokenizer
         self.policy_version = policy_version or f"http:{model}"
         self.timeout_s, self.retries, self.concurrency = timeout_s, retries, concurrency
@@ -46,11 +57,12 @@ class OpenAICompatibleEngine:
             return list(pool.map(lambda prompt: self._complete(session, prompt, params), prompts))
 
     def _complete(self, session: requests.Session, prompt: list[int], params: SamplingParams) -> list[Completion]:
-        body = {
-            "model": self.model, "prompt": prompt, "n": params.n, "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
-            "logprobs": 1, "return_tokens_as_token_ids": True,
-        }
+        body = {"model": self.model, "n": params.n, "max_tokens": params.max_new_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
+        if self.api == "chat":
+            body["messages"] = chat_messages(self.tokenizer.decode(prompt, skip_special_tokens=False))
+        else:
+            body |= {"prompt": prompt, "logprobs": 1, "return_tokens_as_token_ids": True}
         answer = self._post(session, body)
         choices = answer.get("choices") if isinstance(answer, dict) else None
         if not isinstance(choices, list) or len(choices) != params.n:
@@ -77,13 +89,23 @@ class OpenAICompatibleEngine:
         raise EngineError(f"{problem} (after {self.retries} retries)")
 
     def _completion(self, choice: dict) -> Completion:
-        text = choice.get("text") or ""
+        message = choice.get("message")
+        text = (message.get("content") if isinstance(message, dict) else choice.get("text")) or ""
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         sampled = _sampled_tokens(choice.get("logprobs"))
         if sampled is None:
             return Completion(token_ids=self.tokenizer.encode(text), logprobs=None, finish_reason=finish, text=text)
         token_ids, logprobs = sampled
         return Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish, text=text)
+
+
+def chat_messages(chatml: str) -> list[dict[str, str]]:
+    """The messages of a ChatML prompt ("<|im_start|>user\\n...<|im_end|>"), without the final
+    open assistant turn, which the chat API adds itself."""
+    messages = [{"role": role, "content": content} for role, content in _CHATML_TURN.findall(chatml)]
+    if not messages:
+        raise EngineError("the chat API needs a ChatML prompt (system, user and assistant turns)")
+    return messages
 
 
 def _sampled_tokens(logprobs: object) -> tuple[list[int], list[float]] | None:
