@@ -8,7 +8,9 @@ from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
 from training.checkpoint import verify_checkpoint
 from training.model import PolicyConfig, build_base_policy
+from training.demonstrations import warmup_examples
 from training.sft import SFTConfig, supervised_warmup
+from training.tokenizer import build_tokenizer
 
 
 class BasePolicyConfig(Config):
@@ -26,9 +28,10 @@ def base_policy(
     context: AssetExecutionContext, config: BasePolicyConfig, crucible: CrucibleResource
 ) -> MaterializeResult:
     """A small Llama built from a config (nothing is downloaded), fine-tuned on the train split's
-    reference solutions so that RL starts from a policy that sometimes succeeds."""
+    reference solutions, as single replies and as episodes of actions, so that RL starts from a
+    policy that sometimes succeeds in either format."""
     task_set = load_task_set(config.task_set)
-    examples = [(task.prompt, task.reference_solution) for task in task_set.train()]
+    examples = warmup_examples(build_tokenizer(), task_set.train())
     sft_config = SFTConfig(seed=config.seed, steps=config.sft_steps)
     policy_config = PolicyConfig(seed=config.seed, hidden_size=config.hidden_size, num_layers=config.num_layers)
 

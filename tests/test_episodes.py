@@ -11,6 +11,7 @@ from sandbox.backends import open_sandbox
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
+from training.demonstrations import episode_examples
 from training.engine import Completion, SamplingParams
 from training.episodes import EpisodeLimits, as_rollout, render_episode_prompt, run_episodes, starting_files
 from training.tokenizer import IM_END, build_tokenizer
@@ -125,3 +126,17 @@ def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(
         assert episode.submission == ""  # nothing changed: an empty diff
     assert [e.sample_index for e in episodes] == [0, 1, 2] and {e.group_id for e in episodes} == {
         "it-1/shopcart/negative-money"}
+
+
+@pytest.mark.parametrize("task", [TASK, load_task_set("default").by_id["default/add_k/0000"]], ids=["repository", "function"])
+def test_warm_up_examples_are_the_token_sequences_an_episode_produces(tokenizer, task):
+    examples = episode_examples(tokenizer, task)
+    replies = [tokenizer.decode(response).removesuffix(IM_END) for _, response in examples]
+    policy = ScriptedPolicy(tokenizer, replies)
+    contexts = []
+    policy.generate = lambda prompts, params, inner=policy.generate: contexts.extend(prompts) or inner(prompts, params)
+    [episode] = run_episodes(policy, tokenizer, [task], SamplingParams(n=1, max_new_tokens=4000), ROOMY,
+                             lambda t: open_sandbox("local", sandbox_spec(t)).session(starting_files(t)), "warm")
+    assert contexts == [prompt for prompt, _ in examples]  # every turn's context, token for token
+    assert episode.finish_reason == "submitted"
+    assert grade_solution(task, episode.submission).reward_components["all_passed"] == 1.0

@@ -23,6 +23,7 @@ from training.engine import Completion, InferenceEngine, SamplingParams, Transfo
 from training.grpo import clipped_policy_loss, group_advantages
 from training.model import PolicyConfig, build_base_policy, load_policy
 from training.prompts import extract_solution, render_prompt
+from training.demonstrations import single_turn_examples
 from training.sft import SFTConfig, supervised_warmup
 from training.tokenizer import EOS_TOKEN, IM_END, IM_START, build_tokenizer, save_tokenizer
 from training.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, train_policy
@@ -60,7 +61,7 @@ def sft_result(base_dir, tmp_path_factory):
     """The tiny policy after a short warm-up: it has learned to end its answer with <|im_end|>."""
     out = tmp_path_factory.mktemp("sft") / "policy"
     config = SFTConfig(steps=40, lr=1e-2, warmup_steps=5, batch_size=4, seed=0)
-    metrics = supervised_warmup(base_dir, EXAMPLES, out, config)
+    metrics = supervised_warmup(base_dir, single_turn_examples(build_tokenizer(), EXAMPLES), out, config)
     return out, metrics
 
 

@@ -162,13 +162,24 @@ def _act(episode: Episode, completion: Completion, generate_s: float, tokenizer,
     if isinstance(action, Submit):
         episode.finish_reason = "submitted"
         return
-    closing = "" if completion.finish_reason == "stop" else IM_END  # a reply cut by length was never closed
-    framed = f"{closing}\n{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n"
-    observed = list(tokenizer.encode(framed, add_special_tokens=False))
+    observed = observation_ids(tokenizer, observation, reply_closed=completion.finish_reason == "stop")
     episode.response_ids += observed
     episode.loss_mask += [0] * len(observed)
     if episode.behaviour_logprobs is not None:
         episode.behaviour_logprobs += [0.0] * len(observed)
+
+
+def observation_ids(tokenizer, observation: str, reply_closed: bool = True) -> list[int]:
+    """The environment's answer as tokens: the observation as a user turn, then the opening of
+    the policy's next turn (a reply cut by length is closed first: the policy never closed it)."""
+    closing = "" if reply_closed else IM_END
+    framed = f"{closing}\n{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n"
+    return list(tokenizer.encode(framed, add_special_tokens=False))
+
+
+def wrote(path: str, content: str) -> str:
+    """The observation after a write."""
+    return f"wrote {len(content.encode())} bytes to {path}"
 
 
 def _perform(episode: Episode, action, limits: EpisodeLimits) -> tuple[str, str, str, int | None, str]:
@@ -189,7 +200,7 @@ def _perform(episode: Episode, action, limits: EpisodeLimits) -> tuple[str, str,
                 session.put_files({path: content})
             except WorkspacePathError as e:
                 return "write", path, "error", None, f"error: {e}"
-            return "write", path, "ok", None, f"wrote {len(content.encode())} bytes to {path}"
+            return "write", path, "ok", None, wrote(path, content)
         case Replace(path=path, old=old, new=new):
             return ("replace", path, *_replace(session, path, old, new))
     raise TypeError(f"unknown action {action!r}")
