@@ -62,7 +62,8 @@ def finished_run(workdir, environment) -> subprocess.CompletedProcess:
             checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"],
         )
         crucible.save_experiment(
-            ExperimentConfig(name="tiny", tasks_per_iteration=4, samples_per_task=2, max_new_tokens=24, eval_tasks=3)
+            ExperimentConfig(name="tiny", tasks_per_iteration=4, samples_per_task=2, max_new_tokens=24, eval_tasks=3,
+                             max_turns=1)  # single-turn here; test_an_experiment_with_turns runs episodes
         )
         with DagsterInstance.get() as instance:
             result = materialize([base_policy], instance=instance, resources={"crucible": crucible},

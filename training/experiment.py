@@ -27,9 +27,12 @@ class ExperimentConfig(BaseModel):
     samples_per_task: int = Field(4, ge=2, description="GRPO group size K")
     engine: Literal["transformers", "vllm"] = Field(
         "transformers", description="what samples: transformers on CPU, or vLLM on GPU (pip install -e '.[gpu]')")
-    max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes)")
-    max_turns: int = Field(1, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
-                           "episodes in a sandbox session, ended by a submit or this many turns")
+    max_new_tokens: int = Field(144, ge=8, description="response budget per sample (per turn in episodes): a "
+                                "write action of the default set's reference solutions takes 77 tokens (median), "
+                                "138 (95th percentile)")
+    max_turns: int = Field(2, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
+                           "episodes in a sandbox session, ended by a submit or this many turns (2 lets the "
+                           "warmed-up default model write its solution, then submit)")
     episode_max_tokens: int = Field(1024, ge=64, description="an episode's whole context budget (prompt, replies, "
                                     "observations); at most the model's max_position_embeddings")
     command_timeout_s: float = Field(10.0, gt=0, description="wall limit of each command an episode runs")
