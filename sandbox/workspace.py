@@ -87,19 +87,13 @@ class HostWorkspace:
         to it (the workspace included) root-owned and sticky."""
         for rel in paths:
             path = safe_relative(rel)
-            fd = os.open(self.root, _DIR_FLAGS)
+            dir_fd = self._open_parent(path, create=False, seal=True)
             try:
-                _seal_directory(fd)
-                for part in path.parts[:-1]:
-                    next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                    os.close(fd)
-                    fd = next_fd
-                    _seal_directory(fd)
-                file_fd = os.open(path.name, _READ_FLAGS, dir_fd=fd)
+                file_fd = os.open(path.name, _READ_FLAGS, dir_fd=dir_fd)
             except OSError as e:
                 raise WorkspacePathError(f"cannot protect {rel!r}: {e.strerror}") from e
             finally:
-                os.close(fd)
+                os.close(dir_fd)
             try:
                 if not stat.S_ISREG(os.fstat(file_fd).st_mode):
                     raise WorkspacePathError(f"cannot protect {rel!r}: not a regular file")
@@ -161,10 +155,13 @@ class HostWorkspace:
         os.chown(self.root, self.uid, self.gid)  # the sandbox user's again, if `protect` sealed it
         os.chmod(self.root, 0o755)
 
-    def _open_parent(self, path: PurePosixPath, create: bool) -> int:
-        """An fd of `path`'s directory, reached without following any symlink."""
+    def _open_parent(self, path: PurePosixPath, create: bool, seal: bool = False) -> int:
+        """An fd of `path`'s directory, reached without following any symlink; with `seal`,
+        every directory on the way (the workspace included) is sealed as it is passed."""
         fd = os.open(self.root, _DIR_FLAGS)
         try:
+            if seal:
+                _seal_directory(fd)
             for part in path.parts[:-1]:
                 if create:
                     with contextlib.suppress(FileExistsError):  # then the walk checks what it is
@@ -173,6 +170,8 @@ class HostWorkspace:
                 next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = next_fd
+                if seal:
+                    _seal_directory(fd)
             return fd
         except OSError as e:
             os.close(fd)
