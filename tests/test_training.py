@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from training.batching import make_batch, token_logprobs
 from training.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
 from training.engine import Completion, InferenceEngine, SamplingParams, TransformersEngine
-from training.grpo import clipped_policy_loss, group_advantages
+from training.grpo import advantages, clipped_policy_loss, group_advantages
 from training.model import PolicyConfig, build_base_policy, load_policy
 from training.prompts import extract_solution, render_prompt
 from training.demonstrations import single_turn_examples
@@ -186,6 +186,30 @@ def test_group_advantages_hand_computed():
     assert adv[1] == 0 and adv[5] == 0 and adv[3] == 0  # exact zeros, not 1e-7
     unscaled = group_advantages(rewards, groups, scale_by_std=False)
     torch.testing.assert_close(unscaled, torch.tensor([0.5, 0.0, -0.5, 0.0, -0.5, 0.0, 0.5]))
+
+
+def test_rloo_advantages_hand_computed():
+    # Group 0: rewards 1, 0, 0, 1 -> each minus the mean of the other three: +2/3, -2/3, -2/3, +2/3.
+    # Group 1: 0.5, 0.5 (no signal) -> 0; group 2: a singleton -> 0.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.3])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+    expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0])
+    assert torch.allclose(advantages("rloo", rewards, groups), expected)
+
+
+def test_reinforce_pp_advantages_hand_computed():
+    # Centred by group: [0.5, -0.5], [0.25, 0.25, 0.25, -0.75] and the no-signal group [0, 0].
+    # The batch std of those eight values: squares sum to 1.25, so sqrt(1.25 / 7).
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.7, 0.7])
+    groups = torch.tensor([0, 0, 1, 1, 1, 1, 2, 2])
+    std = math.sqrt(1.25 / 7)
+    expected = torch.tensor([0.5, -0.5, 0.25, 0.25, 0.25, -0.75, 0.0, 0.0]) / std
+    assert torch.allclose(advantages("reinforce_pp", rewards, groups), expected, atol=1e-5)
+
+
+def test_an_unknown_estimator_is_named():
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; choose one of grpo, rloo, reinforce_pp"):
+        advantages("ppo", torch.tensor([1.0]), torch.tensor([0]))
 
 
 def test_group_advantages_all_equal_float_group_is_exactly_zero():

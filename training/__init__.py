@@ -8,6 +8,6 @@ Modules (one idea each):
     engine      SamplingParams, Completion, InferenceEngine, TransformersEngine
     batching    teacher-forced token logprobs shared by SFT and GRPO
     sft         SFTConfig, supervised_warmup
-    grpo        group_advantages, clipped_policy_loss (pure functions)
+    grpo        advantage estimators (GRPO, RLOO, REINFORCE++), clipped_policy_loss (pure functions)
     trainer     GRPOConfig, TrainSample, train_policy
 """

@@ -1,8 +1,12 @@
-"""GRPO math as pure tensor functions (no model, no I/O).
+"""GRPO-family math as pure tensor functions (no model, no I/O).
 
-group_advantages: A_i = (r_i - mean_g) / (std_g + eps) over the completions of one prompt
-(std is the unbiased sample std, as in TRL's GRPOTrainer); groups whose rewards are all
-equal, and singleton groups, get exactly 0.
+Advantage estimators, over the completions of one prompt (a group). In all of them, groups whose
+rewards are all equal, and singleton groups, get exactly 0: they carry no signal.
+- group_advantages (GRPO): A_i = (r_i - mean_g) / (std_g + eps), std the unbiased sample std
+  as in TRL's GRPOTrainer; with scale_by_std=False, plain centring (Dr. GRPO).
+- rloo_advantages (RLOO): A_i = r_i - mean of the group's other rewards = n/(n-1) (r_i - mean_g).
+- reinforce_pp_advantages (REINFORCE++ with a group baseline): A_i = r_i - mean_g, then divided
+  by the standard deviation of those values over the whole batch (global normalisation).
 
 clipped_policy_loss: PPO's clipped surrogate with token-level aggregation
 (DAPO / TRL "token" loss): every masked token of the batch weighs the same.
@@ -10,12 +14,55 @@ clipped_policy_loss: PPO's clipped surrogate with token-level aggregation
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
+
+ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
+
+
+def advantages(estimator: str, rewards: Tensor, group_ids: Tensor, scale_by_std: bool = True,
+               eps: float = 1e-6) -> Tensor:
+    """Per-sample advantages by the named estimator (see the module docstring)."""
+    if estimator == "grpo":
+        return group_advantages(rewards, group_ids, scale_by_std, eps)
+    if estimator == "rloo":
+        return rloo_advantages(rewards, group_ids)
+    if estimator == "reinforce_pp":
+        return reinforce_pp_advantages(rewards, group_ids, eps)
+    raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
     """Per-sample advantages; `group_ids` are integer labels, any order, any group sizes."""
+    stats = _group_stats(rewards, group_ids)
+    adv = stats.centred / (stats.std + eps) if scale_by_std else stats.centred
+    return _without_degenerate(adv, stats)
+
+
+def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    stats = _group_stats(rewards, group_ids)
+    return _without_degenerate(stats.centred * stats.count / (stats.count - 1).clamp(min=1), stats)
+
+
+def reinforce_pp_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    stats = _group_stats(rewards, group_ids)
+    centred = torch.where(stats.degenerate, torch.zeros_like(stats.centred), stats.centred)
+    spread = centred.std() if centred.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+    return _without_degenerate(centred / (spread + eps), stats)
+
+
+class _GroupStats(NamedTuple):
+    """Per sample: its reward minus its group's mean, and its group's size, std and degeneracy."""
+
+    centred: Tensor
+    count: Tensor
+    std: Tensor
+    degenerate: Tensor
+
+
+def _group_stats(rewards: Tensor, group_ids: Tensor) -> _GroupStats:
     rewards = rewards.to(torch.float64).flatten()
     _, index = torch.unique(group_ids.flatten(), return_inverse=True)
     groups = int(index.max()) + 1 if index.numel() else 0
@@ -27,9 +74,11 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, scale_by_std: bool = Tr
     lo = torch.full((groups,), float("inf"), dtype=torch.float64).scatter_reduce(0, index, rewards, "amin")
     hi = torch.full((groups,), float("-inf"), dtype=torch.float64).scatter_reduce(0, index, rewards, "amax")
     degenerate = (hi == lo) | (count < 2)
-    adv = centred / (std[index] + eps) if scale_by_std else centred
-    adv = torch.where(degenerate[index], torch.zeros_like(adv), adv)
-    return adv.to(torch.float32)
+    return _GroupStats(centred, count[index], std[index], degenerate[index])
+
+
+def _without_degenerate(adv: Tensor, stats: _GroupStats) -> Tensor:
+    return torch.where(stats.degenerate, torch.zeros_like(adv), adv).to(torch.float32)
 
 
 def clipped_policy_loss(

@@ -20,7 +20,7 @@ import torch
 
 from .batching import make_batch, token_logprobs
 from .checkpoint import save_checkpoint
-from .grpo import clipped_policy_loss, group_advantages
+from .grpo import advantages, clipped_policy_loss
 from .model import load_policy
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -40,6 +40,7 @@ class GRPOConfig:
     clip_eps: float = 0.2  # PPO / GRPO standard
     max_grad_norm: float = 1.0
     temperature: float = 1.0  # must equal the sampling temperature of the rollouts
+    estimator: str = "grpo"  # advantage estimator: grpo | rloo | reinforce_pp (training/grpo.py)
     scale_by_std: bool = True  # GRPO's std normalisation; False = Dr. GRPO-style centring only
     weight_decay: float = 0.0  # no pull towards zero during RL
     betas: tuple[float, float] = (0.9, 0.99)
@@ -125,7 +126,7 @@ def _advantages(samples: list[TrainSample], config: GRPOConfig) -> torch.Tensor:
     labels: dict[str, int] = {}
     group_ids = torch.tensor([labels.setdefault(s.group_id, len(labels)) for s in samples])
     rewards = torch.tensor([float(s.reward) for s in samples])
-    return group_advantages(rewards, group_ids, scale_by_std=config.scale_by_std)
+    return advantages(config.estimator, rewards, group_ids, scale_by_std=config.scale_by_std)
 
 
 def _optimizer(model: torch.nn.Module, policy_dir: str | Path, config: GRPOConfig) -> torch.optim.Optimizer:
