@@ -240,6 +240,29 @@ def test_clipped_policy_loss_hand_computed():
     torch.testing.assert_close(logprobs.grad, expected_grad, atol=1e-6, rtol=0)
 
 
+def test_clip_higher_lets_rewarded_tokens_grow_further():
+    ratios = torch.tensor([[1.25, 1.25, 0.75]])
+    adv = torch.tensor([[1.0, -1.0, -1.0]])
+    behaviour = torch.zeros(1, 3)
+    loss, stats = clipped_policy_loss(behaviour + ratios.log(), behaviour, adv, torch.ones(1, 3),
+                                      clip_eps=0.2, clip_eps_high=0.28)
+    # 1.25,+1 -> -1.25 (inside the higher bound) | 1.25,-1 -> 1.25 | 0.75,-1 -> clipped low at 0.8: 0.8
+    assert loss.item() == pytest.approx((-1.25 + 1.25 + 0.8) / 3, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(1 / 3)
+    symmetric, _ = clipped_policy_loss(behaviour + ratios.log(), behaviour, adv, torch.ones(1, 3), clip_eps=0.2)
+    assert symmetric.item() == pytest.approx((-1.2 + 1.25 + 0.8) / 3, abs=1e-6)
+
+
+def test_sequence_aggregation_weighs_every_sequence_the_same():
+    lp = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    advantages_ = torch.tensor([1.0, -3.0])
+    token, _ = clipped_policy_loss(lp, lp, advantages_, mask)
+    sequence, stats = clipped_policy_loss(lp, lp, advantages_, mask, aggregation="sequence")
+    assert token.item() == pytest.approx((-1 - 1 - 1 + 3) / 4)
+    assert sequence.item() == pytest.approx((-1 + 3) / 2) and stats["sequences"] == 2
+
+
 def test_clipped_policy_loss_broadcasts_sequence_advantages():
     lp = torch.zeros(2, 3)
     loss, stats = clipped_policy_loss(lp, lp, torch.tensor([1.0, -3.0]), torch.tensor([[1, 1, 0], [1, 0, 0]]))
@@ -394,3 +417,12 @@ def test_observation_tokens_are_context_and_never_trained_on(sft_result, tmp_pat
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     with pytest.raises(ValueError, match="loss mask of 2 for 8 tokens"):
         train_policy(sft_result[0], [TrainSample(prompt, response, [-1.0] * 8, 1.0, "g", [1, 0])], tmp_path / "x")
+
+
+def test_training_takes_a_step_with_sequence_aggregation_and_clip_higher(sft_result, tmp_path):
+    samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
+    config = GRPOConfig(lr=1e-3, minibatch_size=2, micro_batch_size=1, loss_aggregation="sequence",
+                        clip_eps_high=0.28, estimator="rloo", keep_optimizer_state=False)
+    metrics = train_policy(sft_result[0], samples, tmp_path / "policy", config)
+    assert metrics["optimizer_steps"] == 1 and metrics["grad_norm"] > 0
+    assert metrics["mean_abs_advantage"] == pytest.approx(1.0)  # RLOO on (1, 0): +1 and -1

@@ -87,15 +87,23 @@ def clipped_policy_loss(
     advantages: Tensor,
     mask: Tensor,
     clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    aggregation: str = "token",
 ) -> tuple[Tensor, dict[str, float]]:
-    """Clipped surrogate loss, averaged over all masked tokens.
+    """Clipped surrogate loss.
 
     logprobs, behaviour_logprobs, mask: [batch, tokens]; advantages: [batch] or [batch, tokens].
-    loss_t = -min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps) * A), ratio_t = exp(lp_t - lp_behaviour_t).
-    stats: clip_fraction (tokens where the clipped branch is active: ratio > 1+eps with A > 0,
-    or ratio < 1-eps with A < 0), mean_ratio, approx_kl (k3 estimator of KL(behaviour || current)),
-    tokens.
+    loss_t = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A), ratio_t =
+    exp(lp_t - lp_behaviour_t); eps_high defaults to eps_low (DAPO's clip-higher raises it, 0.28).
+    aggregation "token" averages over every masked token of the batch (DAPO / TRL "token" loss);
+    "sequence" averages each sequence over its tokens, then the sequences (GRPO's original).
+    stats: clip_fraction (tokens where the clipped branch is active: ratio > 1+eps_high with
+    A > 0, or ratio < 1-eps_low with A < 0), mean_ratio, approx_kl (k3 estimator of
+    KL(behaviour || current)), tokens, and sequences (those with at least one masked token).
     """
+    if aggregation not in ("token", "sequence"):
+        raise ValueError(f"unknown loss aggregation {aggregation!r}; choose token or sequence")
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     keep = mask.bool()
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype)
@@ -105,16 +113,22 @@ def clipped_policy_loss(
     log_ratio = torch.where(keep, logprobs - behaviour_logprobs.to(logprobs.dtype), 0.0)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     tokens = mask.sum().clamp(min=1.0)
-    loss = (per_token * mask).sum() / tokens
+    per_sequence_tokens = mask.sum(dim=-1)
+    sequences = (per_sequence_tokens > 0).sum().clamp(min=1)
+    if aggregation == "token":
+        loss = (per_token * mask).sum() / tokens
+    else:
+        loss = ((per_token * mask).sum(dim=-1) / per_sequence_tokens.clamp(min=1.0)).sum() / sequences
     with torch.no_grad():
-        is_clipped = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
+        is_clipped = ((ratio > 1.0 + high) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
         stats = {
             "clip_fraction": float((is_clipped.to(mask.dtype) * mask).sum() / tokens),
             "mean_ratio": float((ratio * mask).sum() / tokens),
             "approx_kl": float((((ratio - 1.0) - log_ratio) * mask).sum() / tokens),
             "tokens": float(mask.sum()),
+            "sequences": float((per_sequence_tokens > 0).sum()),
         }
     return loss, stats

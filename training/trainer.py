@@ -37,7 +37,9 @@ class GRPOConfig:
     epochs: int = 1  # passes over the samples; 1 = strictly on-policy first minibatch
     minibatch_size: int = 64  # samples per optimizer step (e.g. 16 prompts x 4 completions)
     micro_batch_size: int = 16  # samples per forward pass (memory only; the loss is unchanged)
-    clip_eps: float = 0.2  # PPO / GRPO standard
+    clip_eps: float = 0.2  # PPO / GRPO standard (the low side when clip_eps_high is set)
+    clip_eps_high: float | None = None  # None: symmetric; DAPO's clip-higher uses 0.28
+    loss_aggregation: str = "token"  # token: every trained token weighs the same; sequence: every sample
     max_grad_norm: float = 1.0
     temperature: float = 1.0  # must equal the sampling temperature of the rollouts
     estimator: str = "grpo"  # advantage estimator: grpo | rloo | reinforce_pp (training/grpo.py)
@@ -154,7 +156,8 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
 
 def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfig) -> dict[str, float]:
     """One optimizer step on the samples `rows`; returns token-weighted sums of the stats."""
-    denominator = max(sum(samples[i].trained_tokens for i in rows), 1)
+    per_token = config.loss_aggregation == "token"
+    denominator = max(sum(samples[i].trained_tokens if per_token else 1 for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
     active.sort(key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
     optimizer.zero_grad(set_to_none=True)
@@ -170,8 +173,10 @@ def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfi
             if samples[i].loss_mask is not None:  # observations are context, never trained on
                 batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
         logprobs = token_logprobs(model, batch, config.temperature)
-        loss, stats = clipped_policy_loss(logprobs, behaviour, advantages[micro], batch.mask, config.clip_eps)
-        weight = stats["tokens"] / denominator  # turns the micro-batch mean into the minibatch mean
+        loss, stats = clipped_policy_loss(logprobs, behaviour, advantages[micro], batch.mask, config.clip_eps,
+                                          config.clip_eps_high, config.loss_aggregation)
+        # Turns the micro-batch mean into the minibatch mean (over tokens, or over samples).
+        weight = (stats["tokens"] if per_token else stats["sequences"]) / denominator
         (loss * weight).backward()
         sums["loss"] += loss.detach().item() * weight
         for key in ("clip_fraction", "approx_kl", "mean_ratio"):
