@@ -426,3 +426,28 @@ def test_training_takes_a_step_with_sequence_aggregation_and_clip_higher(sft_res
     metrics = train_policy(sft_result[0], samples, tmp_path / "policy", config)
     assert metrics["optimizer_steps"] == 1 and metrics["grad_norm"] > 0
     assert metrics["mean_abs_advantage"] == pytest.approx(1.0)  # RLOO on (1, 0): +1 and -1
+
+
+def test_token_weights_scale_each_tokens_loss():
+    lp = torch.zeros(1, 3)
+    weights = torch.tensor([[0.5, 2.0, 1.0]])
+    loss, _ = clipped_policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 3), token_weights=weights)
+    assert loss.item() == pytest.approx(-(0.5 + 2.0 + 1.0) / 3)
+
+
+def test_truncated_importance_sampling_corrects_an_engine_that_disagrees_with_the_trainer(sft_result, tmp_path):
+    """The engine's log-probs are 1 nat below the trainer's: the PPO ratio is taken against the
+    trainer's own log-probs (so it starts at 1), and every token is weighted by min(e^1, 2) = 2."""
+    model, _ = load_policy(sft_result[0])
+    prompt, response = [5, 6, 7], [40, 41, 42]
+    batch = make_batch([prompt], [response], EOT_ID)
+    with torch.no_grad():
+        trainer = token_logprobs(model, batch)[0, batch.response_slices[0]].tolist()
+    samples = [TrainSample(prompt, response, [v - 1.0 for v in trainer], reward, "g") for reward in (1.0, 0.0)]
+    config = GRPOConfig(lr=1e-3, minibatch_size=2, micro_batch_size=2, tis_cap=2.0, keep_optimizer_state=False)
+    metrics = train_policy(sft_result[0], samples, tmp_path / "tis", config)
+    assert metrics["tis_weight_mean"] == pytest.approx(2.0)
+    assert metrics["mean_ratio"] == pytest.approx(1.0, abs=1e-4)
+    uncorrected = train_policy(sft_result[0], samples, tmp_path / "plain",
+                               GRPOConfig(lr=1e-3, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False))
+    assert uncorrected["mean_ratio"] == pytest.approx(math.e, rel=1e-3)  # against the engine's numbers

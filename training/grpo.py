@@ -89,6 +89,7 @@ def clipped_policy_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     aggregation: str = "token",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss.
 
@@ -97,6 +98,8 @@ def clipped_policy_loss(
     exp(lp_t - lp_behaviour_t); eps_high defaults to eps_low (DAPO's clip-higher raises it, 0.28).
     aggregation "token" averages over every masked token of the batch (DAPO / TRL "token" loss);
     "sequence" averages each sequence over its tokens, then the sequences (GRPO's original).
+    token_weights (detached, [batch, tokens]) multiply each token's loss: the truncated
+    importance-sampling correction, where behaviour_logprobs are the trainer's own at rollout time.
     stats: clip_fraction (tokens where the clipped branch is active: ratio > 1+eps_high with
     A > 0, or ratio < 1-eps_low with A < 0), mean_ratio, approx_kl (k3 estimator of
     KL(behaviour || current)), tokens, and sequences (those with at least one masked token).
@@ -115,6 +118,8 @@ def clipped_policy_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if token_weights is not None:
+        per_token = per_token * token_weights.to(per_token.dtype)
     tokens = mask.sum().clamp(min=1.0)
     per_sequence_tokens = mask.sum(dim=-1)
     sequences = (per_sequence_tokens > 0).sum().clamp(min=1)

@@ -40,6 +40,10 @@ class GRPOConfig:
     clip_eps: float = 0.2  # PPO / GRPO standard (the low side when clip_eps_high is set)
     clip_eps_high: float | None = None  # None: symmetric; DAPO's clip-higher uses 0.28
     loss_aggregation: str = "token"  # token: every trained token weighs the same; sequence: every sample
+    # Truncated importance sampling: when the engine's log-probs differ from the trainer's at the
+    # same weights (vLLM's kernels, bf16), the ratio is taken against the trainer's own log-probs
+    # at rollout time and each token is weighted by min(pi_trainer / pi_engine, cap). None: off.
+    tis_cap: float | None = None
     max_grad_norm: float = 1.0
     temperature: float = 1.0  # must equal the sampling temperature of the rollouts
     estimator: str = "grpo"  # advantage estimator: grpo | rloo | reinforce_pp (training/grpo.py)
@@ -86,13 +90,14 @@ def train_policy(
     model, tokenizer = load_policy(policy_dir)
     model.train()
     advantages = _advantages(samples, config)
+    rollout_logprobs = _logprobs_at_start(model, samples, tokenizer.pad_token_id, config) if config.tis_cap else None
     optimizer = _optimizer(model, policy_dir, config)
     minibatches = _minibatches(len(samples), config)
     totals: dict[str, float] = {}
     grad_norms: list[float] = []
     start = time.perf_counter()
     for step, rows in enumerate(minibatches, start=1):
-        stats = _step(model, optimizer, samples, advantages, rows, tokenizer.pad_token_id, config)
+        stats = _step(model, optimizer, samples, advantages, rows, tokenizer.pad_token_id, config, rollout_logprobs)
         grad_norms.append(stats.pop("grad_norm"))
         for key, value in stats.items():
             totals[key] = totals.get(key, 0.0) + value
@@ -154,27 +159,46 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
     return out
 
 
-def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfig) -> dict[str, float]:
+def _logprobs_at_start(model, samples: list[TrainSample], pad_id: int, config: GRPOConfig) -> list[list[float]]:
+    """The trainer's own log-probs of every response token at the weights that sampled them."""
+    out = []
+    with torch.no_grad():
+        for s in samples:
+            batch = make_batch([s.prompt_ids], [s.response_ids], pad_id)
+            out.append(token_logprobs(model, batch, config.temperature)[0, batch.response_slices[0]].tolist())
+    return out
+
+
+def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfig,
+          rollout_logprobs: list[list[float]] | None = None) -> dict[str, float]:
     """One optimizer step on the samples `rows`; returns token-weighted sums of the stats."""
     per_token = config.loss_aggregation == "token"
     denominator = max(sum(samples[i].trained_tokens if per_token else 1 for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
     active.sort(key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
     optimizer.zero_grad(set_to_none=True)
-    sums = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "mean_ratio": 0.0, "stat_tokens": 0.0, "tokens": 0.0}
+    sums = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "mean_ratio": 0.0, "stat_tokens": 0.0, "tokens": 0.0,
+            "tis_weight": 0.0}
     sums["optimizer_steps"] = 1.0 if active else 0.0
     for k in range(0, len(active), config.micro_batch_size):
         micro = active[k : k + config.micro_batch_size]
         batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro], pad_id)
         behaviour = torch.zeros_like(batch.mask)
+        reference = torch.zeros_like(batch.mask) if rollout_logprobs is not None else behaviour
         for row, i in enumerate(micro):
             span = batch.response_slices[row]
             behaviour[row, span] = torch.tensor(samples[i].behaviour_logprobs)
+            if rollout_logprobs is not None:
+                reference[row, span] = torch.tensor(rollout_logprobs[i])
             if samples[i].loss_mask is not None:  # observations are context, never trained on
                 batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
+        weights = None
+        if rollout_logprobs is not None:
+            weights = torch.exp(reference - behaviour).clamp(max=config.tis_cap) * batch.mask
+            sums["tis_weight"] += float(weights.sum())
         logprobs = token_logprobs(model, batch, config.temperature)
-        loss, stats = clipped_policy_loss(logprobs, behaviour, advantages[micro], batch.mask, config.clip_eps,
-                                          config.clip_eps_high, config.loss_aggregation)
+        loss, stats = clipped_policy_loss(logprobs, reference, advantages[micro], batch.mask, config.clip_eps,
+                                          config.clip_eps_high, config.loss_aggregation, weights)
         # Turns the micro-batch mean into the minibatch mean (over tokens, or over samples).
         weight = (stats["tokens"] if per_token else stats["sequences"]) / denominator
         (loss * weight).backward()
@@ -197,6 +221,7 @@ def _metrics(samples, advantages, totals, grad_norms, steps, seconds, config) ->
         "clip_fraction": totals.get("clip_fraction", 0.0) / stat_tokens,
         "approx_kl": totals.get("approx_kl", 0.0) / stat_tokens,
         "mean_ratio": totals.get("mean_ratio", 0.0) / stat_tokens if totals.get("stat_tokens") else 1.0,
+        "tis_weight_mean": totals.get("tis_weight", 0.0) / stat_tokens if config.tis_cap else 1.0,
         "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
         "grad_norm_max": max(grad_norms, default=0.0),
         "optimizer_steps": int(totals.get("optimizer_steps", 0.0)),
