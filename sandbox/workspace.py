@@ -86,21 +86,12 @@ class HostWorkspace:
         """See Session.protect: each file root-owned and read-only, every directory on the way
         to it (the workspace included) root-owned and sticky."""
         for rel in paths:
-            path = safe_relative(rel)
-            dir_fd = self._open_parent(path, create=False, seal=True)
+            fd = self._open_regular(safe_relative(rel), "protect", seal=True)
             try:
-                file_fd = os.open(path.name, _READ_FLAGS, dir_fd=dir_fd)
-            except OSError as e:
-                raise WorkspacePathError(f"cannot protect {rel!r}: {e.strerror}") from e
+                os.fchown(fd, 0, 0)
+                os.fchmod(fd, 0o444)
             finally:
-                os.close(dir_fd)
-            try:
-                if not stat.S_ISREG(os.fstat(file_fd).st_mode):
-                    raise WorkspacePathError(f"cannot protect {rel!r}: not a regular file")
-                os.fchown(file_fd, 0, 0)
-                os.fchmod(file_fd, 0o444)
-            finally:
-                os.close(file_fd)
+                os.close(fd)
 
     def snapshot(self) -> bytes:
         """The workspace as a tar archive; symlinks are stored as links, never followed.
@@ -192,18 +183,24 @@ class HostWorkspace:
         finally:
             os.close(fd)
 
-    def _read(self, path: PurePosixPath) -> bytes:
-        dir_fd = self._open_parent(path, create=False)
+    def _open_regular(self, path: PurePosixPath, verb: str, seal: bool = False) -> int:
+        """An fd of the regular file at `path`, reached without following any symlink."""
+        dir_fd = self._open_parent(path, create=False, seal=seal)
         try:
             fd = os.open(path.name, _READ_FLAGS, dir_fd=dir_fd)
         except OSError as e:
-            raise WorkspacePathError(f"cannot read {str(path)!r}: {e.strerror}") from e
+            raise WorkspacePathError(f"cannot {verb} {str(path)!r}: {e.strerror}") from e
         finally:
             os.close(dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise WorkspacePathError(f"cannot {verb} {str(path)!r}: not a regular file")
+        return fd
+
+    def _read(self, path: PurePosixPath) -> bytes:
+        fd = self._open_regular(path, "read")
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise WorkspacePathError(f"cannot read {str(path)!r}: not a regular file")
             if info.st_size > self.max_file_bytes:
                 raise WorkspacePathError(f"cannot read {str(path)!r}: {info.st_size} bytes is over the cap")
             with os.fdopen(os.dup(fd), "rb") as f:
