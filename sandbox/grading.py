@@ -64,7 +64,6 @@ import json
 import os
 import secrets
 import shutil
-import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -78,7 +77,7 @@ from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.harness.session_signature import signature
-from sandbox.test_report import MAX_REPORT_BYTES, ReportError, TestOutcome, parse_junit
+from sandbox.test_report import MAX_REPORT_BYTES, ReportError, TestOutcome, parse_junit, read_untrusted
 
 HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
@@ -332,14 +331,9 @@ def _read_small_json(path: Path) -> dict | None:
 def _read_small(path: Path, limit: int) -> bytes | None:
     """A file the sandbox wrote; None if missing, a link, a FIFO or over `limit` bytes."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        return read_untrusted(path, limit)
+    except ReportError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        data = f.read(limit + 1)
-    return data if len(data) <= limit else None
 
 
 def _write_private(path: Path, text: str, sandbox: Sandbox) -> None:

@@ -37,19 +37,27 @@ class TestOutcome:
 
 
 def read_report(path: Path) -> list[TestOutcome]:
-    """Read and parse a report file, refusing symlinks and non-regular files: the sandbox
-    could plant a link to a host file or to a FIFO that would block us forever."""
+    """Read and parse a report file the sandbox wrote."""
+    return parse_junit(read_untrusted(path, MAX_REPORT_BYTES))
+
+
+def read_untrusted(path: Path, limit: int) -> bytes:
+    """A file the sandbox wrote, refusing symlinks, non-regular files and more than `limit`
+    bytes: the sandbox could plant a link to a host file or a FIFO that would block us forever."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
-        raise ReportError(f"cannot open report {path}: {e.strerror}") from e
+        raise ReportError(f"cannot open {path}: {e.strerror}") from e
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
-            raise ReportError(f"report {path} is not a regular file")
-        if info.st_size > MAX_REPORT_BYTES:
-            raise ReportError(f"report {path} is {info.st_size} bytes (limit {MAX_REPORT_BYTES})")
-        return parse_junit(f.read(MAX_REPORT_BYTES + 1))
+            raise ReportError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise ReportError(f"{path} is {info.st_size} bytes (limit {limit})")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ReportError(f"{path} grew past {limit} bytes")
+    return data
 
 
 def parse_junit(data: str | bytes) -> list[TestOutcome]:
