@@ -68,6 +68,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Literal
@@ -75,9 +76,15 @@ from typing import Literal
 from sandbox.base import WORKSPACE, Mount, Sandbox
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
-from sandbox.result import ExecResult, ExecStatus
 from sandbox.harness.session_signature import signature
-from sandbox.test_report import MAX_REPORT_BYTES, ReportError, TestOutcome, parse_junit, read_untrusted
+from sandbox.result import ExecResult, ExecStatus
+from sandbox.test_report import (
+    MAX_REPORT_BYTES,
+    ReportError,
+    TestOutcome,
+    parse_junit,
+    read_untrusted,
+)
 
 HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
@@ -194,7 +201,7 @@ def grade_test_command(
     command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={PLUGIN_DIR}",
                "PYTHONDONTWRITEBYTECODE=1", "/bin/sh", "-c", test_command]
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
-    plugin = {path.name: path.read_text() for path in PLUGIN_FILES}
+    plugin = _plugin_files()
     token = secrets.token_hex(16)
     with _grading_dirs(sandbox, {"/tests": grader_files, PLUGIN_DIR: plugin}, verdict_dir) as dirs:
         sealed_sha256 = {f"{WORKSPACE}/{path}": hashlib.sha256(workspace_files[path].encode()).hexdigest()
@@ -252,6 +259,11 @@ def score(
         suite_ran=report is not None, tamper_flags=tuple(flags), reward_components=components,
         reward=reward, reward_status="scored", exec=result, messages=messages,
     )
+
+
+@cache
+def _plugin_files() -> dict[str, str]:
+    return {path.name: path.read_text() for path in PLUGIN_FILES}
 
 
 def _session_problem(session: dict | None, token: str, report_bytes: bytes) -> str | None:

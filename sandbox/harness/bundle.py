@@ -27,8 +27,10 @@ print(sys.implementation.cache_tag)
 """
 
 
+@cache
 def harness_files() -> dict[str, str | bytes]:
-    """Files of the grader directory that run the harness (launcher at run_tests.py)."""
+    """Files of the grader directory that run the harness (launcher at run_tests.py); read
+    once per process, since every grading ships them. Callers must not change the dict."""
     files: dict[str, str | bytes] = {"run_tests.py": LAUNCHER, "harness/run_tests.py": HARNESS.read_text()}
     compiled = _byte_code()
     if compiled is not None:
