@@ -100,8 +100,7 @@ def _repository_progress(graded: GradeResult, task: RepositoryTask) -> GradeResu
     fail_to_pass, pass_to_pass = fraction(task.fail_to_pass), fraction(task.pass_to_pass)
     components = {**graded.reward_components, "fail_to_pass_fraction": fail_to_pass,
                   "pass_to_pass_fraction": pass_to_pass, "tests_passed_fraction": fail_to_pass * pass_to_pass}
-    reward = 0.0 if graded.gated else components["tests_passed_fraction"]
-    return dataclasses.replace(graded, reward_components=components, reward=reward)
+    return dataclasses.replace(graded, reward_components=components)  # the reward function scores it
 
 
 def _parses(source: str) -> bool:

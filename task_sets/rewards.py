@@ -110,7 +110,7 @@ class RewardFunction(BaseModel):
         if self.turns or self.tokens:
             measures |= {"turns": float(process.turns), "tokens": float(process.tokens)}
         components = {**grade.reward_components, **measures}
-        reward = 0.0 if grade.reward == 0.0 and grade.gated else self._combine(components)
+        reward = 0.0 if grade.gated else self._combine(components)
         return dataclasses.replace(grade, reward=reward, reward_components=components, reward_version=self.version)
 
     def _combine(self, c: dict[str, float]) -> float:

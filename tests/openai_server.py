@@ -91,7 +91,7 @@ class CompletionsServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args) -> None:  # quiet test output
-                pass
+            def log_message(self, *args) -> None:
+                """Quiet: http.server would log every request to stderr."""
 
         return Handler
