@@ -7,7 +7,7 @@ mapping for "the previous dynamic partition", so the graph shows only the edge f
 checkpoint N-1 is resolved by path and its exact content hash is recorded in the metadata; the sensor only starts N+1 once checkpoint N exists.
 """
 
-import dataclasses
+import math
 import random
 import time
 from collections import Counter
@@ -23,13 +23,18 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     Output,
+    PipesSubprocessClient,
+    RetryPolicy,
     asset,
 )
 
+from assets.charts import eval_curve_png, markdown_table, png_markdown
 from assets.partitions import iterations, parse_iteration_key
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
+from assets.train_process import STEP_MESSAGE
+from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
@@ -38,15 +43,19 @@ from task_sets.rewards import Process, RewardFunction
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
 from training.checkpoint import CheckpointError, verify_checkpoint
+from training.dynamic_sampling import Refilled, refill
 from training.engine import SamplingParams, open_engine
 from training.episodes import EpisodeLimits, as_rollout, run_episodes
+from training.evaluation import improvement, pass_rate
 from training.experiment import ExperimentConfig
+from training.lineage import lineage
+from training.monitors import blocking_failures, judge, weights_are_finite
 from training.rollout import Rollout, sample_rollouts
-from training.trainer import train_policy
+from training.step import TrainJob
+from training.trainer import STEP_STATS
 from training.trajectory import (
     VerifiedRollout,
     evaluation_row,
-    train_samples,
     trajectory_row,
 )
 
@@ -62,12 +71,21 @@ def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tupl
     """The checkpoint iteration `iteration` samples from, verified, and its content hash."""
     policy_dir = crucible.checkpoint_dir(experiment, iteration - 1)
     try:
-        return policy_dir, verify_checkpoint(policy_dir)["content_hash"]
+        content_hash = verify_checkpoint(policy_dir)["content_hash"]
     except CheckpointError as error:
         raise Failure(
             f"iteration {iteration} samples from checkpoint {iteration - 1}, which is not usable: "
             f"{error}. Materialize iteration {iteration - 1} (or base_policy) first."
         ) from None
+    store = crucible.store()
+    if iteration > 1 and store.has_partition("checkpoints", experiment, iteration - 1):
+        [record] = store.read_partition("checkpoints", experiment, iteration - 1).to_pylist()
+        if record["blocked"] and record["content_hash"] == content_hash:
+            failed = [m for m in record["monitor_messages"] if ": error: " in m]
+            raise Failure(f"iteration {iteration} would sample from checkpoint {iteration - 1}, which failed its "
+                          f"stability checks ({'; '.join(failed)}). Change the settings and materialize "
+                          f"iteration {iteration - 1} again.")
+    return policy_dir, content_hash
 
 
 def _grade_all(
@@ -140,6 +158,11 @@ def _sample(context, crucible: CrucibleResource, experiment: ExperimentConfig, e
     return [as_rollout(episode, engine.tokenizer) for episode in episodes]
 
 
+def _rollout_params(experiment: ExperimentConfig, iteration: int) -> SamplingParams:
+    return SamplingParams(n=experiment.samples_per_task, max_new_tokens=experiment.max_new_tokens,
+                          temperature=experiment.temperature, seed=experiment.seed * 100_003 + iteration)
+
+
 @asset(**ITERATION, deps=[base_policy], kinds={"pytorch"})
 def rollouts(
     context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase]
@@ -150,13 +173,8 @@ def rollouts(
     with timed_stage(crucible.store(), experiment.name, iteration, "rollouts"):
         policy_dir, policy_version = _policy(crucible, experiment.name, iteration)
         engine = open_engine(experiment.engine, policy_dir, policy_version)
-        params = SamplingParams(
-            n=experiment.samples_per_task,
-            max_new_tokens=experiment.max_new_tokens,
-            temperature=experiment.temperature,
-            seed=experiment.seed * 100_003 + iteration,
-        )
-        samples = _sample(context, crucible, experiment, engine, task_set, params, context.partition_key)
+        samples = _sample(context, crucible, experiment, engine, task_set, _rollout_params(experiment, iteration),
+                          context.partition_key)
     tokens = sum(r.sampled_tokens for r in samples)
     seconds = sum(r.generate_s for r in samples)
     return Output(
@@ -191,9 +209,12 @@ def verified_rollouts(
     experiment, iteration = _experiment(context, crucible)
     tasks = {task.id: task for task in task_set}
     work = [(tasks[r.task_id], r) for r in rollouts]
-    reward = load_task_set(experiment.task_set).reward
+    full_set = load_task_set(experiment.task_set)
+    reward = full_set.reward
     with timed_stage(crucible.store(), experiment.name, iteration, "verified_rollouts"):
         verified = _grade_all(context, crucible, work, reward)
+        refilled = _refill(context, crucible, experiment, iteration, full_set, task_set, verified)
+        verified = refilled.graded
         sample = regrade_sample(len(work), experiment.regrade_fraction, experiment.seed * 100_003 + iteration)
         again = _grade_all(context, crucible, [work[i] for i in sample], reward) if sample else []
     repeat = agreement([work[i][0].id for i in sample], [verified[i].grade for i in sample], [v.grade for v in again])
@@ -204,6 +225,9 @@ def verified_rollouts(
         verified,
         metadata={
             "samples": len(verified),
+            "groups": refilled.groups,
+            "informative_groups": refilled.informative,
+            "refill_rounds": refilled.rounds,
             "pass_rate": sum(v.passed for v in verified) / len(verified),
             "mean_reward": sum(v.grade.reward for v in scored) / max(len(scored), 1),
             "infra_errors": sum(v.grade.reward_status == "infra_error" for v in verified),
@@ -222,6 +246,32 @@ def verified_rollouts(
     )
 
 
+def _refill(context, crucible: CrucibleResource, experiment: ExperimentConfig, iteration: int, full_set,
+            sampled: list[TaskBase], verified: list[VerifiedRollout]) -> Refilled[VerifiedRollout]:
+    """Dynamic sampling: more train tasks, from the same policy, while too few groups have a
+    reward spread (training/dynamic_sampling.py)."""
+    taken = {task.id for task in sampled}
+    reserve = [task for task in full_set.train() if task.id not in taken]
+    random.Random(experiment.seed * 100_003 + iteration).shuffle(reserve)
+    engine = None
+
+    def sample_and_grade(tasks: list[TaskBase], round_: int) -> list[VerifiedRollout]:
+        nonlocal engine
+        context.log.info(f"dynamic sampling round {round_}: {len(tasks)} more tasks")
+        if engine is None:
+            engine = open_engine(experiment.engine, *_policy(crucible, experiment.name, iteration))
+        samples = _sample(context, crucible, experiment, engine, tasks, _rollout_params(experiment, iteration),
+                          f"{context.partition_key}/refill{round_}")
+        by_id = {task.id: task for task in tasks}
+        return _grade_all(context, crucible, [(by_id[s.task_id], s) for s in samples], full_set.reward)
+
+    def group_reward(v: VerifiedRollout) -> tuple[str, float] | None:
+        return (v.rollout.group_id, v.grade.reward) if v.grade.reward_status == "scored" else None
+
+    target = len(sampled) if experiment.refill_rounds else 0
+    return refill(verified, reserve, sample_and_grade, group_reward, target, experiment.refill_rounds)
+
+
 @asset(**ITERATION, kinds={"parquet"})
 def trajectories(
     context: AssetExecutionContext, crucible: CrucibleResource, verified_rollouts: list[VerifiedRollout]
@@ -237,66 +287,156 @@ def trajectories(
     )
 
 
-@asset(**ITERATION, deps=[trajectories], kinds={"pytorch"})
-def checkpoint(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
-    """One GRPO step on this iteration's trajectories, starting from the policy that sampled them."""
+STABILITY_CHECKS = {
+    "training_finite": ("loss, gradients and weights are finite; otherwise no iteration samples from "
+                        "this checkpoint", True),
+    "training_not_diverged": ("the step moved the policy at most monitors.max_step_kl from the one that "
+                              "sampled its data; otherwise no iteration samples from this checkpoint", True),
+    "entropy_not_collapsed": ("mean token entropy stays above monitors.min_entropy_ratio of the first "
+                              "iteration's", False),
+    "tamper_ratio_not_rising": ("the share of tampered submissions rises at most monitors.max_tamper_rise", False),
+}
+
+
+@asset(
+    **ITERATION, deps=[trajectories], kinds={"pytorch"},
+    retry_policy=RetryPolicy(max_retries=2),  # a retried step resumes from its saved progress
+    check_specs=[AssetCheckSpec(name, asset="checkpoint", description=text, blocking=blocking)
+                 for name, (text, blocking) in STABILITY_CHECKS.items()],
+)
+def checkpoint(
+    context: AssetExecutionContext, crucible: CrucibleResource, pipes_subprocess_client: PipesSubprocessClient
+) -> MaterializeResult:
+    """The training step on this iteration's trajectories, from the policy that sampled them, in
+    a process of its own (assets/train_process.py, through Dagster Pipes); then the stability
+    monitors, as asset checks, on the new checkpoint."""
     experiment, iteration = _experiment(context, crucible)
     store = crucible.store()
     with timed_stage(store, experiment.name, iteration, "checkpoint"):
         parent_dir, parent_hash = _policy(crucible, experiment.name, iteration)
-        table = store.read_partition("trajectories", experiment.name, iteration)
         out_dir = crucible.checkpoint_dir(experiment.name, iteration)
-        # Log-probs are recomputed at the temperature the samples were drawn at.
-        grpo = dataclasses.replace(experiment.grpo, temperature=experiment.temperature)
-        metrics = train_policy(
-            parent_dir, train_samples(table), out_dir, grpo,
-            progress=lambda step, total, loss: context.log.info(f"train step {step}/{total}: loss {loss:.4f}"),
-            lineage={
-                "parent": {"path": str(parent_dir), "content_hash": parent_hash},
-                "trajectories": store.uri_of(store.partition_file("trajectories", experiment.name, iteration)),
-                "experiment": experiment.model_dump(mode="json"),
-            },
+        trajectories_uri = store.uri_of(store.partition_file("trajectories", experiment.name, iteration))
+        settings = experiment.model_dump(mode="json")
+        job = TrainJob(
+            parent_dir=str(parent_dir), out_dir=str(out_dir), storage_root=crucible.storage_root,
+            experiment=experiment.name, iteration=iteration,
+            # Log-probs are recomputed at the temperature the samples were drawn at.
+            grpo=experiment.grpo.model_copy(update={"temperature": experiment.temperature}),
+            reference_dir=str(crucible.base_policy_dir()) if experiment.grpo.kl_coef else None,
+            lineage=lineage(parent_dir, parent_hash, [trajectories_uri],
+                            load_task_set(experiment.task_set).version, settings),
         )
+        invocation = pipes_subprocess_client.run(
+            command=[*crucible.train_launcher_command(), "-m", "assets.train_process"],
+            context=context, extras={"job": job.model_dump(mode="json")},
+        )
+        steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
+        reported = invocation.get_materialize_result().metadata or {}
         manifest = verify_checkpoint(out_dir)
+        signals = _signals(manifest["metrics"], store.read_partition("trajectories", experiment.name, iteration))
+        verdicts = judge(signals, _history(store, experiment.name, iteration), weights_are_finite(out_dir),
+                         experiment.monitors)
         row = {
-            "path": str(out_dir),
-            "content_hash": manifest["content_hash"],
-            "parent_path": str(parent_dir),
-            "parent_hash": parent_hash,
-            "loss": metrics["loss"],
-            "clip_fraction": metrics["clip_fraction"],
-            "grad_norm": metrics["grad_norm"],
-            "train_tokens": metrics["tokens"],
-            "tokens_per_s": metrics["tokens_per_s"],
+            "path": str(out_dir), "content_hash": manifest["content_hash"],
+            "parent_path": str(parent_dir), "parent_hash": parent_hash,
+            "trajectories": [trajectories_uri], "task_set_version": job.lineage["task_set_version"],
+            "config_hash": job.lineage["config_hash"], "code_version": job.lineage["code_version"],
+            "global_step": manifest["global_step"], **signals,
+            "train_tokens": manifest["metrics"]["tokens"], "tokens_per_s": manifest["metrics"]["tokens_per_s"],
+            "blocked": bool(blocking_failures(verdicts)),
+            "monitor_messages": [f"{v.check}: {'ok' if v.passed else v.severity}: {v.message}" for v in verdicts],
         }
         store.write_partition("checkpoints", experiment.name, iteration, rows_to_table("checkpoints", [row]))
+        step_rows = [{**{name: m[name] for name in TRAINING_STEPS.names}, "tokens": int(m["tokens"])} for m in steps]
+        store.write_partition("training_steps", experiment.name, iteration, rows_to_table("training_steps", step_rows))
     return MaterializeResult(
         metadata={
+            **reported,
             "path": MetadataValue.path(str(out_dir)),
-            "content_hash": manifest["content_hash"],
             "parent_hash": parent_hash,
-            **{key: value for key, value in metrics.items() if isinstance(value, (int, float))},
-        }
+            "lineage": MetadataValue.json({k: v for k, v in job.lineage.items() if k != "settings"}),
+            "signals": MetadataValue.md(markdown_table([signals], tuple(signals))),
+            "steps": MetadataValue.md(markdown_table(step_rows, STEP_STATS) if step_rows else "no optimizer step"),
+        },
+        check_results=[
+            AssetCheckResult(check_name=v.check, passed=v.passed, description=v.message,
+                             severity=AssetCheckSeverity.ERROR if v.severity == "error" else AssetCheckSeverity.WARN,
+                             metadata={"detail": v.message})
+            for v in verdicts
+        ],
     )
+
+
+def _signals(metrics: dict, trajectories_table) -> dict[str, float]:
+    """This iteration's health signals: the trainer's and the samples' (monitors.SIGNALS)."""
+    rows = trajectories_table.select(["reward", "reward_status", "tamper_flags", "loss_mask", "group_id"]).to_pylist()
+    scored = [row["reward"] for row in rows if row["reward_status"] == "scored"]
+    mean = sum(scored) / max(len(scored), 1)
+    spread = (sum((r - mean) ** 2 for r in scored) / max(len(scored) - 1, 1)) ** 0.5
+    return {
+        **{key: float(metrics[key]) for key in ("loss", "approx_kl", "kl_to_reference", "entropy", "clip_fraction",
+                                                "grad_norm", "grad_norm_max")},
+        "response_length": sum(sum(row["loss_mask"]) for row in rows) / max(len(rows), 1),
+        "zero_variance_fraction": metrics["zero_variance_groups"] / max(metrics["groups"], 1),
+        "reward_mean": mean,
+        "reward_std": spread,
+        "tamper_ratio": sum(bool(row["tamper_flags"]) for row in rows) / max(len(rows), 1),
+    }
+
+
+def _history(store, experiment: str, iteration: int) -> list[dict]:
+    """The signals of the experiment's earlier iterations, oldest first."""
+    return [store.read_partition("checkpoints", experiment, earlier).to_pylist()[0]
+            for earlier in range(1, iteration) if store.has_partition("checkpoints", experiment, earlier)]
 
 
 @asset(**ITERATION, deps=[checkpoint])
 def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
-    """Greedy pass rate of the new checkpoint on the held-out split, with its standard error."""
+    """Pass rate of the new checkpoint on the held-out split, with its standard error, against
+    the base policy's on the same tasks (evaluated once per experiment and stored as iteration 0),
+    and the curve across iterations."""
     experiment, iteration = _experiment(context, crucible)
     store = crucible.store()
     with timed_stage(store, experiment.name, iteration, "checkpoint_eval"):
-        policy_dir = crucible.checkpoint_dir(experiment.name, iteration)
-        engine = open_engine(experiment.engine, policy_dir, verify_checkpoint(policy_dir)["content_hash"])
-        full_set = load_task_set(experiment.task_set)
-        tasks = full_set.eval()[: experiment.eval_tasks]
-        params = SamplingParams(n=1, max_new_tokens=experiment.max_new_tokens, temperature=0.0)
-        samples = _sample(context, crucible, experiment, engine, tasks, params, f"{context.partition_key}/eval")
-        graded = _grade_all(context, crucible, list(zip(tasks, samples)), full_set.reward)
-        rows = [evaluation_row(v) for v in graded]
-        store.write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
-    pass_rate = sum(row["passed"] for row in rows) / len(rows)
-    stderr = (pass_rate * (1 - pass_rate) / len(rows)) ** 0.5
+        if not store.has_partition("evaluations", experiment.name, 0):
+            context.log.info("evaluating the base policy first (iteration 0), the baseline of every iteration")
+            _evaluate(context, crucible, experiment, 0)
+        rows = _evaluate(context, crucible, experiment, iteration)
+    base_rows = store.read_partition("evaluations", experiment.name, 0).to_pylist()
+    result = pass_rate((row["task_id"], row["passed"]) for row in rows)
+    gain = improvement([(row["task_id"], row["passed"]) for row in base_rows],
+                       [(row["task_id"], row["passed"]) for row in rows])
+    curve = [(i, pass_rate((r["task_id"], r["passed"]) for r in store.read_partition("evaluations", experiment.name, i)
+                           .to_pylist()))
+             for i in range(iteration + 1) if store.has_partition("evaluations", experiment.name, i)]
+    context.log.info(f"held-out pass rate {result.rate:.3f} ± {result.stderr:.3f} "
+                     f"({gain.delta:+.3f} over the base policy, {gain.stderrs:+.1f} standard errors)")
     return MaterializeResult(
-        metadata={"eval_pass_rate": pass_rate, "eval_stderr": stderr, "eval_tasks": len(rows)}
+        metadata={
+            "eval_pass_rate": result.rate, "eval_stderr": result.stderr, "eval_tasks": result.tasks,
+            "eval_samples": len(rows), "base_pass_rate": curve[0][1].rate,
+            "improvement": gain.delta, "improvement_stderr": gain.stderr,
+            "improvement_in_stderrs": gain.stderrs if math.isfinite(gain.stderrs) else MetadataValue.text(
+                f"{gain.stderrs} (every task moved by the same amount)"),
+            "curve": MetadataValue.md(png_markdown("held-out pass rate", eval_curve_png(
+                experiment.name, [(i, p.rate, p.stderr) for i, p in curve]))),
+        }
     )
+
+
+def _evaluate(context, crucible: CrucibleResource, experiment: ExperimentConfig, iteration: int) -> list[dict]:
+    """Checkpoint `iteration` (0: the base policy) on the held-out tasks: greedily, or
+    `eval_samples` samples per task at the rollout temperature; stored as that evaluations partition."""
+    policy_dir = crucible.checkpoint_dir(experiment.name, iteration)
+    engine = open_engine(experiment.engine, policy_dir, verify_checkpoint(policy_dir)["content_hash"])
+    full_set = load_task_set(experiment.task_set)
+    tasks = full_set.eval()[: experiment.eval_tasks]
+    greedy = experiment.eval_samples == 1
+    params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
+                            temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)
+    samples = _sample(context, crucible, experiment, engine, tasks, params, f"{experiment.name}/eval/{iteration}")
+    by_id = {task.id: task for task in tasks}
+    graded = _grade_all(context, crucible, [(by_id[s.task_id], s) for s in samples], full_set.reward)
+    rows = [evaluation_row(v) for v in graded]
+    crucible.store().write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
+    return rows

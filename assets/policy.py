@@ -2,13 +2,19 @@
 
 import tempfile
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    Config,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
 from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
 from training.checkpoint import verify_checkpoint
-from training.model import PolicyConfig, build_base_policy
 from training.demonstrations import warmup_examples
+from training.model import PolicyConfig, build_base_policy
 from training.sft import SFTConfig, supervised_warmup
 from training.tokenizer import build_tokenizer
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
 from dagster import ConfigurableResource
+from pydantic import Field
 
 from datastore.store import DatasetStore
 from sandbox.backends import BACKENDS, open_sandbox
@@ -26,6 +29,11 @@ class CrucibleResource(ConfigurableResource):
     checkpoint_root: str = ".crucible/checkpoints"
     sandbox_backend: str = "local"
     grading_workers: int = 2
+    train_launcher: str = Field("", description="what runs the training step's module (`-m assets.train_process`"
+                                " follows): empty is this Python; e.g. 'torchrun --nproc-per-node 1'")
+
+    def train_launcher_command(self) -> list[str]:
+        return shlex.split(self.train_launcher) or [sys.executable]
 
     def store(self) -> DatasetStore:
         return DatasetStore(self.storage_root)

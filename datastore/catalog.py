@@ -30,11 +30,13 @@ DERIVED_VIEWS = {
                    avg((reward_status = 'infra_error')::INT) AS infra_error_rate
             FROM trajectories GROUP BY ALL
         ),
-        held_out AS (
+        held_out AS (  -- tasks are the unit (training/evaluation.py)
             SELECT experiment, iteration,
-                   avg(passed::INT) AS eval_pass_rate,
-                   sqrt(avg(passed::INT) * (1 - avg(passed::INT)) / count(*)) AS eval_stderr
-            FROM evaluations GROUP BY ALL
+                   avg(task_rate) AS eval_pass_rate,
+                   coalesce(stddev_samp(task_rate) / sqrt(count(*)), 0) AS eval_stderr
+            FROM (SELECT experiment, iteration, task_id, avg(passed::INT) AS task_rate
+                  FROM evaluations GROUP BY ALL)
+            GROUP BY ALL
         ),
         timing AS (
             PIVOT (SELECT experiment, iteration, stage, seconds FROM stages)
@@ -43,7 +45,7 @@ DERIVED_VIEWS = {
             USING sum(seconds) GROUP BY experiment, iteration
         )
         SELECT * FROM rollout
-        LEFT JOIN held_out USING (experiment, iteration)
+        FULL JOIN held_out USING (experiment, iteration)  -- iteration 0: the base policy's evaluation
         LEFT JOIN timing USING (experiment, iteration)
         ORDER BY experiment, iteration
     """,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3  # 2: reward_version on trajectories and evaluations; 3: replayable turns
+SCHEMA_VERSION = 4  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
+# 4: stability signals and lineage on checkpoints, training_steps, evaluation samples
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -83,10 +84,11 @@ TRAJECTORIES = pa.schema(
 EVALUATIONS = pa.schema(
     [
         _field("task_id", pa.string(), "held-out task identifier", nullable=False),
+        _field("sample_index", pa.int32(), "which of the task's samples (0 when evaluated greedily)"),
         _field("difficulty", pa.string(), "easy, medium or hard"),
         _field("family", pa.string(), "task family"),
         _field("policy_version", pa.string(), "content hash of the evaluated checkpoint"),
-        _field("response_text", pa.string(), "greedy response"),
+        _field("response_text", pa.string(), "the policy's answer"),
         _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
         _field("passed", pa.bool_(), "every hidden test passed"),
         _field("reward_status", pa.string(), "scored, invalid or infra_error"),
@@ -108,11 +110,41 @@ CHECKPOINTS = pa.schema(
         _field("content_hash", pa.string(), "hash over every file of the checkpoint"),
         _field("parent_path", pa.string(), "checkpoint the step started from"),
         _field("parent_hash", pa.string(), "content hash of the parent"),
+        _field("trajectories", pa.list_(pa.string()), "trajectory partitions the step trained on"),
+        _field("task_set_version", pa.string(), "version of the task set the samples answered"),
+        _field("config_hash", pa.string(), "sha256 of the experiment's settings"),
+        _field("code_version", pa.string(), "crucible version and hash of the training and grading source"),
+        _field("global_step", pa.int64(), "optimizer steps since the base policy"),
         _field("loss", pa.float64(), "mean policy loss of the step"),
+        _field("approx_kl", pa.float64(), "KL between the sampling policy and the trained one, per token"),
+        _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference (0 without a KL penalty)"),
+        _field("entropy", pa.float64(), "mean next-token entropy on the trained tokens, nats"),
         _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
         _field("grad_norm", pa.float64(), "mean gradient norm before clipping"),
-        _field("train_tokens", pa.int64(), "response tokens trained on"),
+        _field("grad_norm_max", pa.float64(), "largest gradient norm before clipping"),
+        _field("response_length", pa.float64(), "mean tokens the policy sampled per sample"),
+        _field("zero_variance_fraction", pa.float64(), "share of groups whose rewards were all equal"),
+        _field("reward_mean", pa.float64(), "mean reward of the scored samples"),
+        _field("reward_std", pa.float64(), "standard deviation of those rewards"),
+        _field("tamper_ratio", pa.float64(), "share of samples with a tamper flag"),
+        _field("train_tokens", pa.int64(), "tokens through forward and backward (prompt + response, padded)"),
         _field("tokens_per_s", pa.float64(), "training throughput"),
+        _field("blocked", pa.bool_(), "a stability check failed: no iteration may sample from this checkpoint"),
+        _field("monitor_messages", pa.list_(pa.string()), "every stability check: name, verdict, detail"),
+    ]
+)
+
+TRAINING_STEPS = pa.schema(
+    [
+        _field("step", pa.int32(), "optimizer step within the iteration, from 1", nullable=False),
+        _field("loss", pa.float64(), "policy loss of the minibatch"),
+        _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
+        _field("approx_kl", pa.float64(), "KL between the sampling policy and the current one, per token"),
+        _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference"),
+        _field("entropy", pa.float64(), "mean next-token entropy on the trained tokens, nats"),
+        _field("grad_norm", pa.float64(), "gradient norm before clipping"),
+        _field("lr", pa.float64(), "learning rate of the step"),
+        _field("tokens", pa.int64(), "tokens through forward and backward"),
     ]
 )
 
@@ -121,4 +153,5 @@ DATASETS: dict[str, pa.Schema] = {
     "evaluations": EVALUATIONS,
     "stages": STAGES,
     "checkpoints": CHECKPOINTS,
+    "training_steps": TRAINING_STEPS,
 }

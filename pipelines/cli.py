@@ -51,7 +51,9 @@ def _use_storage(storage: str | None) -> None:
 def command_run(args: argparse.Namespace) -> int:
     prepare_instance()
     _use_storage(args.storage)
-    from pipelines.experiment_runner import ExperimentRunner  # torch and dagster: only when running
+    from pipelines.experiment_runner import (
+        ExperimentRunner,  # torch and dagster: only when running
+    )
 
     runner = ExperimentRunner.for_experiment(args.experiment, iterations=args.iterations,
                                              samples_per_task=args.samples_per_task)
@@ -75,6 +77,10 @@ SUMMARY_QUERY = """
 """
 
 
+def _cell(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
 def print_summary(storage_root: str, experiment: str) -> None:
     """One row per iteration, read back from the stored datasets."""
     rows = catalog.connect(storage_root).execute(SUMMARY_QUERY, [experiment]).fetchall()
@@ -82,14 +88,11 @@ def print_summary(storage_root: str, experiment: str) -> None:
     for header in ("iter", "tasks", "samples", "pass rate", "mean reward", "gen tokens",
                    "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass ± se"):
         table.add_column(header, justify="right")
-    for (it, tasks, samples, pass_rate, reward, tokens, s_roll, s_ver, s_traj, s_train, s_eval,
-         eval_rate, eval_se) in rows:
+    for (it, tasks, samples, pass_rate, reward, tokens, *seconds, eval_rate, eval_se) in rows:
         held_out = "" if eval_rate is None else f"{eval_rate:.3f} ± {eval_se:.3f}"
-        table.add_row(
-            str(it), str(tasks), str(samples), f"{pass_rate:.3f}", f"{reward:.3f}", str(tokens),
-            *(f"{s:.1f}" if s is not None else "" for s in (s_roll, s_ver, s_traj, s_train, s_eval)),
-            held_out,
-        )
+        table.add_row("0 (base)" if it == 0 else str(it), *(_cell(v, "") for v in (tasks, samples)),
+                      *(_cell(v, ".3f") for v in (pass_rate, reward)), _cell(tokens, ""),
+                      *(_cell(s, ".1f") for s in seconds), held_out)
     console.print(table)
 
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from dagster import Definitions
+from dagster import Definitions, PipesSubprocessClient
 
 from assets.analytics import reward_analytics
-from assets.iteration import checkpoint, checkpoint_eval, rollouts, task_set, trajectories, verified_rollouts
+from assets.iteration import (
+    checkpoint,
+    checkpoint_eval,
+    rollouts,
+    task_set,
+    trajectories,
+    verified_rollouts,
+)
 from assets.policy import base_policy
 from pipelines.jobs import analytics_job, base_policy_job, iteration_job
 from pipelines.logging import progress_console
@@ -17,6 +24,6 @@ defs = Definitions(
             reward_analytics],
     jobs=[iteration_job, base_policy_job, analytics_job],
     sensors=[advance_iteration],
-    resources={"crucible": crucible_resource()},
+    resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient()},
     loggers={"console": progress_console},
 )

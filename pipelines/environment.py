@@ -3,6 +3,7 @@
 CRUCIBLE_STORAGE_ROOT     any fsspec URI for datasets (default ./.crucible/data)
 CRUCIBLE_CHECKPOINT_ROOT  local directory for checkpoints (default ./.crucible/checkpoints)
 CRUCIBLE_SANDBOX          sandbox backend (default local)
+CRUCIBLE_TRAIN_LAUNCHER   what launches the training step (default: this Python; e.g. torchrun …)
 """
 
 from __future__ import annotations
@@ -28,3 +29,7 @@ def checkpoint_root() -> str:
 
 def sandbox_backend() -> str:
     return os.environ.get("CRUCIBLE_SANDBOX", "local")
+
+
+def train_launcher() -> str:
+    return os.environ.get("CRUCIBLE_TRAIN_LAUNCHER", "")

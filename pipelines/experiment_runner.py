@@ -30,7 +30,9 @@ class ExperimentRunner:
     @classmethod
     def for_experiment(cls, name: str, **overrides: int | None) -> ExperimentRunner:
         """Stored settings of `name` (or defaults), updated with the overrides that are set."""
-        from pipelines.definitions import defs  # after the caller has chosen the environment
+        from pipelines.definitions import (
+            defs,  # after the caller has chosen the environment
+        )
 
         crucible = crucible_resource()
         stored = crucible.experiment(name).model_dump()

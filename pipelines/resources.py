@@ -11,4 +11,5 @@ def crucible_resource() -> CrucibleResource:
         storage_root=environment.storage_root(),
         checkpoint_root=environment.checkpoint_root(),
         sandbox_backend=environment.sandbox_backend(),
+        train_launcher=environment.train_launcher(),
     )

@@ -131,12 +131,15 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
     write_trajectories(store, 1, [1.0, 0.0])
     write_trajectories(store, 2, [1.0, 1.0, 0.5, 1.0])
     evaluations = [
-        {"task_id": f"e/{i}", "difficulty": "easy", "family": "add_k", "policy_version": "p",
+        {"task_id": f"e/{i}", "sample_index": 0, "difficulty": "easy", "family": "add_k", "policy_version": "p",
          "response_text": "", "reward": float(i % 2), "passed": bool(i % 2), "reward_status": "scored",
          "reward_version": "tests-passed-fraction@5e1e1b606039"}
         for i in range(4)
     ]
     store.write_partition("evaluations", "exp", 2, rows_to_table("evaluations", evaluations))
+    # The base policy's evaluation is iteration 0: two samples of one task, one passed.
+    base = [{**evaluations[0], "sample_index": index, "passed": bool(index)} for index in range(2)]
+    store.write_partition("evaluations", "exp", 0, rows_to_table("evaluations", base))
     started = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     for stage, seconds in (("rollouts", 3.0), ("checkpoint", 5.0)):
         row = {"stage": stage, "seconds": seconds, "started_at": started}
@@ -146,8 +149,11 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
         "SELECT iteration, tasks, samples, pass_rate, mean_reward, generated_tokens, "
         "eval_pass_rate, eval_stderr, rollouts, checkpoint FROM iterations"
     ).fetchall()
-    assert rows[0] == (1, 2, 2, 0.5, 0.5, 4, None, None, None, None)
-    assert rows[1] == (2, 4, 4, 0.75, 0.875, 8, 0.5, 0.25, 3.0, 5.0)
+    assert rows[0] == (0, None, None, None, None, None, 0.5, 0.0, None, None)  # one task: no spread
+    assert rows[1] == (1, 2, 2, 0.5, 0.5, 4, None, None, None, None)
+    # Task rates 0, 1, 0, 1: sample std sqrt(1/3) over sqrt(4) tasks.
+    assert rows[2][:7] == (2, 4, 4, 0.75, 0.875, 8, 0.5) and rows[2][8:] == (3.0, 5.0)
+    assert rows[2][7] == pytest.approx((1 / 3) ** 0.5 / 2)
 
 
 def test_test_results_view_has_one_row_per_test(tmp_path):

@@ -134,8 +134,9 @@ def test_checkpoint_records_its_lineage(finished_run, workdir):
     base = verify_checkpoint(workdir / "checkpoints" / "base")
     manifest = verify_checkpoint(workdir / "checkpoints" / "experiment=tiny" / "iteration=1")
     assert manifest["lineage"]["parent"]["content_hash"] == base["content_hash"]
-    assert manifest["lineage"]["trajectories"].endswith("trajectories/experiment=tiny/iteration=1/data.parquet")
-    assert manifest["lineage"]["experiment"]["name"] == "tiny"
+    [partition] = manifest["lineage"]["trajectories"]
+    assert partition == f"file://{workdir}/data/trajectories/experiment=tiny/iteration=1/data.parquet"
+    assert manifest["lineage"]["settings"]["name"] == "tiny"
 
 
 def test_sql_answers_over_the_stored_iteration(finished_run, environment):

@@ -20,12 +20,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from training.batching import make_batch, token_logprobs
 from training.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
 from training.engine import Completion, InferenceEngine, SamplingParams, TransformersEngine
-from training.grpo import advantages, clipped_policy_loss, group_advantages
+from training.grpo import advantages, clipped_policy_loss, group_advantages, informative_samples, kl_to_reference
 from training.model import PolicyConfig, build_base_policy, load_policy
 from training.prompts import extract_solution, render_prompt
 from training.demonstrations import single_turn_examples
+from training.dynamic_sampling import refill, refill_size
 from training.sft import SFTConfig, supervised_warmup
 from training.tokenizer import EOS_TOKEN, IM_END, IM_START, build_tokenizer, save_tokenizer
+from training.schedule import lr_factor
 from training.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, train_policy
 
 EOT_ID, IM_START_ID, IM_END_ID = 256, 257, 258
@@ -270,6 +272,48 @@ def test_clipped_policy_loss_broadcasts_sequence_advantages():
     assert stats["mean_ratio"] == pytest.approx(1.0) and stats["approx_kl"] == pytest.approx(0.0)
 
 
+def test_kl_estimators_hand_computed():
+    logprobs = torch.tensor([[-1.0, -2.0]])
+    reference = torch.tensor([[-1.5, -1.0]])  # log(pi_ref / pi) = -0.5 and +1.0
+    torch.testing.assert_close(kl_to_reference(logprobs, reference, "k1"), torch.tensor([[0.5, -1.0]]))
+    k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1.0 - 1]
+    torch.testing.assert_close(kl_to_reference(logprobs, reference, "k3"), torch.tensor([k3]))
+    with pytest.raises(ValueError, match="unknown KL estimator 'k2'; choose one of k1, k3"):
+        kl_to_reference(logprobs, reference, "k2")
+
+
+def test_kl_penalty_adds_to_the_surrogate_hand_computed():
+    lp = torch.zeros(1, 2, requires_grad=True)
+    reference = torch.tensor([[-0.5, 0.0]])  # k3 per token: e^-0.5 + 0.5 - 1, and 0
+    mask = torch.ones(1, 2)
+    loss, stats = clipped_policy_loss(lp, lp.detach(), torch.tensor([1.0]), mask, reference_logprobs=reference,
+                                      kl_coef=0.1)
+    kl = (math.exp(-0.5) + 0.5 - 1) / 2
+    assert loss.item() == pytest.approx(-1.0 + 0.1 * kl, abs=1e-6)
+    assert stats["kl_to_reference"] == pytest.approx(kl, abs=1e-6)
+
+
+def test_informative_samples_are_those_of_groups_with_a_reward_spread():
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.3, 0.0, 0.0, 1.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 3, 3, 3])  # 1: all equal; 2: a singleton
+    assert informative_samples(rewards, groups).tolist() == [True, True, False, False, False, True, True, True]
+
+
+@pytest.mark.parametrize(("step", "kind", "expected"), [
+    (0, "constant", 0.25), (3, "constant", 1.0), (50, "constant", 1.0),  # warm-up of 4 steps, then flat
+    (4, "linear", 1.0), (9, "linear", 0.55), (14, "linear", 0.1), (99, "linear", 0.1),
+    (4, "cosine", 1.0), (9, "cosine", 0.55), (14, "cosine", 0.1),
+])
+def test_lr_schedule_hand_computed(step, kind, expected):
+    # 4 warm-up steps, then decay to 0.1 over the next 10; cosine at mid-point: 0.1 + 0.9 * 0.5.
+    assert lr_factor(step, kind, warmup_steps=4, total_steps=14, min_ratio=0.1) == pytest.approx(expected)
+
+
+def test_a_decaying_schedule_without_a_horizon_is_refused():
+    with pytest.raises(ValueError, match="lr_schedule 'cosine' needs lr_decay_steps"):
+        GRPOConfig(lr_schedule="cosine")
+
+
 # --- SFT and the engine --------------------------------------------------------------------
 
 
@@ -372,9 +416,11 @@ def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, tokeniz
     assert manifest["kind"] == "grpo" and (out / OPTIMIZER_FILE).is_file()
     assert steps and steps[-1][:2] == (1, 1)
     assert metrics["optimizer_steps"] == 1 and metrics["samples"] == 6 and metrics["groups"] == 2
+    assert metrics["zero_variance_groups"] == 1 and metrics["samples_trained"] == 4  # "flat" left the batch
     assert metrics["mean_ratio"] == pytest.approx(1.0, abs=1e-3)  # on-policy: ratio 1 at step one
     assert metrics["clip_fraction"] == 0.0 and metrics["grad_norm"] > 0
-    assert metrics["frac_zero_advantage"] == pytest.approx(2 / 6)
+    assert metrics["frac_zero_advantage"] == 0.0
+    assert metrics["entropy"] > 0 and metrics["kl_to_reference"] == 0.0
     assert metrics["mean_advantage"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["tokens_per_s"] > 0
 
@@ -451,3 +497,129 @@ def test_truncated_importance_sampling_corrects_an_engine_that_disagrees_with_th
     uncorrected = train_policy(sft_result[0], samples, tmp_path / "plain",
                                GRPOConfig(lr=1e-3, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False))
     assert uncorrected["mean_ratio"] == pytest.approx(math.e, rel=1e-3)  # against the engine's numbers
+
+
+def _weights(path) -> list[torch.Tensor]:
+    return list(load_policy(path)[0].state_dict().values())
+
+
+def _same_weights(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(_weights(a), _weights(b)))
+
+
+def _two_groups_and_a_flat_one() -> list[TrainSample]:
+    informative = [TrainSample([5, 6, 7], [40, 41, 42], [-1.0] * 3, reward, "g") for reward in (1.0, 0.0)]
+    flat = [TrainSample([5, 6, 8], [43, 44, 45, 46, 47], [-1.0] * 5, 0.0, "flat") for _ in range(2)]
+    return informative + flat
+
+
+def test_dropping_zero_variance_groups_trains_as_if_they_were_never_sampled(sft_result, tmp_path):
+    """DAPO's filter: a group whose rewards are all equal leaves the batch and its loss
+    denominator; kept, its tokens dilute the step (same direction, smaller)."""
+    samples = _two_groups_and_a_flat_one()
+    config = GRPOConfig(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
+    dropped = train_policy(sft_result[0], samples, tmp_path / "dropped", config)
+    never = train_policy(sft_result[0], samples[:2], tmp_path / "never", config)
+    kept = train_policy(sft_result[0], samples, tmp_path / "kept", config.model_copy(update={"zero_variance_groups": "keep"}))
+    assert dropped["samples_trained"] == 2 and dropped["zero_variance_groups"] == 1 and kept["samples_trained"] == 4
+    assert _same_weights(tmp_path / "dropped", tmp_path / "never")
+    assert not _same_weights(tmp_path / "dropped", tmp_path / "kept")
+    assert kept["loss"] == pytest.approx(dropped["loss"] * 6 / 16, rel=1e-4)  # 6 of 16 tokens informative
+
+
+def test_a_batch_without_signal_saves_the_parent_unchanged(sft_result, tmp_path):
+    samples = _two_groups_and_a_flat_one()[2:]
+    metrics = train_policy(sft_result[0], samples, tmp_path / "same", GRPOConfig(keep_optimizer_state=False))
+    assert metrics["optimizer_steps"] == 0 and metrics["samples_trained"] == 0
+    assert _same_weights(sft_result[0], tmp_path / "same")
+
+
+def test_lr_schedule_counts_optimizer_steps_across_iterations(sft_result, tmp_path):
+    samples = [TrainSample([5, 6, 7], [40 + i, 41], [-1.0, -1.0], float(i % 2), f"g{i // 2}") for i in range(4)]
+    config = GRPOConfig(lr=1e-3, minibatch_size=2, lr_schedule="linear", lr_decay_steps=4, min_lr_ratio=0.0)
+    first = train_policy(sft_result[0], samples, tmp_path / "one", config)
+    second = train_policy(tmp_path / "one", samples, tmp_path / "two", config)
+    assert [s["lr"] for s in first["steps"] + second["steps"]] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    assert verify_checkpoint(tmp_path / "two")["global_step"] == 4
+
+
+def test_kl_penalty_needs_and_measures_a_reference(sft_result, base_dir, tmp_path):
+    samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
+    config = GRPOConfig(lr=1e-3, minibatch_size=2, kl_coef=0.1, keep_optimizer_state=False)
+    with pytest.raises(ValueError, match="kl_coef > 0 needs a reference policy"):
+        train_policy(sft_result[0], samples, tmp_path / "x", config)
+    itself = train_policy(sft_result[0], samples, tmp_path / "self", config, reference_dir=sft_result[0])
+    assert itself["kl_to_reference"] == pytest.approx(0.0, abs=1e-6)  # the first step starts at the reference
+    untrained = train_policy(sft_result[0], samples, tmp_path / "far", config, reference_dir=base_dir)
+    assert untrained["kl_to_reference"] > 0.1  # the warm-up moved far from the random initialisation
+
+
+def test_a_crashed_step_resumes_from_its_saved_progress(sft_result, tmp_path):
+    """A step that dies after its second optimizer step leaves its progress beside the checkpoint;
+    run again, it takes only the remaining steps and ends with the weights of an uninterrupted run."""
+    samples = [TrainSample([5, 6, 7], [40 + i, 41], [-1.0, -1.0], float(i % 2), f"g{i // 2}") for i in range(8)]
+    config = GRPOConfig(lr=1e-3, minibatch_size=2)
+
+    def crash_after_two(step, total, stats):
+        if step == 2:
+            raise KeyboardInterrupt("the node went away")
+
+    with pytest.raises(KeyboardInterrupt):
+        train_policy(sft_result[0], samples, tmp_path / "resumed", config, progress=crash_after_two)
+    assert not (tmp_path / "resumed").exists() and (tmp_path / ".resumed.progress.pt").is_file()
+    resumed_steps = []
+    resumed = train_policy(sft_result[0], samples, tmp_path / "resumed", config,
+                           progress=lambda step, total, stats: resumed_steps.append(step))
+    assert resumed_steps == [3, 4] and len(resumed["steps"]) == 4
+    assert not (tmp_path / ".resumed.progress.pt").exists()
+    whole = train_policy(sft_result[0], samples, tmp_path / "whole", config)
+    assert _same_weights(tmp_path / "resumed", tmp_path / "whole")
+    assert resumed["loss"] == pytest.approx(whole["loss"])
+    changed = [TrainSample(s.prompt_ids, s.response_ids, s.behaviour_logprobs, 1 - s.reward, s.group_id) for s in samples]
+    with pytest.raises(KeyboardInterrupt):
+        train_policy(sft_result[0], samples, tmp_path / "other", config, progress=crash_after_two)
+    fresh = []
+    train_policy(sft_result[0], changed, tmp_path / "other", config, progress=lambda step, *_: fresh.append(step))
+    assert fresh == [1, 2, 3, 4]  # other inputs: the leftover progress is not used
+
+
+def test_lora_trains_adapters_and_saves_a_plain_merged_model(sft_result, tmp_path):
+    samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
+    config = GRPOConfig(lr=1e-2, minibatch_size=2, lora_rank=4, lora_target_modules=("q_proj", "v_proj"))
+    train_policy(sft_result[0], samples, tmp_path / "lora", config)
+    before, after = load_policy(sft_result[0])[0].state_dict(), load_policy(tmp_path / "lora")[0].state_dict()
+    assert set(before) == set(after)  # no adapter weights left: any engine loads it
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and all("q_proj" in name or "v_proj" in name for name in changed)
+    assert not (tmp_path / "lora" / OPTIMIZER_FILE).exists()  # adapters start afresh each step
+
+
+def test_refill_sizes_each_round_by_the_informative_share_seen_so_far():
+    assert refill_size(informative=2, groups=8, target=8, available=100) == 8  # 6 missing at 1 in 4: 24, capped at 8
+    assert refill_size(informative=4, groups=8, target=6, available=100) == 4  # 2 missing at 1 in 2
+    assert refill_size(informative=0, groups=4, target=4, available=3) == 3  # never more than the reserve
+    assert refill_size(informative=5, groups=8, target=4, available=100) == 0
+
+
+def test_dynamic_sampling_refills_a_batch_with_zero_variance_groups():
+    """Four tasks, two of whose groups got equal rewards: one extra round of sampled tasks brings
+    the informative groups to the target; the round after is not needed."""
+    def graded_group(task: str, rewards: list[float]) -> list[tuple[str, float]]:
+        return [(task, reward) for reward in rewards]
+
+    first = (graded_group("a", [1, 0]) + graded_group("b", [0, 0]) + graded_group("c", [1, 1])
+             + graded_group("d", [0.5, 0]) + [("e", None)])  # e: an infrastructure error
+    outcomes = {"f": [1, 0], "g": [0, 0], "h": [0, 1], "i": [1, 0]}
+    rounds_asked = []
+
+    def sample_and_grade(tasks: list[str], round_: int) -> list[tuple[str, float]]:
+        rounds_asked.append((tasks, round_))
+        return [pair for task in tasks for pair in graded_group(task, outcomes[task])]
+
+    done = refill(first, ["f", "g", "h", "i"], sample_and_grade,
+                  lambda item: None if item[1] is None else item, target=4, max_rounds=3)
+    assert rounds_asked == [(["f", "g", "h", "i"], 1)]  # 2 missing at 2 in 4: four more tasks
+    assert done.rounds == 1 and done.informative == 5 and done.groups == 8
+    assert len(done.graded) == len(first) + 8  # the zero-variance groups stay in the data
+    assert refill(first, ["f"], sample_and_grade, lambda item: item if item[1] is not None else None,
+                  target=4, max_rounds=0).rounds == 0

@@ -51,8 +51,18 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
 
 def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0) -> Tensor:
     """log_softmax(logits / temperature)[target] at every position: [B, L] (meaningful where mask)."""
+    return token_logprobs_and_entropy(model, batch, temperature)[0]
+
+
+def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch,
+                               temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The targets' log-probs, and the entropy of the (tempered) next-token distribution at
+    every position, detached: a collapsing entropy is the first sign of a policy that stopped
+    exploring."""
     logits = model(input_ids=batch.input_ids).logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
-    return logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
+    return logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), entropy

@@ -89,6 +89,12 @@ def save_checkpoint(
     return write_checkpoint_dir(out_dir, write, manifest)
 
 
+def read_manifest(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """The manifest as written, unverified ({} for a plain Hugging Face directory without one)."""
+    path = Path(checkpoint_dir) / MANIFEST_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def verify_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
     """Check every file against the manifest; return the manifest or raise CheckpointError."""
     root = Path(checkpoint_dir)

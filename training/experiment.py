@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from training.monitors import MonitorConfig
 from training.trainer import GRPOConfig
 
 
@@ -42,10 +43,17 @@ class ExperimentConfig(BaseModel):
         "keeps the warmed-up default model's samples mostly valid Python",
     )
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
+    eval_samples: int = Field(1, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "
+                              "`temperature`, and a task's pass rate is the share that passed")
     regrade_fraction: float = Field(
         0.05, ge=0, le=1,
         description="share of each iteration's submissions graded a second time, in fresh sandboxes, "
         "to measure how reproducible the verdicts are (0 turns it off)",
     )
+    refill_rounds: int = Field(
+        0, ge=0, description="dynamic sampling: while fewer groups than tasks_per_iteration have a reward spread, "
+        "sample and grade up to this many extra rounds of fresh train tasks (0: off; the trainer still drops "
+        "zero-variance groups unless grpo.zero_variance_groups is 'keep')")
     seed: int = 0
     grpo: GRPOConfig = GRPOConfig()
+    monitors: MonitorConfig = MonitorConfig()

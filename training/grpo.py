@@ -8,8 +8,11 @@ rewards are all equal, and singleton groups, get exactly 0: they carry no signal
 - reinforce_pp_advantages (REINFORCE++ with a group baseline): A_i = r_i - mean_g, then divided
   by the standard deviation of those values over the whole batch (global normalisation).
 
-clipped_policy_loss: PPO's clipped surrogate with token-level aggregation
-(DAPO / TRL "token" loss): every masked token of the batch weighs the same.
+clipped_policy_loss: PPO's clipped surrogate, aggregated over tokens (DAPO / TRL "token" loss)
+or sequences, optionally with a KL penalty towards a frozen reference policy.
+
+informative_samples: dynamic sampling's filter (DAPO): a sample counts only if its group's
+rewards differ.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch import Tensor
 
 ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
+KL_ESTIMATORS = ("k1", "k3")
 
 
 def advantages(estimator: str, rewards: Tensor, group_ids: Tensor, scale_by_std: bool = True,
@@ -51,6 +55,25 @@ def reinforce_pp_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-
     centred = torch.where(stats.degenerate, torch.zeros_like(stats.centred), stats.centred)
     spread = centred.std() if centred.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
     return _without_degenerate(centred / (spread + eps), stats)
+
+
+def informative_samples(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """True for each sample whose group has at least two samples and not all rewards equal."""
+    return ~_group_stats(rewards, group_ids).degenerate
+
+
+def kl_to_reference(logprobs: Tensor, reference_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL(current || reference) from the sampled tokens' log-probs.
+
+    k1 = log pi - log pi_ref (unbiased, can be negative); k3 = r - log r - 1 with
+    r = pi_ref / pi (unbiased, never negative, lower variance; GRPO's choice).
+    """
+    log_ratio = reference_logprobs.to(logprobs.dtype) - logprobs
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k3":
+        return torch.exp(log_ratio) - log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
 
 
 class _GroupStats(NamedTuple):
@@ -90,6 +113,9 @@ def clipped_policy_loss(
     clip_eps_high: float | None = None,
     aggregation: str = "token",
     token_weights: Tensor | None = None,
+    reference_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss.
 
@@ -100,9 +126,12 @@ def clipped_policy_loss(
     "sequence" averages each sequence over its tokens, then the sequences (GRPO's original).
     token_weights (detached, [batch, tokens]) multiply each token's loss: the truncated
     importance-sampling correction, where behaviour_logprobs are the trainer's own at rollout time.
+    reference_logprobs with kl_coef > 0 add kl_coef * KL(current || reference) per token
+    (kl_to_reference), aggregated like the surrogate.
     stats: clip_fraction (tokens where the clipped branch is active: ratio > 1+eps_high with
     A > 0, or ratio < 1-eps_low with A < 0), mean_ratio, approx_kl (k3 estimator of
-    KL(behaviour || current)), tokens, and sequences (those with at least one masked token).
+    KL(behaviour || current)), kl_to_reference (the penalty's estimate, 0 without a reference),
+    tokens, and sequences (those with at least one masked token).
     """
     if aggregation not in ("token", "sequence"):
         raise ValueError(f"unknown loss aggregation {aggregation!r}; choose token or sequence")
@@ -120,6 +149,10 @@ def clipped_policy_loss(
     per_token = -torch.minimum(unclipped, clipped)
     if token_weights is not None:
         per_token = per_token * token_weights.to(per_token.dtype)
+    kl = torch.zeros_like(per_token)
+    if reference_logprobs is not None:
+        kl = torch.where(keep, kl_to_reference(logprobs, reference_logprobs, kl_estimator), 0.0)
+        per_token = per_token + kl_coef * kl
     tokens = mask.sum().clamp(min=1.0)
     per_sequence_tokens = mask.sum(dim=-1)
     sequences = (per_sequence_tokens > 0).sum().clamp(min=1)
@@ -133,6 +166,7 @@ def clipped_policy_loss(
             "clip_fraction": float((is_clipped.to(mask.dtype) * mask).sum() / tokens),
             "mean_ratio": float((ratio * mask).sum() / tokens),
             "approx_kl": float((((ratio - 1.0) - log_ratio) * mask).sum() / tokens),
+            "kl_to_reference": float((kl * mask).sum() / tokens),
             "tokens": float(mask.sum()),
             "sequences": float((per_sequence_tokens > 0).sum()),
         }

@@ -15,7 +15,6 @@ RL has to find the constants, helped by the graders' partial credit.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ import torch
 from .batching import make_batch, token_logprobs
 from .checkpoint import save_checkpoint
 from .model import load_policy
+from .schedule import lr_factor
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
 
@@ -70,7 +70,8 @@ def supervised_warmup(
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, "cosine", config.warmup_steps, config.steps, config.min_lr_ratio))
         losses, tokens, start = [], 0, time.perf_counter()
         for step, batch_rows in enumerate(_batches(data, config, rng), start=1):
             batch = make_batch([p for p, _ in batch_rows], [r for _, r in batch_rows], tokenizer.pad_token_id)
@@ -139,10 +140,3 @@ def _epoch_batches(data: list, config: SFTConfig, rng: random.Random) -> list[li
     rng.shuffle(batches)
     return batches
 
-
-def _lr_factor(step: int, config: SFTConfig) -> float:
-    if step < config.warmup_steps:
-        return (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine

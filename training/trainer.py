@@ -1,59 +1,101 @@
-"""One GRPO policy update: scored rollouts in, next policy checkpoint out.
+"""One policy update: scored rollouts in, next policy checkpoint out.
 
-Advantages are group-relative (completions of the same prompt share a group_id). Token
-logprobs are recomputed with teacher forcing under the same convention as the engine,
-log_softmax(logits / temperature), and the PPO-clipped surrogate is minimised with AdamW.
-Samples with zero advantage (all-equal groups) contribute exactly zero gradient, so by
-default they are not run through the model; their tokens still count in the token-level
-denominator, which keeps the loss identical to the full-batch definition.
+Advantages come from the configured estimator over groups (completions of the same prompt share
+a group_id). Token log-probs are recomputed with teacher forcing under the engine's convention,
+log_softmax(logits / temperature), and the PPO-clipped surrogate (optionally with a KL penalty
+to a frozen reference) is minimised with AdamW, on the full model or on LoRA adapters that are
+merged into the saved checkpoint.
+
+Groups whose rewards are all equal carry no signal: by default (`zero_variance_groups="drop"`,
+DAPO's dynamic sampling) they leave the batch and its loss denominator. Any remaining sample
+with zero advantage contributes exactly zero gradient, so it is not run through the model; its
+tokens still count in the denominator, which keeps the loss identical to the full-batch one.
+
+The step saves its progress after every `save_progress_every` optimizer steps
+(training/resume.py): run again after a crash, it resumes there.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .batching import make_batch, token_logprobs
-from .checkpoint import save_checkpoint
-from .grpo import advantages, clipped_policy_loss
+from .batching import make_batch, token_logprobs, token_logprobs_and_entropy
+from .checkpoint import read_manifest, save_checkpoint
+from .grpo import advantages, clipped_policy_loss, informative_samples
 from .model import load_policy
+from .resume import ProgressFile, StepProgress, fingerprint
+from .schedule import Schedule, lr_factor
 
 OPTIMIZER_FILE = "optimizer.pt"
-ProgressFn = Callable[[int, int, float], None]  # (optimizer step, total steps, loss)
+ProgressFn = Callable[[int, int, dict], None]  # (optimizer step, total steps, that step's statistics)
+STEP_STATS = ("loss", "clip_fraction", "approx_kl", "kl_to_reference", "entropy", "grad_norm", "lr", "tokens")
 
 
-@dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(BaseModel):
+    """The trainer's settings (one experiment's `grpo` section)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     # Adam moves every weight by ~lr per step whatever the gradient scale; the SFT'd 3M model
     # has weights of std ~0.02-0.05, so 1e-5 (the usual 1B+ setting) barely changes a single
     # sequence's logprob, while 1e-4 raises a rewarded sequence's logprob measurably in one
-    # step at an approx KL of ~1e-3 (see tests and report). Large models want 1e-6..1e-5.
-    lr: float = 1e-4
-    epochs: int = 1  # passes over the samples; 1 = strictly on-policy first minibatch
-    minibatch_size: int = 64  # samples per optimizer step (e.g. 16 prompts x 4 completions)
-    micro_batch_size: int = 16  # samples per forward pass (memory only; the loss is unchanged)
-    clip_eps: float = 0.2  # PPO / GRPO standard (the low side when clip_eps_high is set)
-    clip_eps_high: float | None = None  # None: symmetric; DAPO's clip-higher uses 0.28
-    loss_aggregation: str = "token"  # token: every trained token weighs the same; sequence: every sample
-    # Truncated importance sampling: when the engine's log-probs differ from the trainer's at the
-    # same weights (vLLM's kernels, bf16), the ratio is taken against the trainer's own log-probs
-    # at rollout time and each token is weighted by min(pi_trainer / pi_engine, cap). None: off.
-    tis_cap: float | None = None
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0  # must equal the sampling temperature of the rollouts
-    estimator: str = "grpo"  # advantage estimator: grpo | rloo | reinforce_pp (training/grpo.py)
-    scale_by_std: bool = True  # GRPO's std normalisation; False = Dr. GRPO-style centring only
-    weight_decay: float = 0.0  # no pull towards zero during RL
+    # step at an approx KL of ~1e-3. Large models want 1e-6..1e-5.
+    lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW)")
+    lr_schedule: Schedule = Field("constant", description="constant, linear or cosine decay over lr_decay_steps")
+    lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up, counted over the experiment")
+    lr_decay_steps: int | None = Field(None, ge=1, description="optimizer steps (over the experiment) at which a "
+                                       "linear or cosine schedule reaches min_lr_ratio")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="floor of a decaying schedule, as a share of lr")
+    epochs: int = Field(1, ge=1, description="passes over the samples; 1 = strictly on-policy first minibatch")
+    minibatch_size: int = Field(64, ge=1, description="samples per optimizer step (e.g. 16 prompts x 4 completions)")
+    micro_batch_size: int = Field(16, ge=1, description="samples per forward pass (memory only; the loss is unchanged)")
+    estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator "
+                                                               "(training/grpo.py)")
+    scale_by_std: bool = Field(True, description="GRPO's std normalisation; False: Dr. GRPO's centring only")
+    zero_variance_groups: Literal["drop", "keep"] = Field(
+        "drop", description="drop: groups whose rewards are all equal leave the batch (DAPO); keep: they stay, "
+        "with zero advantage, in the loss denominator")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range (the low side when clip_eps_high is set)")
+    clip_eps_high: float | None = Field(None, gt=0, description="None: symmetric; DAPO's clip-higher uses 0.28")
+    loss_aggregation: Literal["token", "sequence"] = Field(
+        "token", description="token: every trained token weighs the same; sequence: every sample does")
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling: when the engine's log-probs differ from the "
+        "trainer's at the same weights (vLLM kernels, bf16), the ratio is taken against the trainer's own "
+        "log-probs at rollout time and each token weighted by min(pi_trainer / pi_engine, cap); None: off")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty to the frozen reference (the base "
+                           "policy); 0: no penalty, and no reference model is loaded")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="per-token KL estimator (training/grpo.py)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    temperature: float = Field(1.0, gt=0, description="must equal the sampling temperature of the rollouts")
+    weight_decay: float = Field(0.0, ge=0, description="no pull towards zero during RL")
     betas: tuple[float, float] = (0.9, 0.99)
-    keep_optimizer_state: bool = True  # carry AdamW moments across rounds via optimizer.pt
-    skip_zero_advantage: bool = True  # exact: such samples have zero gradient
-    seed: int = 0  # minibatch shuffling
-    threads: int | None = 2  # training is compute-bound: 2 threads ~1.7x faster than 1 here
+    keep_optimizer_state: bool = Field(True, description="carry AdamW moments across iterations (optimizer.pt); "
+                                       "not with LoRA, whose adapters start afresh each step")
+    lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank (peft) instead of "
+                                  "every weight; merged into the saved checkpoint")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / rank)")
+    lora_target_modules: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"),
+                                                 description="modules that get adapters")
+    skip_zero_advantage: bool = Field(True, description="exact: such samples have zero gradient")
+    save_progress_every: int = Field(1, ge=1, description="optimizer steps between resumable progress saves")
+    seed: int = Field(0, description="minibatch shuffling")
+    threads: int | None = Field(2, ge=1, description="training is compute-bound: 2 threads ~1.7x faster than 1 "
+                                "on the 2-core machine")
+
+    @model_validator(mode="after")
+    def _decay_needs_a_horizon(self) -> GRPOConfig:
+        if self.lr_schedule != "constant" and self.lr_decay_steps is None:
+            raise ValueError(f"lr_schedule {self.lr_schedule!r} needs lr_decay_steps (where the decay ends)")
+        return self
 
 
 @dataclass
@@ -79,45 +121,66 @@ def train_policy(
     config: GRPOConfig = GRPOConfig(),
     progress: ProgressFn | None = None,
     lineage: dict | None = None,
+    reference_dir: str | Path | None = None,
 ) -> dict:
-    """Load the policy, take GRPO steps on `samples`, save the new policy to `out_dir`.
+    """Load the policy, take the step's optimizer steps on `samples`, save the new policy to
+    `out_dir`, and return the step's metrics (with `steps`, the statistics of each optimizer step).
 
-    `lineage` (parent checkpoint, trajectories, experiment settings) goes into the manifest.
+    `lineage` (parent checkpoint, trajectories, task set, settings) goes into the manifest;
+    `reference_dir` is the frozen policy of the KL penalty (needed when kl_coef > 0).
     """
-    _validate(samples, config)
+    _validate(samples, config, reference_dir)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+    batch = _informative(samples) if config.zero_variance_groups == "drop" else samples
+    parent = read_manifest(policy_dir)
     model, tokenizer = load_policy(policy_dir)
+    pad_id = tokenizer.pad_token_id
+    advantages = _advantages(batch, config)
+    rollout_logprobs = _logprobs(model, batch, pad_id, config) if config.tis_cap and batch else None
+    reference_logprobs = (_logprobs(load_policy(reference_dir)[0], batch, pad_id, config)
+                          if config.kl_coef and batch else None)
+    if config.lora_rank:
+        model = _with_lora(model, config)
     model.train()
-    advantages = _advantages(samples, config)
-    rollout_logprobs = _logprobs_at_start(model, samples, tokenizer.pad_token_id, config) if config.tis_cap else None
     optimizer = _optimizer(model, policy_dir, config)
-    minibatches = _minibatches(len(samples), config)
-    totals: dict[str, float] = {}
-    grad_norms: list[float] = []
+    first_step = int(parent.get("global_step", 0))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
+        first_step + s, config.lr_schedule, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio))
+    minibatches = _minibatches(len(batch), config)
+    resume = ProgressFile(out_dir, fingerprint(
+        parent.get("content_hash"), config.model_dump(mode="json"), str(reference_dir),
+        [(s.prompt_ids, s.response_ids, s.loss_mask, s.reward, s.group_id) for s in samples]))
+    done = resume.load(model, optimizer, schedule)
     start = time.perf_counter()
-    for step, rows in enumerate(minibatches, start=1):
-        stats = _step(model, optimizer, samples, advantages, rows, tokenizer.pad_token_id, config, rollout_logprobs)
-        grad_norms.append(stats.pop("grad_norm"))
-        for key, value in stats.items():
-            totals[key] = totals.get(key, 0.0) + value
+    for rows in minibatches[done.done:]:
+        lr = optimizer.param_groups[0]["lr"]
+        sums = _step(model, optimizer, batch, advantages, rows, pad_id, config, rollout_logprobs, reference_logprobs)
+        schedule.step()
+        done.done += 1
+        done.steps.append(_step_stats(sums, lr))
+        for key, value in sums.items():
+            done.totals[key] = done.totals.get(key, 0.0) + value
+        if done.done % config.save_progress_every == 0 and done.done < len(minibatches):
+            resume.save(model, optimizer, schedule, done)
         if progress is not None:
-            progress(step, len(minibatches), stats["loss"])
-    seconds = time.perf_counter() - start
-    metrics = _metrics(samples, advantages, totals, grad_norms, len(minibatches), seconds, config)
-    manifest = {"kind": "grpo", "parent": str(policy_dir), "grpo_config": asdict(config), "metrics": metrics,
-                "lineage": lineage or {}}
-    extra = (lambda d: torch.save(optimizer.state_dict(), d / OPTIMIZER_FILE)) if config.keep_optimizer_state else None
+            progress(done.done, len(minibatches), done.steps[-1])
+    metrics = _metrics(samples, batch, advantages, done, time.perf_counter() - start, config)
+    if config.lora_rank:
+        model = model.merge_and_unload()  # the checkpoint stays a plain model any engine loads
+    manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + len(minibatches),
+                "grpo_config": config.model_dump(mode="json"), "metrics": metrics, "lineage": lineage or {}}
     model.eval()
-    save_checkpoint(model, tokenizer, out_dir, manifest, extra=extra)
+    save_checkpoint(model, tokenizer, out_dir, manifest, extra=_optimizer_writer(optimizer, config))
+    resume.clear()
     return metrics
 
 
-def _validate(samples: list[TrainSample], config: GRPOConfig) -> None:
+def _validate(samples: list[TrainSample], config: GRPOConfig, reference_dir: str | Path | None) -> None:
     if not samples:
         raise ValueError("train_policy needs at least one sample")
-    if config.temperature <= 0:
-        raise ValueError("temperature must be > 0 (it divides the logits)")
+    if config.kl_coef and reference_dir is None:
+        raise ValueError("kl_coef > 0 needs a reference policy (reference_dir)")
     for i, s in enumerate(samples):
         if not s.prompt_ids or not s.response_ids:
             raise ValueError(f"sample {i}: empty prompt or response")
@@ -129,24 +192,48 @@ def _validate(samples: list[TrainSample], config: GRPOConfig) -> None:
             raise ValueError(f"sample {i}: a loss mask of {len(s.loss_mask)} for {len(s.response_ids)} tokens")
 
 
-def _advantages(samples: list[TrainSample], config: GRPOConfig) -> torch.Tensor:
+def _group_labels(samples: list[TrainSample]) -> torch.Tensor:
     labels: dict[str, int] = {}
-    group_ids = torch.tensor([labels.setdefault(s.group_id, len(labels)) for s in samples])
-    rewards = torch.tensor([float(s.reward) for s in samples])
-    return advantages(config.estimator, rewards, group_ids, scale_by_std=config.scale_by_std)
+    return torch.tensor([labels.setdefault(s.group_id, len(labels)) for s in samples], dtype=torch.long)
+
+
+def _rewards(samples: list[TrainSample]) -> torch.Tensor:
+    return torch.tensor([float(s.reward) for s in samples])
+
+
+def _informative(samples: list[TrainSample]) -> list[TrainSample]:
+    keep = informative_samples(_rewards(samples), _group_labels(samples))
+    return [s for s, kept in zip(samples, keep.tolist()) if kept]
+
+
+def _advantages(samples: list[TrainSample], config: GRPOConfig) -> torch.Tensor:
+    if not samples:
+        return torch.zeros(0)
+    return advantages(config.estimator, _rewards(samples), _group_labels(samples), scale_by_std=config.scale_by_std)
+
+
+def _with_lora(model, config: GRPOConfig):
+    from peft import LoraConfig, get_peft_model  # only LoRA runs need peft loaded
+
+    return get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                                            target_modules=list(config.lora_target_modules), bias="none"))
 
 
 def _optimizer(model: torch.nn.Module, policy_dir: str | Path, config: GRPOConfig) -> torch.optim.Optimizer:
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     state_path = Path(policy_dir) / OPTIMIZER_FILE
-    if config.keep_optimizer_state and state_path.is_file():
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
-        optimizer.load_state_dict(state)
-        for group in optimizer.param_groups:  # this round's config wins over the saved one
-            group.update(lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+    if config.keep_optimizer_state and not config.lora_rank and state_path.is_file():
+        optimizer.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=True))
+    for group in optimizer.param_groups:  # this step's settings win over the saved ones
+        group.update(lr=config.lr, initial_lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     return optimizer
+
+
+def _optimizer_writer(optimizer: torch.optim.Optimizer, config: GRPOConfig) -> Callable[[Path], None] | None:
+    if not config.keep_optimizer_state or config.lora_rank:
+        return None
+    return lambda directory: torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
 
 def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
@@ -159,8 +246,9 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
     return out
 
 
-def _logprobs_at_start(model, samples: list[TrainSample], pad_id: int, config: GRPOConfig) -> list[list[float]]:
-    """The trainer's own log-probs of every response token at the weights that sampled them."""
+def _logprobs(model, samples: list[TrainSample], pad_id: int, config: GRPOConfig) -> list[list[float]]:
+    """`model`'s log-probs of every response token, without gradients: the trainer's own at the
+    weights that sampled them (truncated IS), or the frozen reference's (KL penalty)."""
     out = []
     with torch.no_grad():
         for s in samples:
@@ -170,70 +258,97 @@ def _logprobs_at_start(model, samples: list[TrainSample], pad_id: int, config: G
 
 
 def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfig,
-          rollout_logprobs: list[list[float]] | None = None) -> dict[str, float]:
+          rollout_logprobs: list[list[float]] | None, reference_logprobs: list[list[float]] | None,
+          ) -> dict[str, float]:
     """One optimizer step on the samples `rows`; returns token-weighted sums of the stats."""
     per_token = config.loss_aggregation == "token"
     denominator = max(sum(samples[i].trained_tokens if per_token else 1 for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
     active.sort(key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
     optimizer.zero_grad(set_to_none=True)
-    sums = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "mean_ratio": 0.0, "stat_tokens": 0.0, "tokens": 0.0,
-            "tis_weight": 0.0}
+    sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio", "entropy",
+                          "stat_tokens", "tokens", "tis_weight"), 0.0)
     sums["optimizer_steps"] = 1.0 if active else 0.0
     for k in range(0, len(active), config.micro_batch_size):
         micro = active[k : k + config.micro_batch_size]
         batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro], pad_id)
-        behaviour = torch.zeros_like(batch.mask)
-        reference = torch.zeros_like(batch.mask) if rollout_logprobs is not None else behaviour
+        behaviour = _per_token(batch, [samples[i].behaviour_logprobs for i in micro])
+        ratio_base = behaviour if rollout_logprobs is None else _per_token(batch, [rollout_logprobs[i] for i in micro])
+        reference = None if reference_logprobs is None else _per_token(batch, [reference_logprobs[i] for i in micro])
         for row, i in enumerate(micro):
-            span = batch.response_slices[row]
-            behaviour[row, span] = torch.tensor(samples[i].behaviour_logprobs)
-            if rollout_logprobs is not None:
-                reference[row, span] = torch.tensor(rollout_logprobs[i])
             if samples[i].loss_mask is not None:  # observations are context, never trained on
+                span = batch.response_slices[row]
                 batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
         weights = None
         if rollout_logprobs is not None:
-            weights = torch.exp(reference - behaviour).clamp(max=config.tis_cap) * batch.mask
+            weights = torch.exp(ratio_base - behaviour).clamp(max=config.tis_cap) * batch.mask
             sums["tis_weight"] += float(weights.sum())
-        logprobs = token_logprobs(model, batch, config.temperature)
-        loss, stats = clipped_policy_loss(logprobs, reference, advantages[micro], batch.mask, config.clip_eps,
-                                          config.clip_eps_high, config.loss_aggregation, weights)
+        logprobs, entropy = token_logprobs_and_entropy(model, batch, config.temperature)
+        loss, stats = clipped_policy_loss(logprobs, ratio_base, advantages[micro], batch.mask, config.clip_eps,
+                                          config.clip_eps_high, config.loss_aggregation, weights,
+                                          reference, config.kl_coef, config.kl_estimator)
         # Turns the micro-batch mean into the minibatch mean (over tokens, or over samples).
         weight = (stats["tokens"] if per_token else stats["sequences"]) / denominator
         (loss * weight).backward()
         sums["loss"] += loss.detach().item() * weight
-        for key in ("clip_fraction", "approx_kl", "mean_ratio"):
+        for key in ("clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio"):
             sums[key] += stats[key] * stats["tokens"]
+        sums["entropy"] += float((entropy * batch.mask).sum())
         sums["stat_tokens"] += stats["tokens"]
         sums["tokens"] += batch.tokens
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)) if active else 0.0
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)) if active else 0.0
     if active:
         optimizer.step()
     return {**sums, "grad_norm": grad_norm}
 
 
-def _metrics(samples, advantages, totals, grad_norms, steps, seconds, config) -> dict:
+def _per_token(batch, values: list[list[float]]) -> torch.Tensor:
+    """Per-sample lists of response-token values, laid out like the batch's targets."""
+    out = torch.zeros_like(batch.mask)
+    for row, row_values in enumerate(values):
+        out[row, batch.response_slices[row]] = torch.tensor(row_values)
+    return out
+
+
+def _step_stats(sums: dict[str, float], lr: float) -> dict[str, float]:
+    tokens = max(sums["stat_tokens"], 1.0)
+    return {"loss": sums["loss"], "clip_fraction": sums["clip_fraction"] / tokens,
+            "approx_kl": sums["approx_kl"] / tokens, "kl_to_reference": sums["kl_to_reference"] / tokens,
+            "entropy": sums["entropy"] / tokens, "grad_norm": sums["grad_norm"], "lr": lr,
+            "tokens": sums["tokens"]}
+
+
+def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: torch.Tensor,
+             done: StepProgress, seconds: float, config: GRPOConfig) -> dict:
+    totals, steps = done.totals, done.steps
     stat_tokens = max(totals.get("stat_tokens", 0.0), 1.0)
     groups = len({s.group_id for s in samples})
+    rewards = _rewards(samples)
     return {
-        "loss": totals.get("loss", 0.0) / max(steps, 1),
+        "loss": sum(s["loss"] for s in steps) / max(len(steps), 1),
         "clip_fraction": totals.get("clip_fraction", 0.0) / stat_tokens,
         "approx_kl": totals.get("approx_kl", 0.0) / stat_tokens,
+        "kl_to_reference": totals.get("kl_to_reference", 0.0) / stat_tokens,
+        "entropy": totals.get("entropy", 0.0) / stat_tokens,
         "mean_ratio": totals.get("mean_ratio", 0.0) / stat_tokens if totals.get("stat_tokens") else 1.0,
         "tis_weight_mean": totals.get("tis_weight", 0.0) / stat_tokens if config.tis_cap else 1.0,
-        "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-        "grad_norm_max": max(grad_norms, default=0.0),
+        "grad_norm": sum(s["grad_norm"] for s in steps) / max(len(steps), 1),
+        "grad_norm_max": max((s["grad_norm"] for s in steps), default=0.0),
+        "lr": steps[-1]["lr"] if steps else config.lr,
         "optimizer_steps": int(totals.get("optimizer_steps", 0.0)),
         "samples": len(samples),
+        "samples_trained": len(batch),
         "groups": groups,
-        "response_tokens": sum(s.trained_tokens for s in samples),
+        "zero_variance_groups": groups - len({s.group_id for s in _informative(samples)}),
+        "response_tokens": sum(s.trained_tokens for s in batch),
         "tokens": int(totals.get("tokens", 0.0)),  # forward+backward tokens (prompt + response, padded)
         "seconds": seconds,
         "tokens_per_s": totals.get("tokens", 0.0) / max(seconds, 1e-9),
-        "mean_reward": sum(s.reward for s in samples) / len(samples),
-        "mean_advantage": float(advantages.mean()),
-        "mean_abs_advantage": float(advantages.abs().mean()),
-        "frac_zero_advantage": float((advantages == 0).float().mean()),
-        "lr": config.lr,
+        "mean_reward": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
+        "mean_advantage": float(advantages.mean()) if len(batch) else 0.0,
+        "mean_abs_advantage": float(advantages.abs().mean()) if len(batch) else 0.0,
+        "frac_zero_advantage": float((advantages == 0).float().mean()) if len(batch) else 1.0,
+        "steps": steps,
     }

@@ -83,9 +83,10 @@ def _turns(rollout: Rollout) -> list[dict]:
 
 
 def evaluation_row(verified: VerifiedRollout) -> dict:
-    """One row of the `evaluations` dataset: a held-out task answered greedily."""
+    """One row of the `evaluations` dataset: one answer to a held-out task."""
     return {
         "task_id": verified.task.id,
+        "sample_index": verified.rollout.sample_index,
         "difficulty": verified.task.difficulty,
         "family": verified.task.family,
         "policy_version": verified.rollout.policy_version,

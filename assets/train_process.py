@@ -1,0 +1,36 @@
+"""The `checkpoint` asset's training step, in a process of its own (Dagster Pipes).
+
+    python -m assets.train_process        # launched by PipesSubprocessClient
+    torchrun --nproc-per-node 1 -m assets.train_process   # the same, on a GPU node
+
+It reads its TrainJob from the Pipes extras, streams every optimizer step back (a log line and
+a custom message with the step's statistics) and reports the checkpoint's metrics as the
+materialization's metadata. It imports dagster_pipes only, never dagster.
+"""
+
+from __future__ import annotations
+
+from dagster_pipes import PipesContext, open_dagster_pipes
+
+from training.step import TrainJob, run_train_job
+
+STEP_MESSAGE = "train_step"
+
+
+def main() -> None:
+    with open_dagster_pipes() as pipes:
+        job = TrainJob.model_validate(pipes.get_extra("job"))
+        metrics, manifest = run_train_job(job, progress=lambda *step: _report_step(pipes, *step))
+        numbers = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+        pipes.report_asset_materialization(metadata={**numbers, "content_hash": manifest["content_hash"],
+                                                     "global_step": manifest["global_step"]})
+
+
+def _report_step(pipes: PipesContext, step: int, total: int, stats: dict) -> None:
+    pipes.log.info(f"train step {step}/{total}: loss {stats['loss']:.4f}, entropy {stats['entropy']:.3f}, "
+                   f"kl {stats['approx_kl']:.2e}, grad norm {stats['grad_norm']:.3f}")
+    pipes.report_custom_message({"kind": STEP_MESSAGE, "step": step, "total": total, **stats})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The `checkpoint` asset end to end: a real Dagster run launches the training step as a
+process of its own through Pipes, on a stored trajectory partition, and judges the result.
+
+The samples are real (the tiny policy's, graded in the sandbox); only their rewards are set by
+the test, sample 0 of each group rewarded, so that the step has a known signal to learn from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, Failure, PipesSubprocessClient, materialize
+
+from assets.iteration import _policy, checkpoint
+from assets.resources import CrucibleResource
+from datastore.store import rows_to_table
+from task_sets.grading import grade_solution
+from task_sets.loader import load_task_set
+from training.checkpoint import verify_checkpoint
+from training.demonstrations import single_turn_examples
+from training.engine import SamplingParams, TransformersEngine
+from training.experiment import ExperimentConfig
+from training.model import PolicyConfig, build_base_policy
+from training.monitors import MonitorConfig
+from training.rollout import sample_rollouts
+from training.sft import SFTConfig, supervised_warmup
+from training.tokenizer import build_tokenizer
+from training.trainer import GRPOConfig
+from training.trajectory import VerifiedRollout, trajectory_row
+
+pytestmark = pytest.mark.slow
+
+TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
+                    max_position_embeddings=512, seed=0)
+# Four passes over one batch of 16: the surrogate of that batch is what the step minimises.
+GRPO = GRPOConfig(lr=1e-3, epochs=4, minibatch_size=16, micro_batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def crucible(tmp_path_factory) -> CrucibleResource:
+    root = tmp_path_factory.mktemp("step")
+    resource = CrucibleResource(storage_root=str(root / "data"), checkpoint_root=str(root / "checkpoints"))
+    tasks = load_task_set("default").train()[:4]
+    examples = single_turn_examples(build_tokenizer(), [(t.prompt, t.reference_solution) for t in tasks])
+    initial = build_base_policy(root / "init", TINY)
+    supervised_warmup(initial, examples, resource.base_policy_dir(), SFTConfig(steps=20, lr=1e-2, warmup_steps=2,
+                                                                               batch_size=4))
+    _store_iteration(resource, "learns", tasks)
+    _store_iteration(resource, "diverges", tasks)
+    return resource
+
+
+def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None:
+    """Iteration 1's trajectories: 4 samples per task from the base policy, really graded, with
+    the test's rewards."""
+    monitors = MonitorConfig(max_step_kl=1e-9) if experiment == "diverges" else MonitorConfig()
+    crucible.save_experiment(ExperimentConfig(name=experiment, samples_per_task=4, temperature=1.0, grpo=GRPO,
+                                              max_turns=1, monitors=monitors))
+    engine = TransformersEngine(crucible.base_policy_dir(), verify_checkpoint(crucible.base_policy_dir())["content_hash"])
+    params = SamplingParams(n=4, max_new_tokens=16, temperature=1.0, seed=0)
+    rollouts = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{experiment}-0001")
+    by_id = {task.id: task for task in tasks}
+    rows = []
+    for rollout in rollouts:
+        task = by_id[rollout.task_id]
+        grade = grade_solution(task, rollout.solution)
+        grade = dataclasses.replace(grade, reward=float(rollout.sample_index == 0), reward_status="scored")
+        rows.append(trajectory_row(VerifiedRollout(rollout, task, grade, verify_s=0.0)))
+    crucible.store().write_partition("trajectories", experiment, 1, rows_to_table("trajectories", rows))
+
+
+def _train(crucible: CrucibleResource, experiment: str, tmp_path):
+    os.environ["DAGSTER_HOME"] = str(tmp_path)
+    try:
+        with DagsterInstance.get() as instance:
+            instance.add_dynamic_partitions("iterations", [f"{experiment}-0001"])
+            result = materialize([checkpoint], partition_key=f"{experiment}-0001", instance=instance,
+                                 resources={"crucible": crucible, "pipes_subprocess_client": PipesSubprocessClient()},
+                                 raise_on_error=False)
+            checks = {
+                name: instance.event_log_storage.get_asset_check_execution_history(
+                    AssetCheckKey(AssetKey("checkpoint"), name), limit=1)[0].event.dagster_event.event_specific_data
+                for name in ("training_finite", "training_not_diverged", "entropy_not_collapsed",
+                             "tamper_ratio_not_rising")
+            }
+            materialization = instance.get_latest_materialization_event(AssetKey("checkpoint"))
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    return result, checks, materialization
+
+
+def test_the_step_runs_as_its_own_process_and_its_loss_decreases(crucible, tmp_path):
+    result, checks, materialization = _train(crucible, "learns", tmp_path)
+    assert result.success
+    steps = crucible.store().read_partition("training_steps", "learns", 1).to_pylist()
+    assert [row["step"] for row in steps] == [1, 2, 3, 4]
+    losses = [row["loss"] for row in steps]
+    assert losses[-1] < losses[0], losses  # four passes over the same batch minimise its surrogate
+    assert all(row["entropy"] > 0 and row["lr"] == pytest.approx(1e-3) for row in steps)
+    assert all(check.passed for check in checks.values())
+    metadata = materialization.asset_materialization.metadata
+    assert metadata["optimizer_steps"].value == 4  # streamed back from the training process
+    assert "| loss |" in metadata["steps"].value
+
+
+def test_the_manifest_names_the_trajectory_partition_it_learned_from(crucible):
+    store = crucible.store()
+    manifest = verify_checkpoint(crucible.checkpoint_dir("learns", 1))
+    lineage = manifest["lineage"]
+    assert lineage["trajectories"] == [store.uri_of(store.partition_file("trajectories", "learns", 1))]
+    assert lineage["parent"]["content_hash"] == verify_checkpoint(crucible.base_policy_dir())["content_hash"]
+    assert lineage["task_set_version"] == load_task_set("default").version
+    assert lineage["code_version"].startswith("crucible ") and len(lineage["config_hash"]) == 64
+    [row] = store.read_partition("checkpoints", "learns", 1).to_pylist()
+    assert row["content_hash"] == manifest["content_hash"] and row["global_step"] == 4 and not row["blocked"]
+    assert row["trajectories"] == lineage["trajectories"]
+
+
+def test_a_diverged_step_blocks_the_next_iteration(crucible, tmp_path):
+    result, checks, _ = _train(crucible, "diverges", tmp_path)
+    assert not result.success  # the blocking check failed the run
+    assert not checks["training_not_diverged"].passed and checks["training_finite"].passed
+    [row] = crucible.store().read_partition("checkpoints", "diverges", 1).to_pylist()
+    assert row["blocked"]
+    with pytest.raises(Failure, match="failed its stability checks \\(training_not_diverged: error"):
+        _policy(crucible, "diverges", 2)

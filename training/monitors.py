@@ -1,0 +1,72 @@
+"""Stability monitors: is the policy after a training step safe to sample from?
+
+Each iteration records its health signals (KL, entropy, clip fraction, response length, share of
+zero-variance groups, gradient norm, reward mean and spread, tamper ratio). Judged against the
+experiment's thresholds and the earlier iterations:
+- errors (the next iteration refuses to start): non-finite loss, gradients or weights; a step
+  that moved the policy further than `max_step_kl` from the one that sampled its data;
+- warnings: entropy collapsing below `min_entropy_ratio` of the first iteration's; a tamper
+  ratio rising more than `max_tamper_rise` above the previous iteration's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file
+
+SIGNALS = ("loss", "approx_kl", "kl_to_reference", "entropy", "clip_fraction", "grad_norm", "grad_norm_max",
+           "response_length", "zero_variance_fraction", "reward_mean", "reward_std", "tamper_ratio")
+
+
+class MonitorConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_step_kl: float = Field(0.5, gt=0, description="approx. KL between the policy that sampled and the one "
+                               "trained on the samples; above it the step diverged (blocks the next iteration)")
+    min_entropy_ratio: float = Field(0.3, ge=0, le=1, description="warn when mean token entropy falls below "
+                                     "this share of the first iteration's (entropy collapse)")
+    max_tamper_rise: float = Field(0.02, ge=0, description="warn when the share of tampered submissions rises "
+                                   "by more than this over the previous iteration")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str
+    severity: Literal["error", "warn"]
+    passed: bool
+    message: str
+
+
+def weights_are_finite(checkpoint_dir: str | Path) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in load_file(Path(checkpoint_dir) / "model.safetensors").values())
+
+
+def judge(signals: dict[str, float], history: list[dict[str, float]], finite_weights: bool,
+          config: MonitorConfig = MonitorConfig()) -> list[Verdict]:
+    """Verdicts on this iteration's `signals`, given the earlier iterations' (oldest first)."""
+    numbers = ("loss", "grad_norm_max", "approx_kl")
+    bad = [name for name in numbers if not math.isfinite(signals[name])] + ([] if finite_weights else ["weights"])
+    verdicts = [Verdict("training_finite", "error", not bad,
+                        f"not finite: {', '.join(bad)}" if bad else "loss, gradients and weights are finite")]
+    kl = signals["approx_kl"]
+    verdicts.append(Verdict("training_not_diverged", "error", kl <= config.max_step_kl,
+                            f"step KL {kl:.3g} (limit {config.max_step_kl})"))
+    first = history[0]["entropy"] if history else signals["entropy"]
+    floor = config.min_entropy_ratio * first
+    verdicts.append(Verdict("entropy_not_collapsed", "warn", signals["entropy"] >= floor,
+                            f"entropy {signals['entropy']:.3g} nats (first iteration {first:.3g}, floor {floor:.3g})"))
+    before = history[-1]["tamper_ratio"] if history else 0.0
+    rise = signals["tamper_ratio"] - before
+    verdicts.append(Verdict("tamper_ratio_not_rising", "warn", rise <= config.max_tamper_rise,
+                            f"tamper ratio {signals['tamper_ratio']:.3f} (previous {before:.3f})"))
+    return verdicts
+
+
+def blocking_failures(verdicts: list[Verdict]) -> list[Verdict]:
+    return [v for v in verdicts if v.severity == "error" and not v.passed]

@@ -1,0 +1,41 @@
+"""One training step as a self-contained job: what `python -m assets.train_process` runs.
+
+The job names its inputs by location (parent checkpoint, trajectory partition, reference policy)
+rather than carrying them, so that the step can run as its own process, under `torchrun` on a
+GPU node as well as beside the orchestrator, and can simply be run again after a crash
+(train_policy resumes from its saved progress).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from datastore.store import DatasetStore
+from training.checkpoint import verify_checkpoint
+from training.trainer import GRPOConfig, ProgressFn, train_policy
+from training.trajectory import train_samples
+
+
+class TrainJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    parent_dir: str
+    out_dir: str
+    storage_root: str  # where the trajectories dataset lives (any fsspec URI)
+    experiment: str
+    iteration: int
+    grpo: GRPOConfig
+    reference_dir: str | None = None  # the frozen policy of the KL penalty
+    lineage: dict = {}
+
+
+def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[dict, dict]:
+    """Train, then verify what was written; returns (metrics, the new checkpoint's manifest)."""
+    table = DatasetStore(job.storage_root).read_partition("trajectories", job.experiment, job.iteration)
+    samples = train_samples(table)
+    if not samples:
+        raise ValueError(f"trajectories of {job.experiment} iteration {job.iteration} hold no trainable sample "
+                         "(every row is an infrastructure error, invalid, or has no behaviour log-probs)")
+    metrics = train_policy(job.parent_dir, samples, job.out_dir, job.grpo, progress=progress,
+                           lineage=job.lineage, reference_dir=job.reference_dir)
+    return metrics, verify_checkpoint(job.out_dir)
