@@ -56,6 +56,10 @@ class CrucibleResource(ConfigurableResource):
     def _experiment_path(self, name: str) -> str:
         return f"{self.storage_root.rstrip('/')}/experiments/{name}.json"
 
+    def experiment_exists(self, name: str) -> bool:
+        fs, fs_path = fsspec.core.url_to_fs(self._experiment_path(name))
+        return fs.exists(fs_path)
+
     def experiment(self, name: str) -> ExperimentConfig:
         """The stored settings of an experiment, or the defaults for a new one."""
         path = self._experiment_path(name)

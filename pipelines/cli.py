@@ -51,14 +51,21 @@ def _use_storage(storage: str | None) -> None:
 def command_run(args: argparse.Namespace) -> int:
     prepare_instance()
     _use_storage(args.storage)
-    from pipelines.experiment_runner import (
-        ExperimentRunner,  # torch and dagster: only when running
-    )
+    # torch and dagster load only when running
+    from pipelines.experiment_runner import ExperimentRunner
+    from training.experiment import ExperimentFileError, load_experiment_file
 
-    runner = ExperimentRunner.for_experiment(args.experiment, iterations=args.iterations,
+    settings = None
+    if args.config:
+        try:
+            settings = load_experiment_file(args.config)
+        except ExperimentFileError as error:
+            raise UserError(str(error)) from None
+    name = settings.name if settings else args.experiment
+    runner = ExperimentRunner.for_experiment(name, settings, iterations=args.iterations,
                                              samples_per_task=args.samples_per_task)
     runner.run()
-    print_summary(runner.crucible.storage_root, args.experiment)
+    print_summary(runner.crucible.storage_root, name)
     storage = runner.crucible.storage_root
     console.print(f"\n[bold]Data[/bold]: {storage}  (checkpoints: {runner.crucible.checkpoint_root})")
     console.print(
@@ -155,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run (or continue) an experiment's iterations")
     run.add_argument("--experiment", default="default", help="experiment name (default: default)")
+    run.add_argument("--config", help="an experiment file (TOML, YAML or JSON: the settings of "
+                     "training/experiment.py, `name` included); replaces --experiment")
     run.add_argument("--iterations", type=int, default=None, help="total iterations (default 3)")
     run.add_argument("--samples-per-task", type=int, default=None, help="GRPO group size")
     run.add_argument("--storage", help="storage root: a directory or any fsspec URI (s3://…)")

@@ -14,10 +14,10 @@ from rich.console import Console
 
 from assets.partitions import iteration_key, iterations
 from assets.resources import CrucibleResource
-from pipelines.errors import RunFailed
+from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
 from training.checkpoint import CheckpointError, verify_checkpoint
-from training.experiment import ExperimentConfig
+from training.experiment import ExperimentConfig, differing_settings
 
 console = Console(stderr=True)
 
@@ -28,16 +28,25 @@ class ExperimentRunner:
         self.instance, self.defs, self.crucible, self.config = instance, defs, crucible, config
 
     @classmethod
-    def for_experiment(cls, name: str, **overrides: int | None) -> ExperimentRunner:
-        """Stored settings of `name` (or defaults), updated with the overrides that are set."""
+    def for_experiment(cls, name: str, settings: ExperimentConfig | None = None,
+                       **overrides: int | None) -> ExperimentRunner:
+        """Stored settings of `name` (or `settings` from an experiment file, or the defaults),
+        updated with the overrides that are set. An experiment that has run keeps its settings:
+        a file that changes more than `iterations` is refused."""
         from pipelines.definitions import (
             defs,  # after the caller has chosen the environment
         )
 
         crucible = crucible_resource()
-        stored = crucible.experiment(name).model_dump()
+        stored = crucible.experiment(name)
+        if settings is not None:
+            changed = differing_settings(stored, settings) if crucible.experiment_exists(name) else []
+            if changed:
+                raise UserError(f"experiment {name!r} already ran with other settings ({', '.join(changed)} "
+                                "differ): give the file a new `name`, or change only `iterations`")
+            stored = settings
         config = ExperimentConfig.model_validate(
-            {**stored, **{key: value for key, value in overrides.items() if value is not None}}
+            {**stored.model_dump(), **{key: value for key, value in overrides.items() if value is not None}}
         )
         crucible.save_experiment(config)
         return cls(DagsterInstance.get(), defs, crucible, config)

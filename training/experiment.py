@@ -3,14 +3,19 @@
 The base policy it starts from is shared by experiments and configured on its own asset.
 
 Stored as JSON beside the experiment's data, so that an iteration launched later (from the UI or
-by the sensor) samples and trains exactly as the earlier ones did.
+by the sensor) samples and trains exactly as the earlier ones did. One file (TOML, YAML or JSON)
+describes an experiment: `crucible run --config FILE`.
 """
 
 from __future__ import annotations
 
+import json
+import tomllib
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from training.monitors import MonitorConfig
 from training.trainer import GRPOConfig
@@ -57,3 +62,52 @@ class ExperimentConfig(BaseModel):
     seed: int = 0
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
+
+
+class ExperimentFileError(ValueError):
+    """An experiment file that cannot be read or does not describe a valid experiment."""
+
+
+def load_experiment_file(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment file; every problem is reported as `file: field: reason`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ExperimentFileError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            document = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            document = yaml.safe_load(text)
+        elif path.suffix == ".json":
+            document = json.loads(text)
+        else:
+            raise ExperimentFileError(f"{path}: unknown format {path.suffix!r} (use .toml, .yaml or .json)")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
+        raise ExperimentFileError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
+    if not isinstance(document, dict):
+        raise ExperimentFileError(f"{path}: expected a table of settings at the top level")
+    try:
+        return ExperimentConfig.model_validate(document)
+    except ValidationError as error:
+        problems = [f"{path}: field '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in error.errors()]
+        raise ExperimentFileError("\n".join(problems)) from None
+
+
+def differing_settings(stored: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    """Settings (dotted names) that differ, other than how many iterations to run."""
+    a, b = stored.model_dump(mode="json"), new.model_dump(mode="json")
+    return sorted(_differences(a, b, ignore={"iterations"}))
+
+
+def _differences(a: dict, b: dict, ignore: set[str], prefix: str = "") -> set[str]:
+    out = set()
+    for key in a.keys() | b.keys():
+        if key in ignore:
+            continue
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            out |= _differences(a[key], b[key], set(), f"{prefix}{key}.")
+        elif a.get(key) != b.get(key):
+            out.add(prefix + key)
+    return out

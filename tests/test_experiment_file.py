@@ -1,0 +1,73 @@
+"""One file describes an experiment: `crucible run --config FILE` (TOML, YAML or JSON)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.experiment import ExperimentConfig, ExperimentFileError, differing_settings, load_experiment_file
+
+GOOD = """
+name = "lora-small"
+iterations = 2
+tasks_per_iteration = 16
+
+[grpo]
+estimator = "rloo"
+lr_schedule = "cosine"
+lr_decay_steps = 8
+kl_coef = 0.05
+lora_rank = 8
+"""
+
+
+def test_a_toml_file_describes_an_experiment(tmp_path):
+    path = tmp_path / "lora.toml"
+    path.write_text(GOOD)
+    config = load_experiment_file(path)
+    assert config.name == "lora-small" and config.grpo.estimator == "rloo" and config.grpo.lora_rank == 8
+    assert config.grpo.clip_eps == 0.2  # unset settings keep their documented defaults
+
+
+def test_yaml_and_json_say_the_same(tmp_path):
+    (tmp_path / "e.yaml").write_text("name: same\ngrpo:\n  kl_coef: 0.1\n")
+    (tmp_path / "e.json").write_text('{"name": "same", "grpo": {"kl_coef": 0.1}}')
+    assert load_experiment_file(tmp_path / "e.yaml") == load_experiment_file(tmp_path / "e.json")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('name = "x"\n[grpo]\nlr = -1\n', "field 'grpo.lr': Input should be greater than 0"),
+    ('name = "x"\n[grpo]\nestimator = "ppo"\n', "field 'grpo.estimator': Input should be 'grpo', 'rloo' or"),
+    ('name = "x"\n[grpo]\nlr_schedule = "cosine"\n', "field 'grpo': Value error, lr_schedule 'cosine' needs"),
+    ('name = "x"\nsamples_per_tsk = 4\n', "field 'samples_per_tsk': Extra inputs are not permitted"),
+    ('name = "x\n', "not valid TOML"),
+])
+def test_a_bad_file_names_the_file_field_and_reason(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ExperimentFileError) as error:
+        load_experiment_file(path)
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+
+
+def test_only_iterations_may_change_once_an_experiment_ran():
+    stored = ExperimentConfig(name="a")
+    assert differing_settings(stored, stored.model_copy(update={"iterations": 9})) == []
+    changed = ExperimentConfig.model_validate({"name": "a", "temperature": 1.0, "grpo": {"lr": 1e-5}})
+    assert differing_settings(stored, changed) == ["grpo.lr", "temperature"]
+
+
+def test_the_cli_refuses_to_change_a_stored_experiment_without_a_traceback(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data")}
+    (tmp_path / "data" / "experiments").mkdir(parents=True)
+    (tmp_path / "data" / "experiments" / "lora-small.json").write_text(ExperimentConfig(name="lora-small").model_dump_json())
+    (tmp_path / "lora.toml").write_text(GOOD)
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", str(tmp_path / "lora.toml")],
+                            env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2
+    assert "experiment 'lora-small' already ran with other settings" in result.stderr
+    assert "grpo.estimator" in result.stderr and "Traceback" not in result.stderr
