@@ -1,6 +1,6 @@
 """DuckDB views over every stored dataset, for analysts and for the run summary.
 
-Views: trajectories, test_results, evaluations, stages, checkpoints, iterations.
+Views: trajectories, test_results, evaluations, stages, checkpoints, training_steps, iterations.
 A dataset with no partitions yet still has its view (empty, correctly typed), so queries never
 fail just because an experiment has not reached a stage.
 """
