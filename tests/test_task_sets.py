@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from task_sets.generator import DEFAULT_OUTPUT, FAMILIES, INSTANCES_PER_FAMILY, generate_tasks
+from task_sets import compositions as compose
+from task_sets.generator import (
+    DEFAULT_OUTPUT,
+    FAMILIES,
+    INSTANCES_PER_FAMILY,
+    generate_tasks,
+)
 from task_sets.generator import main as generate
 from task_sets.loader import TaskSet, TaskSetError, load_task_set
 from task_sets.schema import DIFFICULTIES, TaskBase
@@ -143,19 +149,47 @@ print(json.dumps(report))
 """
 
 
-def test_reference_solutions_pass_and_a_stub_fails(default_set: TaskSet, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["default", "compose"])
+def test_reference_solutions_pass_and_a_stub_fails(name: str, tmp_path: Path) -> None:
+    task_set = load_task_set(name)
     (tmp_path / "grade.py").write_text(_GRADING_SCRIPT)
-    (tmp_path / "tasks.json").write_text(json.dumps([task.model_dump(mode="json") for task in default_set]))
+    (tmp_path / "tasks.json").write_text(json.dumps([task.model_dump(mode="json") for task in task_set]))
     completed = subprocess.run(
         ["/usr/bin/python3", "-I", "-S", "grade.py", "tasks.json"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
-    assert set(report) == set(default_set.by_id)
+    assert set(report) == set(task_set.by_id)
     failing_references = [task_id for task_id, (reference, _) in report.items() if not all(reference)]
     passing_stubs = [task_id for task_id, (_, stub) in report.items() if all(stub)]
     assert failing_references == [] and passing_stubs == []
+
+
+# --- the built-in compose set -------------------------------------------------------------
+
+
+def test_compose_eval_tasks_are_unseen_combinations_of_phrases_seen_in_training() -> None:
+    """Every eval task combines two phrases that each appear in some train task of its family,
+    so it can be solved by reading the prompt, and never by recalling a train answer."""
+    task_set = load_task_set("compose")
+    assert {family.name for family in compose.FAMILIES} == {task.family for task in task_set.eval()}
+    assert 0.2 <= len(task_set.eval()) / len(task_set) <= 0.3
+    split_of = {task.prompt: task.split for task in task_set}
+    for family in compose.FAMILIES:
+        combos = [(first, second, split_of[prompt]) for first, second, prompt, _ in compose.combinations(family)]
+        seen_first = {first for first, _, split in combos if split == "train"}
+        seen_second = {second for _, second, split in combos if split == "train"}
+        unseen = [(first, second) for first, second, split in combos
+                  if split == "eval" and not (first in seen_first and second in seen_second)]
+        assert not unseen, f"{family.name}: eval combinations with a phrase no train task shows: {unseen}"
+    assert len({t.reference_solution for t in task_set}) == len(task_set)
+    assert task_set.reward.version.startswith("all-or-nothing@")
+
+
+def test_compose_generator_reproduces_the_committed_file(tmp_path: Path) -> None:
+    compose.main(["--out", str(tmp_path / "generated.jsonl")])
+    assert (tmp_path / "generated.jsonl").read_bytes() == compose.DEFAULT_OUTPUT.read_bytes()
 
 
 # --- loading from files -------------------------------------------------------------------
@@ -259,7 +293,7 @@ def test_bad_task_set_names_file_line_task_and_field(
 
 def test_unknown_builtin_lists_available_sets(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CRUCIBLE_TASK_SETS", str(tmp_path))  # an empty library
-    with pytest.raises(TaskSetError, match=r"^unknown task set 'nope'; available: default, shopcart$"):
+    with pytest.raises(TaskSetError, match=r"^unknown task set 'nope'; available: compose, default, shopcart$"):
         load_task_set("nope")
 
 
