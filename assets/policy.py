@@ -22,11 +22,13 @@ from training.tokenizer import build_tokenizer
 class BasePolicyConfig(Config):
     """Defaults build the 3.25M-parameter default model; tests shrink it."""
 
-    task_set: str = "default"
+    task_set: str = "compose"
     seed: int = 0
     hidden_size: int = PolicyConfig.hidden_size
     num_layers: int = PolicyConfig.num_layers
     sft_steps: int = SFTConfig.steps
+    # Multi-turn experiments (max_turns > 1) need a policy that writes actions: turn this on.
+    episode_demonstrations: bool = False
 
 
 @asset(group_name="policy", kinds={"pytorch"})
@@ -34,10 +36,10 @@ def base_policy(
     context: AssetExecutionContext, config: BasePolicyConfig, crucible: CrucibleResource
 ) -> MaterializeResult:
     """A small Llama built from a config (nothing is downloaded), fine-tuned on the train split's
-    reference solutions, as single replies and as episodes of actions, so that RL starts from a
-    policy that sometimes succeeds in either format."""
+    reference solutions as single replies (and, with `episode_demonstrations`, as episodes of
+    actions too), so that RL starts from a policy that sometimes succeeds."""
     task_set = load_task_set(config.task_set)
-    examples = warmup_examples(build_tokenizer(), task_set.train())
+    examples = warmup_examples(build_tokenizer(), task_set.train(), episodes=config.episode_demonstrations)
     sft_config = SFTConfig(seed=config.seed, steps=config.sft_steps)
     policy_config = PolicyConfig(seed=config.seed, hidden_size=config.hidden_size, num_layers=config.num_layers)
 

@@ -121,6 +121,37 @@ def command_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_curve(args: argparse.Namespace) -> int:
+    """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
+    from assets.charts import eval_curve_png
+    from training.evaluation import improvement, pass_rate
+
+    _use_storage(args.storage)
+    rows = catalog.connect(environment.storage_root()).execute(
+        "SELECT iteration, task_id, passed FROM evaluations WHERE experiment = ? ORDER BY iteration",
+        [args.experiment]).fetchall()
+    by_iteration: dict[int, list[tuple[str, bool]]] = {}
+    for iteration, task_id, passed in rows:
+        by_iteration.setdefault(iteration, []).append((task_id, passed))
+    if 0 not in by_iteration:
+        raise UserError(f"experiment {args.experiment!r} has no evaluation of its base policy (iteration 0) "
+                        f"under {environment.storage_root()}: run it first")
+    table = Table(title=f"{args.experiment}: held-out pass rate (iteration 0 = base policy)")
+    for header in ("iteration", "pass rate", "stderr", "vs base", "paired stderr", "in stderrs"):
+        table.add_column(header, justify="right")
+    points = []
+    for iteration, results in sorted(by_iteration.items()):
+        rate, gain = pass_rate(results), improvement(by_iteration[0], results)
+        points.append((iteration, rate.rate, rate.stderr))
+        table.add_row(str(iteration), f"{rate.rate:.3f}", f"{rate.stderr:.3f}", f"{gain.delta:+.3f}",
+                      f"{gain.stderr:.3f}", "" if iteration == 0 else f"{gain.stderrs:+.1f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_bytes(eval_curve_png(args.experiment, points))
+    console.print(table)
+    console.print(f"curve written to {args.out}")
+    return 0
+
+
 def command_ui(args: argparse.Namespace) -> int:
     prepare_instance()
     _use_storage(args.storage)
@@ -173,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("query")
     sql.add_argument("--storage", help="storage root (default ./.crucible/data)")
     sql.set_defaults(handler=command_sql)
+
+    curve = commands.add_parser("curve", help="plot an experiment's held-out pass rate per iteration (PNG)")
+    curve.add_argument("--experiment", default="default", help="experiment name (default: default)")
+    curve.add_argument("--out", default="learning-curve.png", help="PNG file to write (default learning-curve.png)")
+    curve.add_argument("--storage", help="storage root (default ./.crucible/data)")
+    curve.set_defaults(handler=command_curve)
 
     ui = commands.add_parser("ui", help="open the Dagster UI on 127.0.0.1")
     ui.add_argument("--port", type=int, default=3000)

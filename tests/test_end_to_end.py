@@ -24,7 +24,8 @@ from training.experiment import ExperimentConfig
 
 pytestmark = pytest.mark.slow
 
-TINY_BASE = {"ops": {"base_policy": {"config": {"hidden_size": 64, "num_layers": 2, "sft_steps": 8}}}}
+TINY_BASE = {"ops": {"base_policy": {"config": {"hidden_size": 64, "num_layers": 2, "sft_steps": 8,
+                                                "episode_demonstrations": True}}}}
 ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval")
 
 
@@ -180,3 +181,14 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environ
     assert all(row["turns"][0]["reply"] and row["turns"][0]["action"] for row in rows)
     with_observation = [row for row in rows if len(row["turns"]) == 2]
     assert with_observation and all(0 in row["loss_mask"] and 1 in row["loss_mask"] for row in with_observation)
+
+
+def test_curve_plots_the_held_out_pass_rate_against_the_base_policy(finished_run, environment, tmp_path):
+    done = crucible_cli(environment, "curve", "--experiment", "tiny", "--out", str(tmp_path / "curve.png"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "curve.png").read_bytes().startswith(b"\x89PNG")
+    rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in done.stdout.splitlines() if "│" in line]
+    assert [row[0] for row in rows] == ["0", "1"]  # the base policy, then iteration 1
+    missing = crucible_cli(environment, "curve", "--experiment", "nope", "--out", str(tmp_path / "x.png"))
+    assert missing.returncode == 2 and "no evaluation of its base policy" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -23,13 +23,15 @@ from training.tokenizer import IM_END
 Example = tuple[list[int], list[int]]
 
 
-def warmup_examples(tokenizer, tasks: Iterable[Task]) -> list[Example]:
-    """For every task: its single-turn example (function tasks) and its episode's turns."""
+def warmup_examples(tokenizer, tasks: Iterable[Task], episodes: bool = True) -> list[Example]:
+    """For every task: its single-turn example (function tasks) and, with `episodes`, its
+    episode's turns."""
     examples = []
     for task in tasks:
         if not isinstance(task, RepositoryTask):
             examples += single_turn_examples(tokenizer, [(task.prompt, task.reference_solution)])
-        examples += episode_examples(tokenizer, task)
+        if episodes:
+            examples += episode_examples(tokenizer, task)
     return examples
 
 
