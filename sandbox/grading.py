@@ -77,6 +77,7 @@ from sandbox.base import WORKSPACE, Mount, Sandbox
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_signature import signature
+from sandbox.python_ast import AST_LOCK
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.test_report import (
     MAX_REPORT_BYTES,
@@ -145,7 +146,8 @@ def expected_tests(tests: Mapping[str, str]) -> list[str]:
     found = []
     for filename in sorted(tests):
         if _is_test_file(filename):
-            found += [f"{filename}::{name}" for name in test_names(tests[filename], filename)]
+            with AST_LOCK:  # test_names builds an AST; this runs on the pool's threads
+                found += [f"{filename}::{name}" for name in test_names(tests[filename], filename)]
     return found
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import shlex
 import time
 
+from sandbox import python_ast
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
 from sandbox.grading import GradeResult, grade, grade_test_command
@@ -105,7 +106,7 @@ def _repository_progress(graded: GradeResult, task: RepositoryTask) -> GradeResu
 
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        python_ast.parse(source)
     except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
         return False
     return True
@@ -114,7 +115,7 @@ def _parses(source: str) -> bool:
 def _defines(source: str, name: str) -> bool:
     """The module parses and defines `name` at top level (a function, class or assignment)."""
     try:
-        tree = ast.parse(source)
+        tree = python_ast.parse(source)
     except (SyntaxError, ValueError):
         return False
     for node in tree.body:

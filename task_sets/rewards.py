@@ -26,7 +26,6 @@ Without one it gets `DEFAULT`: the fraction of tests passed, as before tiers exi
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import hashlib
 import json
@@ -46,6 +45,7 @@ from pydantic import (
     model_validator,
 )
 
+from sandbox import python_ast
 from sandbox.grading import GradeResult
 
 CONFIG_FILE = "reward.toml"
@@ -141,7 +141,7 @@ def load_reward_function(task_set_dir: Path | None) -> RewardFunction:
 
 def _lint_findings(source: str) -> int:
     try:
-        return len(pyflakes.checker.Checker(ast.parse(source)).messages)
+        return len(pyflakes.checker.Checker(python_ast.parse(source)).messages)
     except (SyntaxError, ValueError, RecursionError):
         return 0  # tier 1 already withholds its share from code that does not parse
 
@@ -149,7 +149,7 @@ def _lint_findings(source: str) -> int:
 def _complexity(source: str) -> int:
     try:
         visitor = mccabe.PathGraphingAstVisitor()
-        visitor.preorder(ast.parse(source), visitor)
+        visitor.preorder(python_ast.parse(source), visitor)
     except (SyntaxError, ValueError, RecursionError):
         return 0
     return max((graph.complexity() for graph in visitor.graphs.values()), default=0)

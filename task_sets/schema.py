@@ -33,6 +33,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from sandbox import python_ast
+
 Difficulty = Literal["easy", "medium", "hard"]
 Split = Literal["train", "eval"]
 DIFFICULTIES: tuple[Difficulty, ...] = ("easy", "medium", "hard")
@@ -217,7 +219,7 @@ def _check_relative_path(name: str) -> None:
 def _top_level_definitions(source: str) -> list[str]:
     """Names of the functions and classes a module defines at top level."""
     try:
-        tree = ast.parse(source)
+        tree = python_ast.parse(source)
     except SyntaxError as err:
         raise _source_error(f"is not valid Python: {err.msg} (line {err.lineno})") from None
     definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)

@@ -64,6 +64,7 @@ def finished_run(workdir, environment) -> subprocess.CompletedProcess:
         )
         crucible.save_experiment(
             ExperimentConfig(name="tiny", tasks_per_iteration=4, samples_per_task=2, max_new_tokens=24, eval_tasks=3,
+                             eval_samples=2, refill_rounds=1,
                              max_turns=1)  # single-turn here; test_an_experiment_with_turns runs episodes
         )
         with DagsterInstance.get() as instance:
@@ -122,10 +123,21 @@ def test_a_check_proves_the_eval_split_was_not_sampled(finished_run, environment
     assert evaluation.passed and evaluation.metadata["eval_tasks_sampled"].value == "none"
 
 
-def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir):
+def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir, environment):
     path = workdir / "data" / "trajectories" / "experiment=tiny" / "iteration=1" / "data.parquet"
     table = pq.read_table(path)
-    assert table.num_rows == 4 * 2
+    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            event = instance.get_latest_materialization_event(AssetKey("verified_rollouts"))
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    metadata = event.asset_materialization.metadata
+    # Dynamic sampling: while fewer than 4 groups show a reward spread, one more round of fresh tasks.
+    groups, rounds = metadata["groups"].value, metadata["refill_rounds"].value
+    refilled = {g for g in table["group_id"].to_pylist() if "/refill1/" in g}
+    assert rounds in (0, 1) and (groups > 4) == (rounds == 1) == bool(refilled)
+    assert table.num_rows == groups * 2 and len(set(table["group_id"].to_pylist())) == groups
     row = table.slice(0, 1).to_pylist()[0]
     assert len(row["behaviour_logprobs"]) == len(row["response_token_ids"]) == row["response_tokens"]
     assert row["reward_status"] == "scored" and row["sandbox_backend"] == "local"
@@ -170,7 +182,7 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environ
         CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
                          checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"]).save_experiment(
             ExperimentConfig(name="turns", tasks_per_iteration=2, samples_per_task=2, max_new_tokens=24,
-                             eval_tasks=2, max_turns=2, episode_max_tokens=1024))
+                             eval_tasks=2, eval_samples=1, refill_rounds=0, max_turns=2, episode_max_tokens=1024))
     finally:
         del os.environ["DAGSTER_HOME"]
     done = crucible_cli(environment, "run", "--experiment", "turns", "--iterations", "1")
