@@ -156,7 +156,9 @@ def test_sql_answers_over_the_stored_iteration(finished_run, environment):
     result = crucible_cli(environment, "sql", "SELECT iteration, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1")
     assert result.returncode == 0, result.stderr
     rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in result.stdout.splitlines() if "│" in line]
-    assert ["1", "8"] in rows
+    stored = pq.read_table(Path(environment["CRUCIBLE_STORAGE_ROOT"]) / "trajectories" / "experiment=tiny"
+                           / "iteration=1" / "data.parquet").num_rows
+    assert ["1", str(stored)] in rows
 
 
 def test_sql_error_names_the_views_without_a_traceback(finished_run, environment):

@@ -56,8 +56,8 @@ def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None
     """Iteration 1's trajectories: 4 samples per task from the base policy, really graded, with
     the test's rewards."""
     monitors = MonitorConfig(max_step_kl=1e-9) if experiment == "diverges" else MonitorConfig()
-    crucible.save_experiment(ExperimentConfig(name=experiment, samples_per_task=4, temperature=1.0, grpo=GRPO,
-                                              max_turns=1, monitors=monitors))
+    crucible.save_experiment(ExperimentConfig(name=experiment, task_set="default", samples_per_task=4,
+                                              temperature=1.0, grpo=GRPO, max_turns=1, monitors=monitors))
     engine = TransformersEngine(crucible.base_policy_dir(), verify_checkpoint(crucible.base_policy_dir())["content_hash"])
     params = SamplingParams(n=4, max_new_tokens=16, temperature=1.0, seed=0)
     rollouts = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{experiment}-0001")

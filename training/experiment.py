@@ -60,7 +60,7 @@ class ExperimentConfig(BaseModel):
         "sample and grade up to this many extra rounds of fresh train tasks (0: off; the trainer still drops "
         "zero-variance groups unless grpo.zero_variance_groups is 'keep')")
     seed: int = 0
-    grpo: GRPOConfig = GRPOConfig(minibatch_size=32)
+    grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
 
 

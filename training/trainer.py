@@ -55,7 +55,8 @@ class GRPOConfig(BaseModel):
                                        "linear or cosine schedule reaches min_lr_ratio")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="floor of a decaying schedule, as a share of lr")
     epochs: int = Field(1, ge=1, description="passes over the samples; 1 = strictly on-policy first minibatch")
-    minibatch_size: int = Field(64, ge=1, description="samples per optimizer step (e.g. 16 prompts x 4 completions)")
+    minibatch_size: int = Field(32, ge=1, description="samples per optimizer step (4 groups of 8): several steps "
+                                "per iteration, each on-policy or nearly so")
     micro_batch_size: int = Field(16, ge=1, description="samples per forward pass (memory only; the loss is unchanged)")
     estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator "
                                                                "(training/grpo.py)")
