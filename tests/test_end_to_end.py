@@ -6,10 +6,12 @@ The base policy is materialized in-process with a shrunken model; `crucible run`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -83,37 +85,40 @@ def test_crucible_run_completes_an_iteration_and_prints_the_summary(finished_run
     assert "sampled 4/4 tasks" in finished_run.stderr  # the assets' progress lines reach the terminal
 
 
-def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, environment):
+@contextlib.contextmanager
+def _run_instance(environment) -> Iterator[DagsterInstance]:
+    """The Dagster instance the CLI runs recorded into."""
     os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
     try:
         with DagsterInstance.get() as instance:
-            for asset in ITERATION_ASSETS:
-                assert instance.get_materialized_partitions(AssetKey(asset)) == {"tiny-0001"}, asset
-            assert instance.get_latest_materialization_event(AssetKey("reward_analytics"))
+            yield instance
     finally:
         del os.environ["DAGSTER_HOME"]
+
+
+def _latest_materialization(environment, asset: str):
+    with _run_instance(environment) as instance:
+        return instance.get_latest_materialization_event(AssetKey(asset))
+
+
+def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, environment):
+    with _run_instance(environment) as instance:
+        for asset in ITERATION_ASSETS:
+            assert instance.get_materialized_partitions(AssetKey(asset)) == {"tiny-0001"}, asset
+        assert instance.get_latest_materialization_event(AssetKey("reward_analytics"))
 
 
 def _latest_check(environment, asset: str, check: str):
     """The latest evaluation of an asset check, read from the run's instance."""
-    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
-    try:
-        with DagsterInstance.get() as instance:
-            key = AssetCheckKey(AssetKey(asset), check)
-            [execution] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
-            return execution.event.dagster_event.event_specific_data
-    finally:
-        del os.environ["DAGSTER_HOME"]
+    with _run_instance(environment) as instance:
+        key = AssetCheckKey(AssetKey(asset), check)
+        [execution] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
+        return execution.event.dagster_event.event_specific_data
 
 
 def test_a_regraded_sample_checks_that_verdicts_are_reproducible(finished_run, environment):
     evaluation = _latest_check(environment, "verified_rollouts", "verdicts_reproducible")
-    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
-    try:
-        with DagsterInstance.get() as instance:
-            materialization = instance.get_latest_materialization_event(AssetKey("verified_rollouts"))
-    finally:
-        del os.environ["DAGSTER_HOME"]
+    materialization = _latest_materialization(environment, "verified_rollouts")
     assert evaluation.passed and evaluation.metadata["regraded"].value == 1
     assert materialization.asset_materialization.metadata["regrade_agreement"].value == 1.0
 
@@ -126,13 +131,7 @@ def test_a_check_proves_the_eval_split_was_not_sampled(finished_run, environment
 def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir, environment):
     path = workdir / "data" / "trajectories" / "experiment=tiny" / "iteration=1" / "data.parquet"
     table = pq.read_table(path)
-    os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
-    try:
-        with DagsterInstance.get() as instance:
-            event = instance.get_latest_materialization_event(AssetKey("verified_rollouts"))
-    finally:
-        del os.environ["DAGSTER_HOME"]
-    metadata = event.asset_materialization.metadata
+    metadata = _latest_materialization(environment, "verified_rollouts").asset_materialization.metadata
     # Dynamic sampling: while fewer than 4 groups show a reward spread, one more round of fresh tasks.
     groups, rounds = metadata["groups"].value, metadata["refill_rounds"].value
     refilled = {g for g in table["group_id"].to_pylist() if "/refill1/" in g}
