@@ -20,7 +20,7 @@ from training.tokenizer import build_tokenizer
 
 
 class BasePolicyConfig(Config):
-    """Defaults build the 3.25M-parameter default model; tests shrink it."""
+    """Defaults build the 3.43M-parameter default model; tests shrink it."""
 
     task_set: str = "compose"
     seed: int = 0

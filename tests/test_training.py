@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from task_sets.loader import load_task_set
 from training.batching import make_batch, token_logprobs
 from training.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
 from training.engine import Completion, InferenceEngine, SamplingParams, TransformersEngine
@@ -26,11 +27,11 @@ from training.prompts import extract_solution, render_prompt
 from training.demonstrations import single_turn_examples
 from training.dynamic_sampling import refill, refill_size
 from training.sft import SFTConfig, supervised_warmup
-from training.tokenizer import EOS_TOKEN, IM_END, IM_START, build_tokenizer, save_tokenizer
+from training.tokenizer import EOS_TOKEN, IM_END, IM_START, build_tokenizer, learn_vocabulary, save_tokenizer
 from training.schedule import lr_factor
 from training.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, train_policy
 
-EOT_ID, IM_START_ID, IM_END_ID = 256, 257, 258
+EOT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=256, seed=0)  # fmt: skip
 EXAMPLES = [
@@ -76,16 +77,30 @@ def engine(sft_result) -> TransformersEngine:
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_tokenizer_round_trips_bytes(tokenizer, text):
+def test_tokenizer_round_trips_any_text(tokenizer, text):
     ids = tokenizer.encode(text, add_special_tokens=False)
-    assert ids == list(text.encode("utf-8"))  # token id == byte value
     assert tokenizer.decode(ids) == text
+
+
+def test_tokenizer_makes_words_single_tokens(tokenizer):
+    """What the merges buy: the policy reads and writes words, not letters."""
+    prompt = load_task_set("compose").train()[0].prompt
+    assert len(tokenizer.encode(prompt, add_special_tokens=False)) < len(prompt.encode()) / 3
+    assert tokenizer.tokenize(" doubled, plus two") == ["Ġdoubled", ",", "Ġplus", "Ġtwo"]
+
+
+def test_learn_vocabulary_merges_frequent_words_and_keeps_every_byte():
+    tokenizer = learn_vocabulary(["the product of a and b, squared"] * 20, vocab_size=300)
+    assert tokenizer.token_to_id("<|endoftext|>") == EOT_ID and 3 + 256 < tokenizer.get_vocab_size() <= 300
+    assert "Ġsquared" in tokenizer.get_vocab()
+    unseen = "zebra 🦓"
+    assert tokenizer.decode(tokenizer.encode(unseen).ids) == unseen
 
 
 def test_tokenizer_specials(tokenizer):
     ids = tokenizer.encode(f"{IM_START}user\nhi{IM_END}{EOS_TOKEN}", add_special_tokens=False)
     im_start, im_end, eos = (tokenizer.convert_tokens_to_ids(t) for t in (IM_START, IM_END, EOS_TOKEN))
-    assert ids == [im_start, *b"user\nhi", im_end, eos]
+    assert ids == [im_start, *tokenizer.encode("user\nhi", add_special_tokens=False), im_end, eos]
     assert (eos, im_start, im_end) == (EOT_ID, IM_START_ID, IM_END_ID)
     assert tokenizer.eos_token_id == tokenizer.pad_token_id == eos
 
@@ -131,10 +146,10 @@ def test_base_policy_is_standard_hf_dir_and_seeded(base_dir, tmp_path):
                  "tokenizer_config.json", "special_tokens_map.json", MANIFEST_FILE):  # fmt: skip
         assert (base_dir / name).is_file(), name
     model = AutoModelForCausalLM.from_pretrained(base_dir)
-    assert model.config.model_type == "llama" and model.config.vocab_size == 320
+    assert model.config.model_type == "llama" and model.config.vocab_size == 1024
     assert model.generation_config.eos_token_id == [IM_END_ID, EOT_ID]
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    assert tokenizer.encode("def", add_special_tokens=False) == [100, 101, 102]
+    assert tokenizer.encode(TEXTS[0], add_special_tokens=False) == build_tokenizer().encode(TEXTS[0], add_special_tokens=False)
     same = verify_checkpoint(build_base_policy(tmp_path / "again", TINY))
     other = verify_checkpoint(build_base_policy(tmp_path / "other", PolicyConfig(**{**TINY.__dict__, "seed": 1})))
     manifest = verify_checkpoint(base_dir)

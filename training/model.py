@@ -1,4 +1,4 @@
-"""The policy: a small Llama-architecture causal LM over the byte tokenizer.
+"""The policy: a small Llama-architecture causal LM over the byte-level BPE tokenizer.
 
 Llama rather than Qwen2 because transformers 5 substitutes its own Qwen2 tokenizer when
 loading a Qwen2 directory, which changes token ids; Llama loads the saved tokenizer as is,
@@ -25,12 +25,12 @@ from .tokenizer import EOS_TOKEN, IM_END, build_tokenizer
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    hidden_size: int = 256  # 3.25M parameters in total: ~0.9k tok/s generation on 1 CPU thread (190-token prompts)
+    hidden_size: int = 256  # 3.43M parameters in total
     num_layers: int = 4  # enough depth for induction heads (copying constants from the prompt)
     num_heads: int = 4  # head_dim 64
     num_kv_heads: int = 4  # plain multi-head attention (no GQA at this size)
     intermediate_size: int = 688  # ~8/3 * hidden, rounded to a multiple of 16 (Llama's SwiGLU ratio)
-    vocab_size: int = 320  # 256 bytes + 3 specials, padded to a multiple of 64
+    vocab_size: int = 1024  # the BPE vocabulary (training/tokenizer.py), a multiple of 64
     max_position_embeddings: int = 1024  # prompt + response budget
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True  # saves 82k params; vLLM handles tied Llama heads
