@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-ITERATIONS ?= 6
+ITERATIONS ?= 8
 
 .PHONY: run test setup docker-sandbox ui clean
 

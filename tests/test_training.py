@@ -407,6 +407,11 @@ def test_behaviour_logprobs_match_teacher_forcing(engine, tokenizer, temperature
 # --- GRPO trainer --------------------------------------------------------------------------
 
 
+def one_pass(**settings) -> GRPOConfig:
+    """One pass, no warm-up: each test counts exactly the optimizer steps it expects."""
+    return GRPOConfig(epochs=1, lr_warmup_steps=0, **settings)
+
+
 def _sequence_logprob(policy_dir: Path, sample: TrainSample) -> float:
     model, _ = load_policy(policy_dir)
     batch = make_batch([sample.prompt_ids], [sample.response_ids], pad_id=EOT_ID)
@@ -425,7 +430,7 @@ def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, tokeniz
 
     out = tmp_path / "policy-1"
     steps = []
-    config = GRPOConfig(lr=1e-3, minibatch_size=16, micro_batch_size=2, temperature=1.5)  # as sampled
+    config = one_pass(lr=1e-3, minibatch_size=16, micro_batch_size=2, temperature=1.5)  # as sampled
     metrics = train_policy(sft_result[0], samples, out, config, progress=lambda *a: steps.append(a))
     manifest = verify_checkpoint(out)
     assert manifest["kind"] == "grpo" and (out / OPTIMIZER_FILE).is_file()
@@ -469,7 +474,7 @@ def test_observation_tokens_are_context_and_never_trained_on(sft_result, tmp_pat
         logprobs = [-1.0 if m else junk for m in mask]
         return [TrainSample(prompt, response, logprobs, reward, "g", loss_mask=mask) for reward in (1.0, 0.0)]
 
-    config = GRPOConfig(lr=1e-2, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False)
+    config = one_pass(lr=1e-2, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False)
     clean = train_policy(sft_result[0], samples(0.0), tmp_path / "clean", config)
     junk = train_policy(sft_result[0], samples(123.0), tmp_path / "junk", config)
     assert clean["response_tokens"] == junk["response_tokens"] == 2 * sum(mask)
@@ -482,7 +487,7 @@ def test_observation_tokens_are_context_and_never_trained_on(sft_result, tmp_pat
 
 def test_training_takes_a_step_with_sequence_aggregation_and_clip_higher(sft_result, tmp_path):
     samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
-    config = GRPOConfig(lr=1e-3, minibatch_size=2, micro_batch_size=1, loss_aggregation="sequence",
+    config = one_pass(lr=1e-3, minibatch_size=2, micro_batch_size=1, loss_aggregation="sequence",
                         clip_eps_high=0.28, estimator="rloo", keep_optimizer_state=False)
     metrics = train_policy(sft_result[0], samples, tmp_path / "policy", config)
     assert metrics["optimizer_steps"] == 1 and metrics["grad_norm"] > 0
@@ -505,12 +510,12 @@ def test_truncated_importance_sampling_corrects_an_engine_that_disagrees_with_th
     with torch.no_grad():
         trainer = token_logprobs(model, batch)[0, batch.response_slices[0]].tolist()
     samples = [TrainSample(prompt, response, [v - 1.0 for v in trainer], reward, "g") for reward in (1.0, 0.0)]
-    config = GRPOConfig(lr=1e-3, minibatch_size=2, micro_batch_size=2, tis_cap=2.0, keep_optimizer_state=False)
+    config = one_pass(lr=1e-3, minibatch_size=2, micro_batch_size=2, tis_cap=2.0, keep_optimizer_state=False)
     metrics = train_policy(sft_result[0], samples, tmp_path / "tis", config)
     assert metrics["tis_weight_mean"] == pytest.approx(2.0)
     assert metrics["mean_ratio"] == pytest.approx(1.0, abs=1e-4)
     uncorrected = train_policy(sft_result[0], samples, tmp_path / "plain",
-                               GRPOConfig(lr=1e-3, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False))
+                               one_pass(lr=1e-3, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False))
     assert uncorrected["mean_ratio"] == pytest.approx(math.e, rel=1e-3)  # against the engine's numbers
 
 
@@ -532,7 +537,7 @@ def test_dropping_zero_variance_groups_trains_as_if_they_were_never_sampled(sft_
     """DAPO's filter: a group whose rewards are all equal leaves the batch and its loss
     denominator; kept, its tokens dilute the step (same direction, smaller)."""
     samples = _two_groups_and_a_flat_one()
-    config = GRPOConfig(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
+    config = one_pass(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
     dropped = train_policy(sft_result[0], samples, tmp_path / "dropped", config)
     never = train_policy(sft_result[0], samples[:2], tmp_path / "never", config)
     kept = train_policy(sft_result[0], samples, tmp_path / "kept", config.model_copy(update={"zero_variance_groups": "keep"}))
@@ -551,7 +556,7 @@ def test_a_batch_without_signal_saves_the_parent_unchanged(sft_result, tmp_path)
 
 def test_lr_schedule_counts_optimizer_steps_across_iterations(sft_result, tmp_path):
     samples = [TrainSample([5, 6, 7], [40 + i, 41], [-1.0, -1.0], float(i % 2), f"g{i // 2}") for i in range(4)]
-    config = GRPOConfig(lr=1e-3, minibatch_size=2, lr_schedule="linear", lr_decay_steps=4, min_lr_ratio=0.0)
+    config = one_pass(lr=1e-3, minibatch_size=2, lr_schedule="linear", lr_decay_steps=4, min_lr_ratio=0.0)
     first = train_policy(sft_result[0], samples, tmp_path / "one", config)
     second = train_policy(tmp_path / "one", samples, tmp_path / "two", config)
     assert [s["lr"] for s in first["steps"] + second["steps"]] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
@@ -560,7 +565,7 @@ def test_lr_schedule_counts_optimizer_steps_across_iterations(sft_result, tmp_pa
 
 def test_kl_penalty_needs_and_measures_a_reference(sft_result, base_dir, tmp_path):
     samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
-    config = GRPOConfig(lr=1e-3, minibatch_size=2, kl_coef=0.1, keep_optimizer_state=False)
+    config = one_pass(lr=1e-3, minibatch_size=2, kl_coef=0.1, keep_optimizer_state=False)
     with pytest.raises(ValueError, match="kl_coef > 0 needs a reference policy"):
         train_policy(sft_result[0], samples, tmp_path / "x", config)
     itself = train_policy(sft_result[0], samples, tmp_path / "self", config, reference_dir=sft_result[0])
@@ -573,7 +578,7 @@ def test_a_crashed_step_resumes_from_its_saved_progress(sft_result, tmp_path):
     """A step that dies after its second optimizer step leaves its progress beside the checkpoint;
     run again, it takes only the remaining steps and ends with the weights of an uninterrupted run."""
     samples = [TrainSample([5, 6, 7], [40 + i, 41], [-1.0, -1.0], float(i % 2), f"g{i // 2}") for i in range(8)]
-    config = GRPOConfig(lr=1e-3, minibatch_size=2)
+    config = one_pass(lr=1e-3, minibatch_size=2)
 
     def crash_after_two(step, total, stats):
         if step == 2:
@@ -600,7 +605,7 @@ def test_a_crashed_step_resumes_from_its_saved_progress(sft_result, tmp_path):
 
 def test_lora_trains_adapters_and_saves_a_plain_merged_model(sft_result, tmp_path):
     samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
-    config = GRPOConfig(lr=1e-2, minibatch_size=2, lora_rank=4, lora_target_modules=("q_proj", "v_proj"))
+    config = one_pass(lr=1e-2, minibatch_size=2, lora_rank=4, lora_target_modules=("q_proj", "v_proj"))
     train_policy(sft_result[0], samples, tmp_path / "lora", config)
     before, after = load_policy(sft_result[0])[0].state_dict(), load_policy(tmp_path / "lora")[0].state_dict()
     assert set(before) == set(after)  # no adapter weights left: any engine loads it

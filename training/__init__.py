@@ -1,7 +1,7 @@
 """Policy model, inference engine, supervised warm-up and GRPO training. Never imports dagster.
 
 Modules (one idea each):
-    tokenizer   byte-level tokenizer + ChatML template
+    tokenizer   byte-level BPE tokenizer (frozen vocabulary) + ChatML template
     model       PolicyConfig, build_base_policy, load_policy (small Llama)
     checkpoint  atomic save_checkpoint / verify_checkpoint with a sha256 manifest
     prompts     render_prompt, extract_solution

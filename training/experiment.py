@@ -26,16 +26,16 @@ class ExperimentConfig(BaseModel):
 
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     task_set: str = Field("compose", description="built-in task set name or a path")
-    iterations: int = Field(6, ge=1, description="the sensor stops advancing after this many")
+    iterations: int = Field(8, ge=1, description="the sensor stops advancing after this many")
     tasks_per_iteration: int | None = Field(
-        32, ge=1, description="train tasks sampled each iteration (seeded); None means all"
+        64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
     samples_per_task: int = Field(8, ge=2, description="GRPO group size K")
     engine: Literal["transformers", "vllm"] = Field(
         "transformers", description="what samples: transformers on CPU, or vLLM on GPU (pip install -e '.[gpu]')")
     max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes): the "
-                                "compose set's reference solutions take 43 tokens (median), 69 at most; a write "
-                                "action of the default set's takes 77 (median), 138 (95th percentile)")
+                                "compose set's reference solutions take 21 tokens (median), 26 at most; a write "
+                                "action of the default set's takes 39 (median), 54 (95th percentile)")
     max_turns: int = Field(1, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
                            "episodes in a sandbox session, ended by a submit or this many turns (2 lets a "
                            "policy warmed up with episode_demonstrations write its solution, then submit)")
@@ -48,7 +48,7 @@ class ExperimentConfig(BaseModel):
         "keeps the warmed-up default model's samples mostly valid Python",
     )
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
-    eval_samples: int = Field(4, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "
+    eval_samples: int = Field(8, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "
                               "`temperature`, and a task's pass rate is the share that passed")
     regrade_fraction: float = Field(
         0.05, ge=0, le=1,
@@ -56,9 +56,10 @@ class ExperimentConfig(BaseModel):
         "to measure how reproducible the verdicts are (0 turns it off)",
     )
     refill_rounds: int = Field(
-        1, ge=0, description="dynamic sampling: while fewer groups than tasks_per_iteration have a reward spread, "
+        0, ge=0, description="dynamic sampling: while fewer groups than tasks_per_iteration have a reward spread, "
         "sample and grade up to this many extra rounds of fresh train tasks (0: off; the trainer still drops "
-        "zero-variance groups unless grpo.zero_variance_groups is 'keep')")
+        "zero-variance groups unless grpo.zero_variance_groups is 'keep'). Off by default: on compose about half "
+        "of 64 groups carry signal, so one round doubled sampling and grading (218 s an iteration instead of ~125)")
     seed: int = 0
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()

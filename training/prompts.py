@@ -6,7 +6,7 @@ import re
 
 from .tokenizer import EOS_TOKEN, IM_END
 
-# Short on purpose: with a byte tokenizer every character is a token the model must attend over.
+# Short on purpose: every token of it is one the small policy must attend over.
 SYSTEM_MESSAGE = "Reply with the complete solution.py only."
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -4,13 +4,12 @@ Each example is (prompt ids, response ids), as training/demonstrations.py makes 
 chat-templated prompt (or an episode's context so far) and the reply, ending with <|im_end|>.
 The model learns only the response tokens (prompt targets are masked, like labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
 
-Measured on the 2-core CPU box (default set: 160 train tasks, 40 eval): the default 3.25M
-Llama, 160 steps on 2 threads, takes ~3 min and the loss falls from 5.9 to 0.23; greedy
-answers have the right shape ("def add(x):\n    return x + 20\n") but wrong constants, so
-eval tasks are solved 0/40. 480 steps (~9 min, loss 0.08) still give 0/40: the model learns
-the format and the families, but copying a constant out of the prompt has not emerged
-(a 0.85M variant on 1,700 generated instances was still at 0/40 after 1,200 steps, ~16 min).
-RL has to find the constants, helped by the graders' partial credit.
+Measured on the 2-core CPU box (compose set: 792 train tasks, 56 held out; 2 threads): the
+default 3.4M Llama learns to read the three phrases out of the prompt, and what it learns on
+train tasks carries to held-out ones step for step (teacher-forced exact match, train/held-out,
+under an 800-step schedule): 100 steps 0.06/0.05, 200 steps 0.47/0.48, 400 steps 0.81/0.73.
+The default 200 steps (~80 s) leave a base policy that solves ~25% of held-out tasks greedily
+and ~19% at temperature 0.6, which leaves reinforcement learning room to show what it adds.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 160  # ~2.6k examples (~15 epochs of the train split): ~3 min on 2 cores
+    steps: int = 200  # 3.2k examples (~4 epochs of compose's train split): ~80 s on 2 cores
     lr: float = 3e-3  # small (3M) from-scratch model: high peak LR with warm-up + cosine is stable
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     warmup_steps: int = 30

@@ -44,19 +44,22 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Adam moves every weight by ~lr per step whatever the gradient scale; the SFT'd 3M model
-    # has weights of std ~0.02-0.05, so 1e-5 (the usual 1B+ setting) barely changes a single
-    # sequence's logprob, while 1e-4 raises a rewarded sequence's logprob measurably in one
-    # step at an approx KL of ~1e-3. Large models want 1e-6..1e-5.
-    lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW)")
+    # Measured on the default 3.4M model and compose (held-out pass at temperature 0.6 after
+    # 2 iterations of 64 tasks x 8): lr 2e-4 with 8 warm-up steps, minibatches of 128 and 4
+    # epochs took it from 0.19 to 0.28 (0.34 after 4), at a step KL of ~0.02; 5e-4 drifted (KL
+    # 0.08) and gained less; 1e-3 collapsed; 1e-4 over minibatches of 32 gained 0.03 in 6.
+    # Adam moves every weight by ~lr per step whatever the gradient, so fresh moments want the
+    # warm-up, and large minibatches give each of those steps a direction worth taking. Models
+    # of 1B+ parameters want 1e-6..1e-5.
+    lr: float = Field(2e-4, gt=0, description="peak learning rate (AdamW)")
     lr_schedule: Schedule = Field("constant", description="constant, linear or cosine decay over lr_decay_steps")
-    lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up, counted over the experiment")
+    lr_warmup_steps: int = Field(8, ge=0, description="optimizer steps of linear warm-up, counted over the experiment")
     lr_decay_steps: int | None = Field(None, ge=1, description="optimizer steps (over the experiment) at which a "
                                        "linear or cosine schedule reaches min_lr_ratio")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="floor of a decaying schedule, as a share of lr")
-    epochs: int = Field(1, ge=1, description="passes over the samples; 1 = strictly on-policy first minibatch")
-    minibatch_size: int = Field(32, ge=1, description="samples per optimizer step (4 groups of 8): several steps "
-                                "per iteration, each on-policy or nearly so")
+    epochs: int = Field(4, ge=1, description="passes over the samples (PPO epochs); the clipped ratio keeps later "
+                        "passes near the policy that sampled them")
+    minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
     micro_batch_size: int = Field(16, ge=1, description="samples per forward pass (memory only; the loss is unchanged)")
     estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator "
                                                                "(training/grpo.py)")
