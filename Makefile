@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-ITERATIONS ?= 8
+ITERATIONS ?= 10
 
 .PHONY: run test setup docker-sandbox ui clean
 

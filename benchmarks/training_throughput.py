@@ -3,10 +3,11 @@
     .venv/bin/pip install --no-deps --target .venv-trl -r benchmarks/requirements-trl.txt   # once
     .venv/bin/python benchmarks/training_throughput.py [--prompts 16] [--group 4] [--steps 4] [--rounds 3]
 
-The same model (the default 3.25M Llama, built from its config), the same batch (train prompts of
-the default set with their reference solutions as completions, behaviour log-probs from teacher
-forcing, rewards with a spread in every group), the same micro-batches of 16, 2 threads; each
-optimizer step is forward + backward on every micro-batch, gradient clipping and AdamW:
+The same model (the default 3.43M Llama, built from its config), the same batch (train prompts of
+the compose set, the default experiment's, with their reference solutions as completions,
+behaviour log-probs from teacher forcing, rewards with a spread in every group), the same
+micro-batches of 16, 2 threads; each optimizer step is forward + backward on every
+micro-batch, gradient clipping and AdamW:
   crucible   training/trainer.py's step loop (train_policy; the loop is timed, not load and save)
   trl        TRL's GRPOTrainer._compute_loss (loss_type "bnpo": token-level, like ours) on inputs
              laid out as TRL lays them (left-padded prompts, right-padded completions)
@@ -65,7 +66,7 @@ def main() -> None:
 
 def batch(policy: Path, prompts: int, group: int) -> list[TrainSample]:
     model, tokenizer = load_policy(policy)
-    tasks = load_task_set("default").train()[:prompts]
+    tasks = load_task_set("compose").train()[:prompts]
     samples = []
     for task in tasks:
         prompt = render_prompt(tokenizer, task.prompt)

@@ -26,7 +26,7 @@ class ExperimentConfig(BaseModel):
 
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     task_set: str = Field("compose", description="built-in task set name or a path")
-    iterations: int = Field(8, ge=1, description="the sensor stops advancing after this many")
+    iterations: int = Field(10, ge=1, description="the sensor stops advancing after this many")
     tasks_per_iteration: int | None = Field(
         64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
