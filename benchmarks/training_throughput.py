@@ -79,8 +79,8 @@ def batch(policy: Path, prompts: int, group: int) -> list[TrainSample]:
 
 
 def crucible_seconds(policy: Path, samples: list[TrainSample], steps: int, out: Path) -> float:
-    config = GRPOConfig(epochs=steps, minibatch_size=len(samples), micro_batch_size=MICRO_BATCH,
-                        keep_optimizer_state=False, threads=2)
+    config = GRPOConfig(lr=1e-4, lr_warmup_steps=0, epochs=steps, minibatch_size=len(samples),  # as TRL's below
+                        micro_batch_size=MICRO_BATCH, keep_optimizer_state=False, threads=2)
     return train_policy(policy, samples, out, config)["seconds"]
 
 

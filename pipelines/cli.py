@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment", default="default", help="experiment name (default: default)")
     run.add_argument("--config", help="an experiment file (TOML, YAML or JSON: the settings of "
                      "training/experiment.py, `name` included); replaces --experiment")
-    run.add_argument("--iterations", type=int, default=None, help="total iterations (default 3)")
+    run.add_argument("--iterations", type=int, default=None, help="total iterations (default: the experiment's setting)")
     run.add_argument("--samples-per-task", type=int, default=None, help="GRPO group size")
     run.add_argument("--storage", help="storage root: a directory or any fsspec URI (s3://…)")
     run.set_defaults(handler=command_run)

@@ -5,9 +5,10 @@ they mean ("the maximum of a and b" -> `max(a, b)`, "squared" -> `(...) ** 2`, "
 `... + 10`); a task is one combination, and its reference solution is the family's `build` of
 the three phrases' code. Train and eval split the combinations, so every eval task is a
 combination the policy never saw, made of phrases it has seen in others: solving it means
-reading all three slots of the prompt, not recalling a memorised answer. With ~850
-combinations no slot can be guessed from the rest, and nothing has to be copied character by
-character out of the prompt (what the "default" set asks, and a small model trained from
+reading the slots of the prompt, not recalling a memorised answer. With ~850 combinations
+memorising costs the model more than reading (a few combinations do not depend on every slot:
+the count of the squares is the count of the elements), and nothing has to be copied token by
+token out of the prompt (what the "default" set asks, and a small model trained from
 scratch cannot yet do: see task_sets/generator.py). This is the set the default experiment
 learns on.
 

@@ -3,9 +3,10 @@
 The policy is a tiny model trained from scratch, so the set holds many instances
 of a few task families: solving a new instance means copying constants from the prompt into
 a code shape the family never changes. Each family keeps one function name (`add`, `scale`,
-…): copying an arbitrary identifier byte by byte is beyond a 3M-parameter model after a few
-minutes of warm-up (measured with a byte-level vocabulary: 0 of 40 after 1,200 steps), and a wrong name fails every test,
-which would leave reinforcement learning with no reward to work from.
+…): copying an arbitrary identifier out of the prompt is beyond a 3M-parameter model after a
+few minutes of warm-up (measured with a byte-level vocabulary: 0 of 40 after 1,200 steps), and
+a wrong name fails every test, which would leave reinforcement learning with no reward to work
+from.
 
 Run `python -m task_sets.generator` to rewrite `builtin/default/generated.jsonl`; the same
 seed always gives a byte-identical file.

@@ -27,7 +27,9 @@ from training.prompts import extract_solution, render_prompt
 from training.demonstrations import single_turn_examples
 from training.dynamic_sampling import refill, refill_size
 from training.sft import SFTConfig, supervised_warmup
-from training.tokenizer import EOS_TOKEN, IM_END, IM_START, build_tokenizer, learn_vocabulary, save_tokenizer
+from training.tokenizer import (EOS_TOKEN, IM_END, IM_START, VOCABULARY_FILE, build_tokenizer, learn_vocabulary,
+                                save_tokenizer)
+from training.tokenizer import main as relearn_vocabulary
 from training.schedule import lr_factor
 from training.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, train_policy
 
@@ -95,6 +97,13 @@ def test_learn_vocabulary_merges_frequent_words_and_keeps_every_byte():
     assert "Ġsquared" in tokenizer.get_vocab()
     unseen = "zebra 🦓"
     assert tokenizer.decode(tokenizer.encode(unseen).ids) == unseen
+
+
+def test_the_frozen_vocabulary_is_what_the_builtin_train_splits_teach(tmp_path):
+    """Like the generated task files: `python -m training.tokenizer` reproduces the committed file,
+    so a change to a built-in set that should reshape the vocabulary cannot go unnoticed."""
+    relearn_vocabulary(["--out", str(tmp_path / "tokenizer.json")])
+    assert (tmp_path / "tokenizer.json").read_bytes() == VOCABULARY_FILE.read_bytes()
 
 
 def test_tokenizer_specials(tokenizer):

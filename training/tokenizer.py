@@ -114,7 +114,10 @@ def _write_json(path: Path, obj: dict) -> None:
 def builtin_train_texts() -> Iterator[str]:
     """What the policy reads and writes on the built-in sets' train splits: the system
     messages, prompts, reference solutions and starting files."""
-    from task_sets.loader import builtin_task_set_names, load_task_set  # the vocabulary's source, not a runtime need
+    from task_sets.loader import (  # the vocabulary's source, not a runtime need
+        builtin_task_set_names,
+        load_task_set,
+    )
     from training.episodes import SYSTEM_MESSAGE as EPISODE_SYSTEM_MESSAGE
     from training.prompts import SYSTEM_MESSAGE
 
