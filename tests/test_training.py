@@ -548,7 +548,7 @@ def test_dropping_zero_variance_groups_trains_as_if_they_were_never_sampled(sft_
     samples = _two_groups_and_a_flat_one()
     config = one_pass(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
     dropped = train_policy(sft_result[0], samples, tmp_path / "dropped", config)
-    never = train_policy(sft_result[0], samples[:2], tmp_path / "never", config)
+    train_policy(sft_result[0], samples[:2], tmp_path / "never", config)
     kept = train_policy(sft_result[0], samples, tmp_path / "kept", config.model_copy(update={"zero_variance_groups": "keep"}))
     assert dropped["samples_trained"] == 2 and dropped["zero_variance_groups"] == 1 and kept["samples_trained"] == 4
     assert _same_weights(tmp_path / "dropped", tmp_path / "never")
