@@ -7,6 +7,10 @@ fail just because an experiment has not reached a stage.
 
 from __future__ import annotations
 
+import os
+import uuid
+from pathlib import Path
+
 import duckdb
 from fsspec.implementations.local import LocalFileSystem
 
@@ -66,9 +70,28 @@ def connect(root_uri: str, database: str = ":memory:") -> duckdb.DuckDBPyConnect
             glob = store.uri_of(f"{store.root}/{name}") + "/*/*/*.parquet"
             source = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
         else:
-            con.register(f"_empty_{name}", schema.empty_table())
+            # A table, not a registered Arrow object, so that an exported database keeps it.
+            con.register("_schema", schema.empty_table())
+            con.execute(f"CREATE OR REPLACE TABLE _empty_{name} AS SELECT * FROM _schema")
+            con.unregister("_schema")
             source = f"(SELECT *, NULL::VARCHAR AS experiment, NULL::BIGINT AS iteration FROM _empty_{name})"
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {source}")
     for name, query in DERIVED_VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
     return con
+
+
+def export_database(root_uri: str, path: Path) -> None:
+    """A DuckDB file holding every view over `root_uri`, for notebooks and BI tools; it is
+    written beside `path` and renamed over it, so a failed export leaves no half-made file.
+    Its views read the Parquet files where they lie, so they see later iterations too."""
+    if not isinstance(DatasetStore(root_uri).fs, LocalFileSystem):
+        raise ValueError("--export-db needs local storage: a DuckDB file cannot carry the fsspec "
+                         "filesystem that reads remote data (query it with crucible sql instead)")
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        connect(root_uri, str(partial)).close()
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+        Path(f"{partial}.wal").unlink(missing_ok=True)

@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from datastore import catalog
+from datastore.results import FORMATS as RESULT_FORMATS
+from datastore.results import write_result
 from pipelines import environment, tasks_cli
 from pipelines.errors import RunFailed, UserError
 from sandbox.backends import BACKENDS, open_sandbox
@@ -105,11 +107,28 @@ def print_summary(storage_root: str, experiment: str) -> None:
 
 def command_sql(args: argparse.Namespace) -> int:
     _use_storage(args.storage)
+    if args.export_db:
+        return _export_database(args)
+    if not args.query:
+        raise UserError("give a query, or --export-db FILE.duckdb")
+    if args.out and args.format == "table":
+        raise UserError("--out needs --format csv, json or parquet")
+    if args.format == "parquet" and not args.out:
+        raise UserError("parquet is binary: give --out FILE")
     con = catalog.connect(environment.storage_root())
     try:
+        if args.format != "table":
+            relation = con.sql(args.query)  # None for a statement that returns no rows
+            if relation is not None:
+                write_result(relation.to_arrow_table(), args.format, args.out, sys.stdout.buffer)
+                if args.out:
+                    errors.print(f"wrote {args.out}", highlight=False)
+            return 0
         result = con.execute(args.query)
     except duckdb.Error as error:
         raise UserError(f"{error}\navailable views: {', '.join(catalog.VIEWS)}") from None
+    except OSError as error:
+        raise UserError(f"{args.out}: cannot write: {error.strerror}") from None
     if result.description is None:
         return 0
     table = Table()
@@ -118,6 +137,19 @@ def command_sql(args: argparse.Namespace) -> int:
     for row in result.fetchall():
         table.add_row(*("NULL" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
     console.print(table)
+    return 0
+
+
+def _export_database(args: argparse.Namespace) -> int:
+    if args.query or args.out or args.format != "table":
+        raise UserError("--export-db writes the views themselves: it takes no query, --out or --format")
+    try:
+        catalog.export_database(environment.storage_root(), args.export_db)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    except (OSError, duckdb.Error) as error:
+        raise UserError(f"{args.export_db}: cannot write: {error}") from None
+    errors.print(f"wrote {args.export_db} with views: {', '.join(catalog.VIEWS)}", highlight=False)
     return 0
 
 
@@ -201,7 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=command_run)
 
     sql = commands.add_parser("sql", help="query trajectories and summaries with DuckDB")
-    sql.add_argument("query")
+    sql.add_argument("query", nargs="?", help="a DuckDB query over the views (see --export-db for none)")
+    sql.add_argument("--format", choices=("table", *RESULT_FORMATS), default="table",
+                     help="table (default, for reading), csv, json (one object per line) or parquet")
+    sql.add_argument("--out", type=Path, help="write the result to this file (whole or not at all)")
+    sql.add_argument("--export-db", type=Path, metavar="FILE.duckdb",
+                     help="write a DuckDB database with every view, for notebooks and BI tools")
     sql.add_argument("--storage", help="storage root (default ./.crucible/data)")
     sql.set_defaults(handler=command_sql)
 

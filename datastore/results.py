@@ -1,0 +1,46 @@
+"""A query's result as CSV, JSON lines or Parquet: on standard output, or as a file that appears
+whole or not at all (written beside its destination, then renamed over it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+FORMATS = ("csv", "json", "parquet")
+
+
+def write_result(table: pa.Table, file_format: str, out: Path | None, stdout: BinaryIO) -> None:
+    """`table` in `file_format` to `out`, or to `stdout` when `out` is None (not for Parquet)."""
+    if file_format not in FORMATS:
+        raise ValueError(f"unknown format {file_format!r}; choose one of {', '.join(FORMATS)}")
+    if out is None:
+        if file_format == "parquet":
+            raise ValueError("parquet is binary: give --out FILE")
+        stdout.write(_encode(table, file_format))
+        return
+    partial = out.with_name(f".{out.name}.{uuid.uuid4().hex}.partial")
+    try:
+        if file_format == "parquet":
+            pq.write_table(table, partial, compression="zstd")
+        else:
+            partial.write_bytes(_encode(table, file_format))
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _encode(table: pa.Table, file_format: str) -> bytes:
+    if file_format == "csv":
+        sink = io.BytesIO()
+        pa_csv.write_csv(table, sink)
+        return sink.getvalue()
+    # JSON lines; values JSON has no type for (timestamps, decimals) are written as strings.
+    return "".join(json.dumps(row, default=str) + "\n" for row in table.to_pylist()).encode()

@@ -1,0 +1,87 @@
+"""`crucible sql`: results as CSV, JSON lines or Parquet, a DuckDB file of the views, and the
+errors a user can make, over a real store on disk."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from datastore.store import DatasetStore, rows_to_table
+from pipelines.cli import main
+
+STARTED = datetime(2026, 11, 30, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def storage(tmp_path) -> Path:
+    root = tmp_path / "data"
+    _write_stages(root, iteration=1, seconds={"rollouts": 12.5, "checkpoint": 30.0})
+    return root
+
+
+def _write_stages(root: Path, iteration: int, seconds: dict[str, float]) -> None:
+    store = DatasetStore(str(root))
+    for stage, spent in seconds.items():
+        row = {"stage": stage, "seconds": spent, "started_at": STARTED}
+        store.write_partition("stages", "exp", iteration, rows_to_table("stages", [row]), part=stage)
+
+
+def sql(storage: Path, *args: str) -> int:
+    return main(["sql", "--storage", str(storage), *args])
+
+
+QUERY = "SELECT stage, seconds FROM stages ORDER BY stage"
+
+
+def test_csv_and_json_lines_go_to_standard_output(storage, capfdbinary):
+    assert sql(storage, QUERY, "--format", "csv") == 0
+    assert capfdbinary.readouterr().out.decode().splitlines() == ['"stage","seconds"', '"checkpoint",30', '"rollouts",12.5']
+    assert sql(storage, "SELECT stage, seconds, started_at FROM stages ORDER BY stage", "--format", "json") == 0
+    rows = [json.loads(line) for line in capfdbinary.readouterr().out.decode().splitlines()]
+    assert rows[0] == {"stage": "checkpoint", "seconds": 30.0, "started_at": "2026-11-30 00:00:00+00:00"}
+
+
+def test_parquet_goes_to_a_file_that_keeps_the_types(storage, tmp_path):
+    out = tmp_path / "stages.parquet"
+    assert sql(storage, QUERY, "--format", "parquet", "--out", str(out)) == 0
+    table = pq.read_table(out)
+    assert table.column_names == ["stage", "seconds"] and table.column("seconds").to_pylist() == [30.0, 12.5]
+    assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
+
+
+def test_exported_database_holds_every_view_and_sees_later_iterations(storage, tmp_path):
+    exported = tmp_path / "crucible.duckdb"
+    assert sql(storage, "--export-db", str(exported)) == 0
+    _write_stages(storage, iteration=2, seconds={"rollouts": 14.0})
+    con = duckdb.connect(str(exported), read_only=True)
+    assert con.execute("SELECT iteration, count(*) FROM stages GROUP BY 1 ORDER BY 1").fetchall() == [(1, 2), (2, 1)]
+    assert con.execute("SELECT count(*) FROM trajectories").fetchall() == [(0,)]  # typed, though nothing is stored
+    assert {"trajectories", "test_results", "iterations", "checkpoints"} <= {
+        name for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+
+
+@pytest.mark.parametrize("args, message", [
+    (("SELECT 1", "--format", "parquet"), "parquet is binary: give --out FILE"),
+    (("SELECT 1", "--out", "x.csv"), "--out needs --format csv, json or parquet"),
+    (("SELECT 1", "--export-db", "x.duckdb"), "--export-db writes the views themselves"),
+    ((), "give a query, or --export-db FILE.duckdb"),
+    (("SELECT * FROM stagez", "--format", "csv"), "available views: trajectories"),
+])
+def test_user_mistakes_get_one_line_of_reason_and_exit_2(storage, capfd, args, message):
+    assert sql(storage, *args) == 2
+    assert message in capfd.readouterr().err
+
+
+def test_a_failed_write_leaves_neither_the_file_nor_a_partial_one(storage, tmp_path, capfd):
+    occupied = tmp_path / "out"
+    occupied.mkdir()  # a directory where the result should go: the final rename fails
+    (occupied / "keep").write_text("untouched")
+    assert sql(storage, QUERY, "--format", "csv", "--out", str(occupied)) == 2
+    assert "cannot write" in capfd.readouterr().err
+    assert (occupied / "keep").read_text() == "untouched"
+    assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
