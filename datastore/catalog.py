@@ -1,6 +1,7 @@
 """DuckDB views over every stored dataset, for analysts and for the run summary.
 
-Views: trajectories, test_results, evaluations, stages, checkpoints, training_steps, iterations.
+Views: trajectories, test_results, turns (one row per episode turn), rewards (one row per reward
+component of each sample), evaluations, stages, checkpoints, training_steps, iterations.
 A dataset with no partitions yet still has its view (empty, correctly typed), so queries never
 fail just because an experiment has not reached a stage.
 """
@@ -22,6 +23,15 @@ DERIVED_VIEWS = {
         SELECT experiment, iteration, task_id, group_id, sample_index,
                t.name AS test_name, t.outcome, t.message
         FROM (SELECT *, unnest(test_results) AS t FROM trajectories)
+    """,
+    "turns": """
+        SELECT experiment, iteration, task_id, group_id, sample_index, unnest(turn)
+        FROM (SELECT *, unnest(turns) AS turn FROM trajectories)
+    """,
+    "rewards": """
+        SELECT experiment, iteration, task_id, family, difficulty, group_id, sample_index,
+               reward, reward_status, reward_version, c.key AS component, c.value
+        FROM (SELECT *, unnest(map_entries(reward_components)) AS c FROM trajectories)
     """,
     "iterations": """
         WITH rollout AS (

@@ -165,6 +165,24 @@ def test_test_results_view_has_one_row_per_test(tmp_path):
     ).fetchall() == [("failed", 1), ("passed", 3)]
 
 
+def test_turns_view_has_one_row_per_episode_turn_with_its_fields(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    write_trajectories(store, 1, [1.0, 0.5])
+    rows = catalog.connect(str(tmp_path)).execute(
+        "SELECT task_id, sample_index, index, action, status, sampled_tokens FROM turns ORDER BY task_id").fetchall()
+    assert rows == [("t/0", 0, 0, "submit", "submitted", 2), ("t/1", 1, 0, "submit", "submitted", 2)]
+
+
+def test_rewards_view_has_one_row_per_reward_component(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    rows = [trajectory_row("t/0", 0, 1.0), {**trajectory_row("t/1", 1, 0.5),
+                                            "reward_components": {"tests_passed_fraction": 0.5, "compiles": 1.0}}]
+    store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
+    assert catalog.connect(str(tmp_path)).execute(
+        "SELECT task_id, component, value, reward FROM rewards ORDER BY task_id, component").fetchall() == [
+        ("t/0", "tests_passed_fraction", 1.0, 1.0), ("t/1", "compiles", 1.0, 0.5), ("t/1", "tests_passed_fraction", 0.5, 0.5)]
+
+
 def test_every_dataset_has_a_documented_schema():
     for name, schema in DATASETS.items():
         undocumented = [f.name for f in schema if not (f.metadata or {}).get(b"doc")]
