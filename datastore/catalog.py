@@ -8,13 +8,12 @@ fail just because an experiment has not reached a stage.
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import duckdb
 from fsspec.implementations.local import LocalFileSystem
 
+from datastore.atomic import written_atomically
 from datastore.schema import DATASETS
 from datastore.store import DatasetStore
 
@@ -92,16 +91,13 @@ def connect(root_uri: str, database: str = ":memory:") -> duckdb.DuckDBPyConnect
 
 
 def export_database(root_uri: str, path: Path) -> None:
-    """A DuckDB file holding every view over `root_uri`, for notebooks and BI tools; it is
-    written beside `path` and renamed over it, so a failed export leaves no half-made file.
-    Its views read the Parquet files where they lie, so they see later iterations too."""
+    """A DuckDB file holding every view over `root_uri`, for notebooks and BI tools; a failed
+    export leaves no half-made file. Its views read the Parquet files where they lie, so they see later iterations too."""
     if not isinstance(DatasetStore(root_uri).fs, LocalFileSystem):
         raise ValueError("--export-db needs local storage: a DuckDB file cannot carry the fsspec "
                          "filesystem that reads remote data (query it with crucible sql instead)")
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        connect(root_uri, str(partial)).close()
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-        Path(f"{partial}.wal").unlink(missing_ok=True)
+    with written_atomically(path) as partial:
+        try:
+            connect(root_uri, str(partial)).close()
+        finally:
+            Path(f"{partial}.wal").unlink(missing_ok=True)  # DuckDB's write-ahead log, if it failed midway

@@ -1,18 +1,18 @@
 """A query's result as CSV, JSON lines or Parquet: on standard output, or as a file that appears
-whole or not at all (written beside its destination, then renamed over it)."""
+whole or not at all."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+
+from datastore.atomic import written_atomically
 
 FORMATS = ("csv", "json", "parquet")
 
@@ -26,15 +26,11 @@ def write_result(table: pa.Table, file_format: str, out: Path | None, stdout: Bi
             raise ValueError("parquet is binary: give --out FILE")
         stdout.write(_encode(table, file_format))
         return
-    partial = out.with_name(f".{out.name}.{uuid.uuid4().hex}.partial")
-    try:
+    with written_atomically(out) as partial:
         if file_format == "parquet":
             pq.write_table(table, partial, compression="zstd")
         else:
             partial.write_bytes(_encode(table, file_format))
-        os.replace(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _encode(table: pa.Table, file_format: str) -> bytes:
