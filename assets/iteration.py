@@ -315,15 +315,16 @@ def checkpoint(
     with timed_stage(store, experiment.name, iteration, "checkpoint"):
         parent_dir, parent_hash = _policy(crucible, experiment.name, iteration)
         out_dir = crucible.checkpoint_dir(experiment.name, iteration)
-        trajectories_uri = store.uri_of(store.partition_file("trajectories", experiment.name, iteration))
+        # The exact files (datastore/store.py never rewrites one): what lineage names is what is read.
+        trajectory_files = store.partition_files("trajectories", experiment.name, iteration)
         settings = experiment.model_dump(mode="json")
         job = TrainJob(
             parent_dir=str(parent_dir), out_dir=str(out_dir), storage_root=crucible.storage_root,
-            experiment=experiment.name, iteration=iteration,
+            trajectory_files=trajectory_files,
             # Log-probs are recomputed at the temperature the samples were drawn at.
             grpo=experiment.grpo.model_copy(update={"temperature": experiment.temperature}),
             reference_dir=str(crucible.base_policy_dir()) if experiment.grpo.kl_coef else None,
-            lineage=lineage(parent_dir, parent_hash, [trajectories_uri],
+            lineage=lineage(parent_dir, parent_hash, trajectory_files,
                             load_task_set(experiment.task_set).version, settings),
         )
         invocation = pipes_subprocess_client.run(
@@ -333,13 +334,13 @@ def checkpoint(
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
         reported = invocation.get_materialize_result().metadata or {}
         manifest = verify_checkpoint(out_dir)
-        signals = _signals(manifest["metrics"], store.read_partition("trajectories", experiment.name, iteration))
+        signals = _signals(manifest["metrics"], store.read_files("trajectories", trajectory_files))
         verdicts = judge(signals, _history(store, experiment.name, iteration), weights_are_finite(out_dir),
                          experiment.monitors)
         row = {
             "path": str(out_dir), "content_hash": manifest["content_hash"],
             "parent_path": str(parent_dir), "parent_hash": parent_hash,
-            "trajectories": [trajectories_uri], "task_set_version": job.lineage["task_set_version"],
+            "trajectories": trajectory_files, "task_set_version": job.lineage["task_set_version"],
             "config_hash": job.lineage["config_hash"], "code_version": job.lineage["code_version"],
             "global_step": manifest["global_step"], **signals,
             "train_tokens": manifest["metrics"]["tokens"], "tokens_per_s": manifest["metrics"]["tokens_per_s"],

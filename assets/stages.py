@@ -12,7 +12,7 @@ from datastore.store import DatasetStore, rows_to_table
 
 @contextmanager
 def timed_stage(store: DatasetStore, experiment: str, iteration: int, stage: str) -> Iterator[None]:
-    """Time the body; on success record it as `stages/<experiment>/<iteration>/<stage>.parquet`."""
+    """Time the body; on success record it as part `<stage>` of the `stages` partition."""
     started_at = dt.datetime.now(dt.timezone.utc)
     start = time.perf_counter()
     yield

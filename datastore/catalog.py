@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-from fsspec.implementations.local import LocalFileSystem
 
 from datastore.atomic import written_atomically
 from datastore.schema import DATASETS
@@ -67,37 +66,42 @@ DERIVED_VIEWS = {
 VIEWS = (*DATASETS, *DERIVED_VIEWS)
 
 
-def connect(root_uri: str, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with one view per dataset under `root_uri`."""
+def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per dataset under `root_uri`, over the files its
+    manifests name (datastore/store.py); `snapshot` copies the data into tables instead."""
     store = DatasetStore(root_uri)
+    store.check()
     con = duckdb.connect(database)
-    if not isinstance(store.fs, LocalFileSystem):
+    if not store.is_local:
         # httpfs cannot be downloaded offline; DuckDB reads remote files through fsspec instead.
         con.register_filesystem(store.fs)
+    kind = "TABLE" if snapshot else "VIEW"
     for name, schema in DATASETS.items():
-        if store.has_files(name):
-            glob = store.uri_of(f"{store.root}/{name}") + "/*/*/*.parquet"
-            source = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
+        files = store.dataset_files(name)
+        if files:
+            listed = ", ".join(_sql_string(uri) for uri in files)
+            source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = true)"
         else:
-            # A table, not a registered Arrow object, so that an exported database keeps it.
-            con.register("_schema", schema.empty_table())
-            con.execute(f"CREATE OR REPLACE TABLE _empty_{name} AS SELECT * FROM _schema")
-            con.unregister("_schema")
+            con.register(f"_empty_{name}", schema.empty_table())
             source = f"(SELECT *, NULL::VARCHAR AS experiment, NULL::BIGINT AS iteration FROM _empty_{name})"
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {source}")
+        con.execute(f"CREATE OR REPLACE {kind} {name} AS SELECT * FROM {source}")
+        if snapshot and not files:
+            con.unregister(f"_empty_{name}")
     for name, query in DERIVED_VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
     return con
 
 
 def export_database(root_uri: str, path: Path) -> None:
-    """A DuckDB file holding every view over `root_uri`, for notebooks and BI tools; a failed
-    export leaves no half-made file. Its views read the Parquet files where they lie, so they see later iterations too."""
-    if not isinstance(DatasetStore(root_uri).fs, LocalFileSystem):
-        raise ValueError("--export-db needs local storage: a DuckDB file cannot carry the fsspec "
-                         "filesystem that reads remote data (query it with crucible sql instead)")
+    """A DuckDB file for notebooks and BI tools: every dataset under `root_uri` copied into a
+    table (a self-contained snapshot, local or S3 alike) and the derived views over them. A
+    failed export leaves no half-made file."""
     with written_atomically(path) as partial:
         try:
-            connect(root_uri, str(partial)).close()
+            connect(root_uri, str(partial), snapshot=True).close()
         finally:
             Path(f"{partial}.wal").unlink(missing_ok=True)  # DuckDB's write-ahead log, if it failed midway
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

@@ -2,18 +2,28 @@
 
 Layout under the storage root:
 
-    <root>/<dataset>/experiment=<name>/iteration=<n>/<part>.parquet
-    <root>/_staging/<dataset>/<uuid>.parquet        (never read; swept on the next write)
+    <root>/<dataset>/experiment=<name>/iteration=<n>/<part>.manifest.json
+    <root>/<dataset>/experiment=<name>/iteration=<n>/<part>-<uuid>.parquet
 
-Each file is written by one writer (most datasets have a single part, `data`; `stages` has
-one part per stage, written by the asset that ran it). It is written completely under `_staging/`, outside every reader's
-glob, and then moved to its final name: a local rename and an S3 object write are both atomic,
-so a reader sees the old partition or the new one, never a mix, and re-writing an iteration
-replaces it instead of adding to it.
+A data file is never overwritten: each write makes a new, uniquely named file, and then
+publishes the part's manifest, which names it. The manifest is the commit: one small object
+written in one PUT on S3, or renamed into place on a local disk, so a reader that follows
+manifests sees the previous version or the new one, whole, and never a file that changes under
+it mid-read. Re-writing an iteration replaces its manifest, so nothing is counted twice.
+
+A file no manifest names (a write killed half-way, or a version since replaced) is invisible,
+and the next write of that part deletes it once it is older than `retention_s`, time enough
+for any reader still on the previous version to finish.
+
+Most datasets have a single part, `data`; `stages` has one part per stage, written by the asset
+that ran it. Read through `crucible sql`, `read_partition` or `dataset_files`, never a glob.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import re
 import time
 import uuid
 from collections.abc import Iterable
@@ -21,16 +31,22 @@ from collections.abc import Iterable
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from datastore.schema import DATASETS, SCHEMA_VERSION
 
-STAGING = "_staging"
-STALE_STAGING_S = 3600.0
+MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_FORMAT = "crucible-manifest/1"
+RETENTION_S = 3600.0
 ROW_GROUP_ROWS = 64_000
 
 
 class SchemaError(ValueError):
     """Rows do not fit a dataset's schema; the message names the dataset and column."""
+
+
+class StorageUnavailable(RuntimeError):
+    """The storage root cannot be reached or used; the message names it and says why."""
 
 
 def rows_to_table(dataset: str, rows: Iterable[dict]) -> pa.Table:
@@ -50,15 +66,34 @@ def rows_to_table(dataset: str, rows: Iterable[dict]) -> pa.Table:
 
 
 class DatasetStore:
-    def __init__(self, root_uri: str):
+    """Datasets under one storage root. S3 settings (endpoint, credentials, region) come from the
+    standard AWS environment variables or fsspec's own configuration (FSSPEC_S3_ENDPOINT_URL, …)."""
+
+    def __init__(self, root_uri: str, retention_s: float = RETENTION_S):
         self.uri = root_uri.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        self.retention_s = retention_s
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def check(self) -> None:
+        """Fail early, in one line, when the root cannot be used (no endpoint, bad credentials,
+        no bucket), rather than deep inside a run."""
+        try:
+            if self.is_local:
+                self.fs.makedirs(self.root, exist_ok=True)
+            else:
+                self.fs.ls(self.root.split("/", 1)[0])  # the bucket: it exists and we may list it
+        except Exception as error:  # noqa: BLE001  botocore, aiohttp and OS errors alike; all mean "unusable"
+            raise StorageUnavailable(f"storage {self.uri}: {_reason(error)}") from None
 
     def partition_dir(self, dataset: str, experiment: str, iteration: int) -> str:
         return f"{self.root}/{dataset}/experiment={experiment}/iteration={iteration}"
 
-    def partition_file(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> str:
-        return f"{self.partition_dir(dataset, experiment, iteration)}/{part}.parquet"
+    def manifest_path(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> str:
+        return f"{self.partition_dir(dataset, experiment, iteration)}/{part}{MANIFEST_SUFFIX}"
 
     def uri_of(self, path: str) -> str:
         """Full URI of a path inside this store (what DuckDB and people are given)."""
@@ -67,44 +102,85 @@ class DatasetStore:
     def write_partition(
         self, dataset: str, experiment: str, iteration: int, table: pa.Table, part: str = "data"
     ) -> str:
-        """Replace one partition (or one part of it) atomically; returns the final path."""
+        """Replace one partition (or one part of it) atomically; returns the new data file's URI."""
         expected = DATASETS[dataset]
         if not table.schema.equals(expected):
             raise SchemaError(f"{dataset}: table schema differs from schema v{SCHEMA_VERSION}")
-        self._sweep_stale_staging(dataset)
-        staging_dir = f"{self.root}/{STAGING}/{dataset}"
-        staged = f"{staging_dir}/{uuid.uuid4().hex}.parquet"
-        final = self.partition_file(dataset, experiment, iteration, part)
-        self.fs.makedirs(staging_dir, exist_ok=True)
-        self.fs.makedirs(self.partition_dir(dataset, experiment, iteration), exist_ok=True)
+        directory = self.partition_dir(dataset, experiment, iteration)
+        name = f"{part}-{uuid.uuid4().hex}.parquet"
+        self.fs.makedirs(directory, exist_ok=True)
         pq.write_table(
             table.replace_schema_metadata({"crucible_schema_version": str(SCHEMA_VERSION)}),
-            staged,
+            f"{directory}/{name}",
             filesystem=self.fs,
             compression="zstd",
             row_group_size=ROW_GROUP_ROWS,
         )
-        self.fs.mv(staged, final)
-        return final
+        manifest = {"format": MANIFEST_FORMAT, "dataset": dataset, "schema_version": SCHEMA_VERSION,
+                    "files": [name], "rows": table.num_rows,
+                    "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        self._publish(self.manifest_path(dataset, experiment, iteration, part), manifest)
+        self._sweep_unreferenced(directory, part, keep=name)
+        return self.uri_of(f"{directory}/{name}")
+
+    def partition_files(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> list[str]:
+        """URIs of the files a part's manifest names; FileNotFoundError when it was never written."""
+        path = self.manifest_path(dataset, experiment, iteration, part)
+        self.fs.invalidate_cache()
+        return self._files_of(path, self.fs.cat_file(path))
 
     def read_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> pa.Table:
-        path = self.partition_file(dataset, experiment, iteration, part)
-        return pq.read_table(path, filesystem=self.fs, schema=DATASETS[dataset])
+        return self.read_files(dataset, self.partition_files(dataset, experiment, iteration, part))
+
+    def read_files(self, dataset: str, uris: list[str]) -> pa.Table:
+        paths = [self.fs._strip_protocol(uri) for uri in uris]
+        return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset])
 
     def has_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> bool:
-        return self.fs.exists(self.partition_file(dataset, experiment, iteration, part))
+        self.fs.invalidate_cache()
+        return self.fs.exists(self.manifest_path(dataset, experiment, iteration, part))
 
-    def has_files(self, dataset: str) -> bool:
-        return bool(self.fs.glob(f"{self.root}/{dataset}/experiment=*/iteration=*/*.parquet"))
+    def dataset_files(self, dataset: str) -> list[str]:
+        """URIs of every published file of a dataset, across experiments and iterations: what a
+        reader (DuckDB, polars, pyarrow) should scan. Manifests are fetched concurrently on S3."""
+        self.fs.invalidate_cache()  # other processes write too: never trust a cached S3 listing
+        manifests = sorted(self.fs.glob(f"{self.root}/{dataset}/experiment=*/iteration=*/*{MANIFEST_SUFFIX}"))
+        if not manifests:
+            return []
+        contents = self.fs.cat(manifests, on_error="raise")
+        return [uri for path in manifests for uri in self._files_of(path, contents[path])]
 
-    def _sweep_stale_staging(self, dataset: str) -> None:
-        """Remove files left by writes that died half-way (older than any live write)."""
-        staging_dir = f"{self.root}/{STAGING}/{dataset}"
-        if not self.fs.exists(staging_dir):
+    def _files_of(self, manifest_path: str, content: bytes) -> list[str]:
+        directory = manifest_path.rsplit("/", 1)[0]
+        return [self.uri_of(f"{directory}/{name}") for name in json.loads(content)["files"]]
+
+    def _publish(self, path: str, manifest: dict) -> None:
+        content = json.dumps(manifest, indent=1).encode()
+        if not self.is_local:
+            self.fs.pipe_file(path, content)  # one PUT: the object appears whole or not at all
             return
+        scratch = f"{path}.{uuid.uuid4().hex}.partial"
+        self.fs.pipe_file(scratch, content)
+        self.fs.mv(scratch, path)  # a rename: atomic on a local filesystem
+
+    def _sweep_unreferenced(self, directory: str, part: str, keep: str) -> None:
+        """Delete this part's files that no manifest names any more (replaced versions, writes
+        that died half-way) once they are older than the retention time."""
+        ours = re.compile(rf"{re.escape(part)}(-[0-9a-f]{{32}}\.parquet|{re.escape(MANIFEST_SUFFIX)}\.[0-9a-f]{{32}}\.partial)")
         now = time.time()
-        for info in self.fs.ls(staging_dir, detail=True):
-            modified = info.get("mtime") or info.get("LastModified")
-            stamp = modified.timestamp() if hasattr(modified, "timestamp") else modified
-            if stamp is not None and now - float(stamp) > STALE_STAGING_S:
-                self.fs.rm(info["name"])
+        for info in self.fs.ls(directory, detail=True):
+            name = info["name"].rsplit("/", 1)[1]
+            if ours.fullmatch(name) and name != keep and now - _modified(info) >= self.retention_s:
+                self.fs.rm_file(info["name"])
+
+
+def _modified(info: dict) -> float:
+    stamp = info.get("mtime") or info.get("LastModified")
+    return stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp)
+
+
+def _reason(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, FileNotFoundError):
+        return f"no such bucket or directory ({text})"
+    return f"{type(error).__name__}: {text}"

@@ -24,6 +24,7 @@ from rich.table import Table
 from datastore import catalog
 from datastore.results import FORMATS as RESULT_FORMATS
 from datastore.results import write_result
+from datastore.store import DatasetStore, StorageUnavailable
 from pipelines import environment, tasks_cli
 from pipelines.errors import RunFailed, UserError
 from sandbox.backends import BACKENDS, open_sandbox
@@ -53,6 +54,7 @@ def _use_storage(storage: str | None) -> None:
 def command_run(args: argparse.Namespace) -> int:
     prepare_instance()
     _use_storage(args.storage)
+    DatasetStore(environment.storage_root()).check()  # before minutes of set-up, not after
     # torch and dagster load only when running
     from pipelines.experiment_runner import ExperimentRunner
     from training.experiment import ExperimentFileError, load_experiment_file
@@ -145,8 +147,6 @@ def _export_database(args: argparse.Namespace) -> int:
         raise UserError("--export-db writes the views themselves: it takes no query, --out or --format")
     try:
         catalog.export_database(environment.storage_root(), args.export_db)
-    except ValueError as error:
-        raise UserError(str(error)) from None
     except (OSError, duckdb.Error) as error:
         raise UserError(f"{args.export_db}: cannot write: {error}") from None
     errors.print(f"wrote {args.export_db} with views: {', '.join(catalog.VIEWS)}", highlight=False)
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="table (default, for reading), csv, json (one object per line) or parquet")
     sql.add_argument("--out", type=Path, help="write the result to this file (whole or not at all)")
     sql.add_argument("--export-db", type=Path, metavar="FILE.duckdb",
-                     help="write a DuckDB database with every view, for notebooks and BI tools")
+                     help="write a DuckDB database with every dataset (a snapshot) and view, for notebooks and BI tools")
     sql.add_argument("--storage", help="storage root (default ./.crucible/data)")
     sql.set_defaults(handler=command_sql)
 
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except UserError as error:
+    except (UserError, StorageUnavailable) as error:
         errors.print(f"[red]error:[/red] {error}", highlight=False)
         return 2
     except ValidationError as error:

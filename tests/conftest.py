@@ -133,3 +133,26 @@ def residue(sb) -> list[str]:
     else:
         left += [c.name for c in sb.containers(**{"crucible.test": sb.labels["crucible.test"]})]
     return left
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS) for the whole session, on free ports, with its own directory."""
+    from datastore.seaweedfs import seaweedfs
+
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_root(s3_server, monkeypatch) -> str:
+    """A fresh prefix in the test bucket, with the AWS variables pointing this process at it."""
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{s3_server.bucket}/{secrets.token_hex(6)}"
+
+
+@pytest.fixture(params=("local", "s3"))
+def storage_root(request, tmp_path) -> str:
+    """A storage root on the local disk, then on the S3 server."""
+    return str(tmp_path / "data") if request.param == "local" else request.getfixturevalue("s3_root")

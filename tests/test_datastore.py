@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import multiprocessing
 import os
 import signal
@@ -13,7 +14,7 @@ import pytest
 
 from datastore import catalog
 from datastore.schema import DATASETS, SCHEMA_VERSION
-from datastore.store import DatasetStore, SchemaError, rows_to_table
+from datastore.store import DatasetStore, SchemaError, StorageUnavailable, rows_to_table
 
 
 def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 1.0) -> dict:
@@ -61,49 +62,90 @@ def write_trajectories(store: DatasetStore, iteration: int, rewards: list[float]
     store.write_partition("trajectories", "exp", iteration, rows_to_table("trajectories", rows))
 
 
-def test_partition_round_trips_through_parquet(tmp_path):
-    store = DatasetStore(str(tmp_path))
+def partition_listing(store: DatasetStore, iteration: int = 1) -> list[str]:
+    """Every object in a trajectories partition, published or not."""
+    store.fs.invalidate_cache()
+    return sorted(p.rsplit("/", 1)[1] for p in store.fs.ls(store.partition_dir("trajectories", "exp", iteration)))
+
+
+def test_partition_round_trips_through_parquet(storage_root):
+    store = DatasetStore(storage_root)
     write_trajectories(store, 1, [1.0, 0.5])
-    path = store.partition_file("trajectories", "exp", 1)
-    assert path.endswith("trajectories/experiment=exp/iteration=1/data.parquet")
-    table = pq.read_table(path)
-    assert table.num_rows == 2
-    assert table.schema.metadata[b"crucible_schema_version"] == str(SCHEMA_VERSION).encode()
-    assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
+    [uri] = store.partition_files("trajectories", "exp", 1)
+    assert uri.startswith(store.uri_of(store.root) + "/trajectories/experiment=exp/iteration=1/data-")
+    with store.fs.open(store.fs._strip_protocol(uri)) as f:
+        parquet = pq.ParquetFile(f)
+        assert parquet.metadata.num_rows == 2
+        assert parquet.schema_arrow.metadata[b"crucible_schema_version"] == str(SCHEMA_VERSION).encode()
+        assert parquet.metadata.row_group(0).column(0).compression == "ZSTD"
     assert store.read_partition("trajectories", "exp", 1).column("reward").to_pylist() == [1.0, 0.5]
+    manifest = json.loads(store.fs.cat_file(store.manifest_path("trajectories", "exp", 1)))
+    assert manifest["rows"] == 2 and manifest["schema_version"] == SCHEMA_VERSION
 
 
-def test_rewriting_an_iteration_replaces_it(tmp_path):
-    store = DatasetStore(str(tmp_path))
+def test_rewriting_an_iteration_replaces_it(storage_root):
+    store = DatasetStore(storage_root)
     write_trajectories(store, 1, [1.0, 0.5, 0.0])
     write_trajectories(store, 1, [0.25])
-    con = catalog.connect(str(tmp_path))
+    con = catalog.connect(storage_root)
     assert con.execute("SELECT count(*), sum(reward) FROM trajectories").fetchall() == [(1, 0.25)]
-    assert not os.listdir(tmp_path / "_staging" / "trajectories")
+    assert len(store.dataset_files("trajectories")) == 1
 
 
-def _write_forever(root: str) -> None:
+def test_a_replaced_version_is_deleted_once_past_retention(storage_root):
+    """Kept while a reader may still be on it; deleted by the next write after the retention time."""
+    write_trajectories(DatasetStore(storage_root), 1, [1.0])
+    write_trajectories(DatasetStore(storage_root), 1, [0.5])
+    assert len(partition_listing(DatasetStore(storage_root))) == 3  # two versions and the manifest
+    expired = DatasetStore(storage_root, retention_s=0)
+    write_trajectories(expired, 1, [0.0])
+    [current] = expired.partition_files("trajectories", "exp", 1)
+    assert partition_listing(expired) == sorted(["data.manifest.json", current.rsplit("/", 1)[1]])
+
+
+def test_a_file_no_manifest_names_is_invisible(storage_root):
+    store = DatasetStore(storage_root)
+    write_trajectories(store, 1, [1.0])
+    stray = f"{store.partition_dir('trajectories', 'exp', 1)}/data-{'0' * 32}.parquet"
+    store.fs.pipe_file(stray, b"PAR1 half a file")
+    assert catalog.connect(storage_root).execute("SELECT count(*) FROM trajectories").fetchone() == (1,)
+    assert store.read_partition("trajectories", "exp", 1).num_rows == 1
+
+
+def _write_forever(root: str, environment: dict[str, str]) -> None:
+    os.environ.update(environment)
     store = DatasetStore(root)
     rows = [trajectory_row(f"t/{i}", i) for i in range(20_000)]
     while True:
         store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
 
 
-def test_killed_writer_leaves_previous_partition_intact(tmp_path):
-    store = DatasetStore(str(tmp_path))
+def test_killed_writer_leaves_previous_partition_intact(storage_root):
+    store = DatasetStore(storage_root)
     write_trajectories(store, 1, [0.5])
-    writer = multiprocessing.get_context("spawn").Process(target=_write_forever, args=(str(tmp_path),))
+    before = partition_listing(store)
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_write_forever, args=(storage_root, {k: v for k, v in os.environ.items() if k.startswith("AWS_")}))
     writer.start()
-    staging = tmp_path / "_staging" / "trajectories"
-    while not (staging.exists() and any(staging.iterdir())):  # wait until a write is under way
-        time.sleep(0.001)
+    deadline = time.monotonic() + 120
+    while partition_listing(store) == before and time.monotonic() < deadline:  # a write is under way
+        time.sleep(0.005)
     os.kill(writer.pid, signal.SIGKILL)
     writer.join()
     table = store.read_partition("trajectories", "exp", 1)
     assert table.num_rows in (1, 20_000)  # the old partition or a complete new one, never a part
-    assert [p.name for p in (tmp_path / "trajectories" / "experiment=exp" / "iteration=1").iterdir()] == [
-        "data.parquet"
-    ]
+    assert catalog.connect(storage_root).execute("SELECT count(*) FROM trajectories").fetchone()[0] == table.num_rows
+    # The next write, once the debris is past retention, sweeps it.
+    write_trajectories(DatasetStore(storage_root, retention_s=0), 1, [1.0])
+    assert len(partition_listing(store)) == 2
+
+
+def test_a_store_that_cannot_be_reached_says_why_in_one_line(s3_root, tmp_path):
+    with pytest.raises(StorageUnavailable, match=r"storage s3://no-such-bucket/x: no such bucket"):
+        DatasetStore("s3://no-such-bucket/x").check()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StorageUnavailable, match=f"storage {tmp_path}/file/data: "):
+        DatasetStore(str(tmp_path / "file" / "data")).check()
 
 
 def test_rows_missing_a_column_are_rejected_with_its_name():
@@ -120,14 +162,14 @@ def test_rows_with_a_wrong_type_are_rejected():
         rows_to_table("trajectories", [row])
 
 
-def test_every_view_answers_on_an_empty_store(tmp_path):
-    con = catalog.connect(str(tmp_path))
+def test_every_view_answers_on_an_empty_store(storage_root):
+    con = catalog.connect(str(storage_root))
     for view in catalog.VIEWS:
         assert con.execute(f"SELECT count(*) FROM {view}").fetchone() == (0,)
 
 
-def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
-    store = DatasetStore(str(tmp_path))
+def test_iterations_view_summarises_rollouts_evaluation_and_stages(storage_root):
+    store = DatasetStore(str(storage_root))
     write_trajectories(store, 1, [1.0, 0.0])
     write_trajectories(store, 2, [1.0, 1.0, 0.5, 1.0])
     evaluations = [
@@ -145,7 +187,7 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
         row = {"stage": stage, "seconds": seconds, "started_at": started}
         store.write_partition("stages", "exp", 2, rows_to_table("stages", [row]), part=stage)
 
-    rows = catalog.connect(str(tmp_path)).execute(
+    rows = catalog.connect(str(storage_root)).execute(
         "SELECT iteration, tasks, samples, pass_rate, mean_reward, generated_tokens, "
         "eval_pass_rate, eval_stderr, rollouts, checkpoint FROM iterations"
     ).fetchall()
@@ -156,29 +198,29 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(tmp_path):
     assert rows[2][7] == pytest.approx((1 / 3) ** 0.5 / 2)
 
 
-def test_test_results_view_has_one_row_per_test(tmp_path):
-    store = DatasetStore(str(tmp_path))
+def test_test_results_view_has_one_row_per_test(storage_root):
+    store = DatasetStore(str(storage_root))
     write_trajectories(store, 1, [1.0, 0.5])
-    con = catalog.connect(str(tmp_path))
+    con = catalog.connect(str(storage_root))
     assert con.execute(
         "SELECT outcome, count(*) FROM test_results GROUP BY 1 ORDER BY 1"
     ).fetchall() == [("failed", 1), ("passed", 3)]
 
 
-def test_turns_view_has_one_row_per_episode_turn_with_its_fields(tmp_path):
-    store = DatasetStore(str(tmp_path))
+def test_turns_view_has_one_row_per_episode_turn_with_its_fields(storage_root):
+    store = DatasetStore(str(storage_root))
     write_trajectories(store, 1, [1.0, 0.5])
-    rows = catalog.connect(str(tmp_path)).execute(
+    rows = catalog.connect(str(storage_root)).execute(
         "SELECT task_id, sample_index, index, action, status, sampled_tokens FROM turns ORDER BY task_id").fetchall()
     assert rows == [("t/0", 0, 0, "submit", "submitted", 2), ("t/1", 1, 0, "submit", "submitted", 2)]
 
 
-def test_rewards_view_has_one_row_per_reward_component(tmp_path):
-    store = DatasetStore(str(tmp_path))
+def test_rewards_view_has_one_row_per_reward_component(storage_root):
+    store = DatasetStore(str(storage_root))
     rows = [trajectory_row("t/0", 0, 1.0), {**trajectory_row("t/1", 1, 0.5),
                                             "reward_components": {"tests_passed_fraction": 0.5, "compiles": 1.0}}]
     store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
-    assert catalog.connect(str(tmp_path)).execute(
+    assert catalog.connect(str(storage_root)).execute(
         "SELECT task_id, component, value, reward FROM rewards ORDER BY task_id, component").fetchall() == [
         ("t/0", "tests_passed_fraction", 1.0, 1.0), ("t/1", "compiles", 1.0, 0.5), ("t/1", "tests_passed_fraction", 0.5, 0.5)]
 

@@ -1,4 +1,5 @@
-"""One tiny iteration through real Dagster runs, the real sandbox, real Parquet and DuckDB.
+"""One tiny iteration through real Dagster runs, the real sandbox, real Parquet and DuckDB,
+with the datasets on the local disk and then on the S3 server (SeaweedFS).
 
 The base policy is materialized in-process with a shrunken model; `crucible run` and
 `crucible sql` then run as a user would run them, as subprocesses on the same instance.
@@ -14,12 +15,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
 
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from datastore.store import DatasetStore
 from pipelines.cli import prepare_instance
 from training.checkpoint import verify_checkpoint
 from training.experiment import ExperimentConfig
@@ -31,21 +32,36 @@ TINY_BASE = {"ops": {"base_policy": {"config": {"hidden_size": 64, "num_layers":
 ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval")
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("e2e")
+@pytest.fixture(scope="module", params=("local", "s3"))
+def storage_kind(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def environment(workdir) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(workdir / "dagster"),
-        "CRUCIBLE_STORAGE_ROOT": str(workdir / "data"),
-        "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "checkpoints"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    return env
+def workdir(tmp_path_factory, storage_kind) -> Path:
+    return tmp_path_factory.mktemp(f"e2e-{storage_kind}")
+
+
+@pytest.fixture(scope="module")
+def environment(request, workdir, storage_kind) -> Iterator[dict[str, str]]:
+    """What the CLI runs with; for S3, the AWS variables reach this process too (it reads the data)."""
+    s3 = request.getfixturevalue("s3_server").environment() if storage_kind == "s3" else {}
+    storage = f"s3://crucible/e2e-{workdir.name}" if s3 else str(workdir / "data")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in s3.items():
+            patch.setenv(name, value)
+        yield {
+            **os.environ,
+            "DAGSTER_HOME": str(workdir / "dagster"),
+            "CRUCIBLE_STORAGE_ROOT": storage,
+            "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "checkpoints"),
+            "HF_HUB_OFFLINE": "1",
+        }
+
+
+@pytest.fixture(scope="module")
+def store(environment) -> DatasetStore:
+    return DatasetStore(environment["CRUCIBLE_STORAGE_ROOT"])
 
 
 def crucible_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -128,9 +144,10 @@ def test_a_check_proves_the_eval_split_was_not_sampled(finished_run, environment
     assert evaluation.passed and evaluation.metadata["eval_tasks_sampled"].value == "none"
 
 
-def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir, environment):
-    path = workdir / "data" / "trajectories" / "experiment=tiny" / "iteration=1" / "data.parquet"
-    table = pq.read_table(path)
+def test_trajectories_are_stored_as_a_hive_partition(finished_run, store, environment):
+    [uri] = store.partition_files("trajectories", "tiny", 1)
+    assert uri.startswith(store.uri_of(store.root) + "/trajectories/experiment=tiny/iteration=1/")
+    table = store.read_files("trajectories", [uri])
     metadata = _latest_materialization(environment, "verified_rollouts").asset_materialization.metadata
     # Dynamic sampling: while fewer than 4 groups show a reward spread, one more round of fresh tasks.
     groups, rounds = metadata["groups"].value, metadata["refill_rounds"].value
@@ -142,21 +159,19 @@ def test_trajectories_are_stored_as_a_hive_partition(finished_run, workdir, envi
     assert row["reward_status"] == "scored" and row["sandbox_backend"] == "local"
 
 
-def test_checkpoint_records_its_lineage(finished_run, workdir):
+def test_checkpoint_records_its_lineage(finished_run, workdir, store):
     base = verify_checkpoint(workdir / "checkpoints" / "base")
     manifest = verify_checkpoint(workdir / "checkpoints" / "experiment=tiny" / "iteration=1")
     assert manifest["lineage"]["parent"]["content_hash"] == base["content_hash"]
-    [partition] = manifest["lineage"]["trajectories"]
-    assert partition == f"file://{workdir}/data/trajectories/experiment=tiny/iteration=1/data.parquet"
+    assert manifest["lineage"]["trajectories"] == store.partition_files("trajectories", "tiny", 1)
     assert manifest["lineage"]["settings"]["name"] == "tiny"
 
 
-def test_sql_answers_over_the_stored_iteration(finished_run, environment):
+def test_sql_answers_over_the_stored_iteration(finished_run, environment, store):
     result = crucible_cli(environment, "sql", "SELECT iteration, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1")
     assert result.returncode == 0, result.stderr
     rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in result.stdout.splitlines() if "│" in line]
-    stored = pq.read_table(Path(environment["CRUCIBLE_STORAGE_ROOT"]) / "trajectories" / "experiment=tiny"
-                           / "iteration=1" / "data.parquet").num_rows
+    stored = store.read_partition("trajectories", "tiny", 1).num_rows
     assert ["1", str(stored)] in rows
 
 
@@ -167,15 +182,15 @@ def test_sql_error_names_the_views_without_a_traceback(finished_run, environment
     assert "Traceback" not in result.stderr
 
 
-def test_running_again_skips_the_finished_iteration(finished_run, environment):
+def test_running_again_skips_the_finished_iteration(finished_run, environment, store):
     again = crucible_cli(environment, "run", "--experiment", "tiny", "--iterations", "1")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "iteration 1: already materialized" in again.stderr
-    stored = json.loads((Path(environment["CRUCIBLE_STORAGE_ROOT"]) / "experiments" / "tiny.json").read_text())
+    stored = json.loads(store.fs.cat_file(f"{store.root}/experiments/tiny.json"))
     assert stored["tasks_per_iteration"] == 4
 
 
-def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, workdir):
+def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, store):
     """Same base policy, an experiment allowing two turns: each sample is an episode in a sandbox
     session, stored turn by turn with its loss mask."""
     os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
@@ -188,8 +203,7 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environ
         del os.environ["DAGSTER_HOME"]
     done = crucible_cli(environment, "run", "--experiment", "turns", "--iterations", "1")
     assert done.returncode == 0, done.stderr[-3000:]
-    [part] = (workdir / "data" / "trajectories" / "experiment=turns" / "iteration=1").glob("*.parquet")
-    rows = pq.read_table(part).to_pylist()
+    rows = store.read_partition("trajectories", "turns", 1).to_pylist()
     assert len(rows) == 4 and all(1 <= len(row["turns"]) <= 2 for row in rows)
     assert all(row["turns"][0]["reply"] and row["turns"][0]["action"] for row in rows)
     with_observation = [row for row in rows if len(row["turns"]) == 2]

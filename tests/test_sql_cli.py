@@ -1,11 +1,10 @@
 """`crucible sql`: results as CSV, JSON lines or Parquet, a DuckDB file of the views, and the
-errors a user can make, over a real store on disk."""
+errors a user can make, over a real store on disk and on the S3 server."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
@@ -18,21 +17,21 @@ STARTED = datetime(2026, 11, 30, tzinfo=timezone.utc)
 
 
 @pytest.fixture
-def storage(tmp_path) -> Path:
-    root = tmp_path / "data"
-    _write_stages(root, iteration=1, seconds={"rollouts": 12.5, "checkpoint": 30.0})
-    return root
+def storage(storage_root, monkeypatch) -> str:
+    monkeypatch.delenv("CRUCIBLE_STORAGE_ROOT", raising=False)  # --storage sets it; undone after the test
+    _write_stages(storage_root, iteration=1, seconds={"rollouts": 12.5, "checkpoint": 30.0})
+    return storage_root
 
 
-def _write_stages(root: Path, iteration: int, seconds: dict[str, float]) -> None:
-    store = DatasetStore(str(root))
+def _write_stages(root: str, iteration: int, seconds: dict[str, float]) -> None:
+    store = DatasetStore(root)
     for stage, spent in seconds.items():
         row = {"stage": stage, "seconds": spent, "started_at": STARTED}
         store.write_partition("stages", "exp", iteration, rows_to_table("stages", [row]), part=stage)
 
 
-def sql(storage: Path, *args: str) -> int:
-    return main(["sql", "--storage", str(storage), *args])
+def sql(storage: str, *args: str) -> int:
+    return main(["sql", "--storage", storage, *args])
 
 
 QUERY = "SELECT stage, seconds FROM stages ORDER BY stage"
@@ -54,15 +53,17 @@ def test_parquet_goes_to_a_file_that_keeps_the_types(storage, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
 
 
-def test_exported_database_holds_every_view_and_sees_later_iterations(storage, tmp_path):
+def test_exported_database_is_a_self_contained_snapshot_of_every_view(storage, tmp_path):
     exported = tmp_path / "crucible.duckdb"
     assert sql(storage, "--export-db", str(exported)) == 0
-    _write_stages(storage, iteration=2, seconds={"rollouts": 14.0})
-    con = duckdb.connect(str(exported), read_only=True)
-    assert con.execute("SELECT iteration, count(*) FROM stages GROUP BY 1 ORDER BY 1").fetchall() == [(1, 2), (2, 1)]
+    _write_stages(storage, iteration=2, seconds={"rollouts": 14.0})  # after the export: not in it
+    con = duckdb.connect(str(exported), read_only=True)  # no filesystem registered: reads nothing remote
+    assert con.execute("SELECT iteration, count(*) FROM stages GROUP BY 1 ORDER BY 1").fetchall() == [(1, 2)]
     assert con.execute("SELECT count(*) FROM trajectories").fetchall() == [(0,)]  # typed, though nothing is stored
-    assert {"trajectories", "test_results", "iterations", "checkpoints"} <= {
-        name for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    tables = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    views = {name for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    assert tables == {"trajectories", "evaluations", "stages", "checkpoints", "training_steps"}
+    assert {"test_results", "turns", "rewards", "iterations"} <= views
 
 
 @pytest.mark.parametrize("args, message", [
@@ -85,3 +86,12 @@ def test_a_failed_write_leaves_neither_the_file_nor_a_partial_one(storage, tmp_p
     assert "cannot write" in capfd.readouterr().err
     assert (occupied / "keep").read_text() == "untouched"
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
+
+
+def test_storage_that_cannot_be_reached_is_named_in_one_line_before_any_work(s3_root, monkeypatch, capfd, tmp_path):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.delenv("CRUCIBLE_STORAGE_ROOT", raising=False)
+    assert main(["sql", "--storage", "s3://no-such-bucket/data", "SELECT 1"]) == 2
+    assert main(["run", "--storage", "s3://no-such-bucket/data"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("error: storage s3://no-such-bucket/data: no such bucket") == 2 and "Traceback" not in err

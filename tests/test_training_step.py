@@ -109,7 +109,7 @@ def test_the_manifest_names_the_trajectory_partition_it_learned_from(crucible):
     store = crucible.store()
     manifest = verify_checkpoint(crucible.checkpoint_dir("learns", 1))
     lineage = manifest["lineage"]
-    assert lineage["trajectories"] == [store.uri_of(store.partition_file("trajectories", "learns", 1))]
+    assert lineage["trajectories"] == store.partition_files("trajectories", "learns", 1)
     assert lineage["parent"]["content_hash"] == verify_checkpoint(crucible.base_policy_dir())["content_hash"]
     assert lineage["task_set_version"] == load_task_set("default").version
     assert lineage["code_version"].startswith("crucible ") and len(lineage["config_hash"]) == 64

