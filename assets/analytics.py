@@ -1,28 +1,139 @@
-"""reward_analytics: per-iteration summary of every experiment, straight from DuckDB."""
+"""Reward analytics, computed by DuckDB over the stored trajectories (the catalog's
+`task_rewards` and `iteration_rewards` views):
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+- `iteration_rewards`, per iteration, between its trajectories and its training step: per-task
+  table, reward distribution, tamper flags, and the sample monitors as asset checks, whose
+  errors stop the training step (training/monitors.py);
+- `reward_analytics`, across every iteration of every experiment: the table, the reward curve
+  and the pass rate by difficulty.
+"""
 
-from assets.charts import markdown_table, png_markdown, reward_curve_png
-from assets.iteration import checkpoint_eval, trajectories
+from collections.abc import Sequence
+
+from dagster import (
+    AssetCheckSpec,
+    AssetExecutionContext,
+    MaterializeResult,
+    MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+    asset,
+)
+
+from assets.charts import (
+    difficulty_curve_png,
+    png_markdown,
+    reward_curve_png,
+    reward_histogram_png,
+)
+from assets.iteration import (
+    ITERATION,
+    check_result,
+    checkpoint_eval,
+    partition_experiment,
+    trajectories,
+)
 from assets.resources import CrucibleResource
 from datastore import catalog
+from training.monitors import SAMPLE_CHECKS, judge_samples
 
-SUMMARY_COLUMNS = ("experiment", "iteration", "tasks", "samples", "pass_rate", "mean_reward",
-                   "generated_tokens", "eval_pass_rate", "eval_stderr")
+ITERATION_MEASURES = ("tasks", "samples", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",
+                      "reward_p90", "zero_variance_fraction", "infra_error_rate", "invalid_rate", "truncation_rate",
+                      "tamper_rate", "generate_s", "sandbox_s", "response_tokens", "generated_tokens")
+TASK_COLUMNS = ("task_id", "family", "difficulty", "samples", "pass_rate", "reward_mean", "reward_std",
+                "zero_variance_groups", "infra_error_rate", "truncation_rate", "tamper_rate", "generate_s",
+                "sandbox_s", "response_tokens")
+SUMMARY_COLUMNS = ("experiment", "iteration", "samples", "pass_rate", "reward_mean", "reward_std",
+                   "zero_variance_fraction", "infra_error_rate", "truncation_rate", "tamper_rate", "generate_s",
+                   "sandbox_s", "generated_tokens", "eval_pass_rate", "eval_stderr")
+
+
+def _check_description(measure: str, limit: str, severity: str) -> str:
+    consequence = "the training step does not run" if severity == "error" else "a warning"
+    return f"{measure} at most monitors.{limit}; above it, {consequence}"
+
+
+@asset(
+    **ITERATION, deps=[trajectories], kinds={"duckdb"},
+    check_specs=[AssetCheckSpec(name, asset="iteration_rewards", blocking=severity == "error",
+                                description=_check_description(measure, limit, severity))
+                 for name, (measure, limit, severity) in SAMPLE_CHECKS.items()],
+)
+def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
+    """This iteration's rewards per task and overall: pass rate, reward distribution, zero-variance
+    groups, infrastructure errors, truncation, tamper flags, sandbox and generation time, tokens."""
+    experiment, iteration = partition_experiment(context, crucible)
+    con = catalog.connect(crucible.storage_root)
+    where = [experiment.name, iteration]
+    [stats] = _records(con, "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?", where)
+    tasks = _records(con, "SELECT * FROM task_rewards WHERE experiment = ? AND iteration = ? "
+                          "ORDER BY pass_rate, task_id", where)
+    rewards = [r for (r,) in con.execute("SELECT reward FROM trajectories WHERE experiment = ? AND iteration = ? "
+                                          "AND reward IS NOT NULL", where).fetchall()]
+    flags = _records(con, "SELECT flag, count(*) AS samples FROM (SELECT unnest(tamper_flags) AS flag FROM "
+                          "trajectories WHERE experiment = ? AND iteration = ?) GROUP BY flag ORDER BY samples DESC",
+                     where)
+    verdicts = judge_samples(stats, experiment.monitors)
+    for verdict in verdicts:
+        if not verdict.passed:
+            context.log.warning(f"{verdict.check}: {verdict.message}")
+    return MaterializeResult(
+        metadata={
+            # Plain numbers: the UI plots each across the iterations' partitions.
+            **{name: stats[name] for name in ITERATION_MEASURES},
+            "tasks_table": table_metadata(tasks, TASK_COLUMNS),
+            "reward_distribution": MetadataValue.md(png_markdown("reward distribution", reward_histogram_png(
+                rewards, f"{experiment.name} iteration {iteration}: reward per sample"))),
+            "tamper_flags": table_metadata(flags, ("flag", "samples")),
+        },
+        check_results=[check_result(v) for v in verdicts],
+    )
 
 
 @asset(group_name="analytics", deps=[trajectories, checkpoint_eval], kinds={"duckdb"})
 def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
-    """Pass rate, reward and held-out evaluation across all iterations of all experiments."""
+    """Every iteration of every experiment: reward analytics beside the held-out evaluation, the
+    reward curve, and the pass rate by difficulty."""
     con = catalog.connect(crucible.storage_root)
-    result = con.execute("SELECT * FROM iterations")
-    names = [d[0] for d in result.description]
-    rows = [dict(zip(names, values)) for values in result.fetchall()]
+    rows = _records(con, "SELECT r.*, i.eval_pass_rate, i.eval_stderr FROM iterations i "
+                         "LEFT JOIN iteration_rewards r USING (experiment, iteration) "
+                         "ORDER BY i.experiment, i.iteration")
+    for row in rows:  # iteration 0 (the base policy) has an evaluation but no samples
+        row["experiment"], row["iteration"] = row["experiment"] or "", row["iteration"] or 0
+    by_difficulty = _records(con, "SELECT experiment, iteration, difficulty, sum(pass_rate * samples) / sum(samples) "
+                                  "AS pass_rate FROM task_rewards GROUP BY ALL ORDER BY ALL")
     context.log.info(f"{len(rows)} iterations summarised")
     return MaterializeResult(
         metadata={
             "iterations": len(rows),
-            "summary": MetadataValue.md(markdown_table(rows, SUMMARY_COLUMNS)),
+            "summary": table_metadata(rows, SUMMARY_COLUMNS),
             "reward_curve": MetadataValue.md(png_markdown("reward curve", reward_curve_png(rows))),
+            "pass_rate_by_difficulty": MetadataValue.md(
+                png_markdown("pass rate by difficulty", difficulty_curve_png(by_difficulty))),
         }
     )
+
+
+def _records(con, query: str, parameters: Sequence = ()) -> list[dict]:
+    result = con.execute(query, parameters)
+    names = [column[0] for column in result.description]
+    return [dict(zip(names, values)) for values in result.fetchall()]
+
+
+def table_metadata(rows: list[dict], columns: tuple[str, ...]) -> MetadataValue:
+    """A table the Dagster UI shows as one (sortable), typed from the values."""
+    def kind(name: str) -> str:
+        value = next((row[name] for row in rows if row[name] is not None), "")
+        return {bool: "bool", int: "int", float: "float"}.get(type(value), "string")
+
+    schema = TableSchema(columns=[TableColumn(name, kind(name)) for name in columns])
+    records = [TableRecord({name: _plain(row[name]) for name in columns}) for row in rows]
+    return MetadataValue.table(records, schema)
+
+
+def _plain(value):
+    """Table cells take str, int, float and bool: round floats for reading, drop nulls to ''."""
+    if value is None:
+        return ""
+    return round(value, 4) if isinstance(value, float) else value

@@ -18,7 +18,7 @@ def reward_curve_png(rows: list[dict]) -> bytes:
     for experiment in sorted({row["experiment"] for row in rows}):
         points = [row for row in rows if row["experiment"] == experiment]
         x = [row["iteration"] for row in points]
-        axis.plot(x, [row["mean_reward"] for row in points], marker="o", label=f"{experiment}: mean reward")
+        axis.plot(x, [row["reward_mean"] for row in points], marker="o", label=f"{experiment}: mean reward")
         axis.plot(x, [row["pass_rate"] for row in points], marker="s", label=f"{experiment}: train pass rate")
         evaluated = [row for row in points if row["eval_pass_rate"] is not None]
         axis.errorbar(
@@ -28,6 +28,29 @@ def reward_curve_png(rows: list[dict]) -> bytes:
             marker="^", capsize=3, label=f"{experiment}: held-out pass rate",
         )
     axis.set(xlabel="iteration", ylabel="rate", ylim=(0, 1), title="Crucible reward curve")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    return _png(figure)
+
+
+def reward_histogram_png(rewards: list[float], title: str) -> bytes:
+    """How the scored samples' rewards are spread (all-or-nothing rewards show two bars)."""
+    figure, axis = plt.subplots(figsize=(6, 3), dpi=100)
+    axis.hist(rewards, bins=20, range=(min([0.0, *rewards]), max([1.0, *rewards])), color="tab:blue")
+    axis.set(xlabel="reward", ylabel="samples", title=title)
+    axis.grid(alpha=0.3)
+    return _png(figure)
+
+
+def difficulty_curve_png(rows: list[dict]) -> bytes:
+    """Train pass rate per iteration, one line per experiment and difficulty."""
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=100)
+    for experiment, difficulty in sorted({(row["experiment"], row["difficulty"]) for row in rows}):
+        points = [row for row in rows if (row["experiment"], row["difficulty"]) == (experiment, difficulty)]
+        axis.plot([row["iteration"] for row in points], [row["pass_rate"] for row in points], marker="o",
+                  label=f"{experiment}: {difficulty}")
+    axis.set(xlabel="iteration", ylabel="train pass rate", ylim=(0, 1), title="Pass rate by difficulty")
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)

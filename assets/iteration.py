@@ -37,7 +37,7 @@ from assets.train_process import STEP_MESSAGE
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
 from task_sets.grading import grade_solution, sandbox_spec
-from task_sets.loader import load_task_set
+from task_sets.loader import TaskSet, load_task_set
 from task_sets.reproducibility import agreement, regrade_sample
 from task_sets.rewards import Process, RewardFunction
 from task_sets.schema import TaskBase
@@ -49,7 +49,7 @@ from training.episodes import EpisodeLimits, as_rollout, run_episodes
 from training.evaluation import improvement, pass_rate
 from training.experiment import ExperimentConfig
 from training.lineage import lineage
-from training.monitors import blocking_failures, judge, weights_are_finite
+from training.monitors import Verdict, blocking_failures, judge, weights_are_finite
 from training.rollout import Rollout, sample_rollouts
 from training.step import TrainJob
 from training.trainer import STEP_STATS
@@ -62,9 +62,16 @@ from training.trajectory import (
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
 
-def _experiment(context: AssetExecutionContext, crucible: CrucibleResource) -> tuple[ExperimentConfig, int]:
+def partition_experiment(context: AssetExecutionContext, crucible: CrucibleResource) -> tuple[ExperimentConfig, int]:
     name, iteration = parse_iteration_key(context.partition_key)
     return crucible.experiment(name), iteration
+
+
+def check_result(verdict: Verdict) -> AssetCheckResult:
+    """A monitor's verdict as an asset check result: an error blocks what depends on the asset."""
+    return AssetCheckResult(check_name=verdict.check, passed=verdict.passed, description=verdict.message,
+                            severity=AssetCheckSeverity.ERROR if verdict.severity == "error" else AssetCheckSeverity.WARN,
+                            metadata={"detail": verdict.message})
 
 
 def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tuple[Path, str]:
@@ -126,12 +133,14 @@ def task_set(
 ) -> Iterator[Output[list[TaskBase]] | AssetCheckResult]:
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
-    experiment, iteration = _experiment(context, crucible)
+    experiment, iteration = partition_experiment(context, crucible)
     full_set = load_task_set(experiment.task_set)
     tasks = full_set.train()
     if experiment.tasks_per_iteration and experiment.tasks_per_iteration < len(tasks):
         tasks = random.Random(experiment.seed * 100_003 + iteration).sample(tasks, experiment.tasks_per_iteration)
     by_difficulty = {d: sum(t.difficulty == d for t in tasks) for d in ("easy", "medium", "hard")}
+    crucible.store().write_partition("tasks", experiment.name, iteration,
+                                     rows_to_table("tasks", _task_rows(full_set, {task.id for task in tasks})))
     yield Output(tasks, metadata={"tasks": len(tasks), **{f"tasks/{d}": n for d, n in by_difficulty.items()}})
     split = separation(full_set)
     sampled = {task.id for task in tasks}
@@ -144,6 +153,15 @@ def task_set(
                   "copies_of_eval_prompts_sampled": ", ".join(leaked) or "none",
                   "near_duplicate_pairs_in_set": len(split.near_duplicates)},
     )
+
+
+def _task_rows(full_set: TaskSet, sampled: set[str]) -> list[dict]:
+    """The `tasks` dataset: every task of the set, train and eval, as this iteration saw it."""
+    return [{"task_id": task.id, "task_version": task.version, "task_set": full_set.name,
+             "task_set_version": full_set.version, "kind": task.kind, "split": task.split,
+             "difficulty": task.difficulty, "family": task.family, "domain": task.domain, "prompt": task.prompt,
+             "starting_files": sorted(task.files), "network": task.network, "wall_s": task.limits.wall_s,
+             "sampled": task.id in sampled} for task in full_set]
 
 
 def _sample(context, crucible: CrucibleResource, experiment: ExperimentConfig, engine, tasks, params,
@@ -169,7 +187,7 @@ def rollouts(
 ) -> Output[list[Rollout]]:
     """K samples per task from the previous iteration's checkpoint, with behaviour log-probs:
     single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns."""
-    experiment, iteration = _experiment(context, crucible)
+    experiment, iteration = partition_experiment(context, crucible)
     with timed_stage(crucible.store(), experiment.name, iteration, "rollouts"):
         policy_dir, policy_version = _policy(crucible, experiment.name, iteration)
         engine = open_engine(experiment.engine, policy_dir, policy_version)
@@ -206,7 +224,7 @@ def verified_rollouts(
 ) -> Iterator[Output[list[VerifiedRollout]] | AssetCheckResult]:
     """Every sample graded in a fresh sandbox against its task's hidden tests; a sample of them
     graded again to check that verdicts are reproducible (asset check `verdicts_reproducible`)."""
-    experiment, iteration = _experiment(context, crucible)
+    experiment, iteration = partition_experiment(context, crucible)
     tasks = {task.id: task for task in task_set}
     work = [(tasks[r.task_id], r) for r in rollouts]
     full_set = load_task_set(experiment.task_set)
@@ -277,7 +295,7 @@ def trajectories(
     context: AssetExecutionContext, crucible: CrucibleResource, verified_rollouts: list[VerifiedRollout]
 ) -> MaterializeResult:
     """The iteration's samples as one atomically written Parquet partition."""
-    experiment, iteration = _experiment(context, crucible)
+    experiment, iteration = partition_experiment(context, crucible)
     store = crucible.store()
     with timed_stage(store, experiment.name, iteration, "trajectories"):
         table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
@@ -299,7 +317,8 @@ STABILITY_CHECKS = {
 
 
 @asset(
-    **ITERATION, deps=[trajectories], kinds={"pytorch"},
+    # iteration_rewards (assets/analytics.py) judges the samples first: its failed error checks stop the step.
+    **ITERATION, deps=[trajectories, "iteration_rewards"], kinds={"pytorch"},
     retry_policy=RetryPolicy(max_retries=2),  # a retried step resumes from its saved progress
     check_specs=[AssetCheckSpec(name, asset="checkpoint", description=text, blocking=blocking)
                  for name, (text, blocking) in STABILITY_CHECKS.items()],
@@ -310,7 +329,7 @@ def checkpoint(
     """The training step on this iteration's trajectories, from the policy that sampled them, in
     a process of its own (assets/train_process.py, through Dagster Pipes); then the stability
     monitors, as asset checks, on the new checkpoint."""
-    experiment, iteration = _experiment(context, crucible)
+    experiment, iteration = partition_experiment(context, crucible)
     store = crucible.store()
     with timed_stage(store, experiment.name, iteration, "checkpoint"):
         parent_dir, parent_hash = _policy(crucible, experiment.name, iteration)
@@ -359,12 +378,7 @@ def checkpoint(
             "signals": MetadataValue.md(markdown_table([signals], tuple(signals))),
             "steps": MetadataValue.md(markdown_table(step_rows, STEP_STATS) if step_rows else "no optimizer step"),
         },
-        check_results=[
-            AssetCheckResult(check_name=v.check, passed=v.passed, description=v.message,
-                             severity=AssetCheckSeverity.ERROR if v.severity == "error" else AssetCheckSeverity.WARN,
-                             metadata={"detail": v.message})
-            for v in verdicts
-        ],
+        check_results=[check_result(v) for v in verdicts],
     )
 
 
@@ -396,7 +410,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     """Pass rate of the new checkpoint on the held-out split, with its standard error, against
     the base policy's on the same tasks (evaluated once per experiment and stored as iteration 0),
     and the curve across iterations."""
-    experiment, iteration = _experiment(context, crucible)
+    experiment, iteration = partition_experiment(context, crucible)
     store = crucible.store()
     with timed_stage(store, experiment.name, iteration, "checkpoint_eval"):
         if not store.has_partition("evaluations", experiment.name, 0):

@@ -1,7 +1,9 @@
 """DuckDB views over every stored dataset, for analysts and for the run summary.
 
-Views: trajectories, test_results, turns (one row per episode turn), rewards (one row per reward
-component of each sample), evaluations, stages, checkpoints, training_steps, iterations.
+Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, training_steps) and
+derived ones: test_results (one row per hidden test), turns (one row per episode turn), rewards
+(one row per reward component of each sample), task_rewards and iteration_rewards (the reward
+analytics, per task and per iteration), iterations (the run summary).
 A dataset with no partitions yet still has its view (empty, correctly typed), so queries never
 fail just because an experiment has not reached a stage.
 """
@@ -16,7 +18,42 @@ from datastore.atomic import written_atomically
 from datastore.schema import DATASETS
 from datastore.store import DatasetStore
 
+# The reward analytics' measures, over samples annotated with `flat_group` (all the rewards of the
+# sample's group are equal: the group carries no learning signal).
+SAMPLE_MEASURES = """
+    count(*) AS samples,
+    avg(passed::INT) AS pass_rate,
+    avg(reward) AS reward_mean,
+    coalesce(stddev_samp(reward), 0) AS reward_std,
+    count(DISTINCT group_id) AS groups,
+    count(DISTINCT group_id) FILTER (WHERE flat_group) AS zero_variance_groups,
+    avg((reward_status = 'infra_error')::INT) AS infra_error_rate,
+    avg((reward_status = 'invalid')::INT) AS invalid_rate,
+    avg((finish_reason = 'length')::INT) AS truncation_rate,
+    avg((len(tamper_flags) > 0)::INT) AS tamper_rate,
+    avg(timings.generate_s) AS generate_s,
+    avg(timings.sandbox_start_s + timings.exec_s + timings.verify_s) AS sandbox_s,
+    avg(response_tokens) AS response_tokens
+"""
+SAMPLES_WITH_GROUP_FLAG = """
+    (SELECT *, max(reward) OVER g IS NOT DISTINCT FROM min(reward) OVER g AS flat_group
+     FROM trajectories WINDOW g AS (PARTITION BY experiment, iteration, group_id))
+"""
+
 DERIVED_VIEWS = {
+    "task_rewards": f"""
+        SELECT experiment, iteration, task_id, any_value(family) AS family,
+               any_value(difficulty) AS difficulty, {SAMPLE_MEASURES}
+        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, task_id
+    """,
+    "iteration_rewards": f"""
+        SELECT experiment, iteration, count(DISTINCT task_id) AS tasks, {SAMPLE_MEASURES},
+               zero_variance_groups / groups AS zero_variance_fraction,
+               quantile_cont(reward, 0.1) AS reward_p10, median(reward) AS reward_p50,
+               quantile_cont(reward, 0.9) AS reward_p90,
+               sum(prompt_tokens)::BIGINT AS prompt_tokens, sum(response_tokens)::BIGINT AS generated_tokens
+        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration
+    """,
     "test_results": """
         SELECT experiment, iteration, task_id, group_id, sample_index,
                t.name AS test_name, t.outcome, t.message

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
-# 4: stability signals and lineage on checkpoints, training_steps, evaluation samples
+SCHEMA_VERSION = 5  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
+# 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -96,6 +96,25 @@ EVALUATIONS = pa.schema(
     ]
 )
 
+TASKS = pa.schema(
+    [
+        _field("task_id", pa.string(), "task identifier", nullable=False),
+        _field("task_version", pa.string(), "content hash of the task (prompt, files, tests, limits)"),
+        _field("task_set", pa.string(), "the task set it belongs to"),
+        _field("task_set_version", pa.string(), "content hash over the set's task versions"),
+        _field("kind", pa.string(), "function or repository"),
+        _field("split", pa.string(), "train or eval"),
+        _field("difficulty", pa.string(), "easy, medium or hard"),
+        _field("family", pa.string(), "task family (generator template)"),
+        _field("domain", pa.string(), "what kind of work the task is"),
+        _field("prompt", pa.string(), "what the policy is asked (hidden tests and reference stay out)"),
+        _field("starting_files", pa.list_(pa.string()), "paths of the workspace the task starts from"),
+        _field("network", pa.bool_(), "whether its sandbox may reach the network"),
+        _field("wall_s", pa.float64(), "wall-clock limit of one grading run, seconds"),
+        _field("sampled", pa.bool_(), "whether this iteration sampled it"),
+    ]
+)
+
 STAGES = pa.schema(
     [
         _field("stage", pa.string(), "asset that ran: rollouts, verified_rollouts, …", nullable=False),
@@ -151,6 +170,7 @@ TRAINING_STEPS = pa.schema(
 DATASETS: dict[str, pa.Schema] = {
     "trajectories": TRAJECTORIES,
     "evaluations": EVALUATIONS,
+    "tasks": TASKS,
     "stages": STAGES,
     "checkpoints": CHECKPOINTS,
     "training_steps": TRAINING_STEPS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import Definitions, PipesSubprocessClient
 
-from assets.analytics import reward_analytics
+from assets.analytics import iteration_rewards, reward_analytics
 from assets.iteration import (
     checkpoint,
     checkpoint_eval,
@@ -20,8 +20,8 @@ from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iteration
 
 defs = Definitions(
-    assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval,
-            reward_analytics],
+    assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
+            checkpoint_eval, reward_analytics],
     jobs=[iteration_job, base_policy_job, analytics_job],
     sensors=[advance_iteration],
     resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient()},

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dagster import AssetSelection, define_asset_job, in_process_executor
 
-ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval")
+ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "iteration_rewards", "checkpoint",
+                    "checkpoint_eval")
 
 iteration_job = define_asset_job(
     "iteration",
     selection=AssetSelection.assets(*ITERATION_ASSETS),
-    description="One RL iteration: sample, verify, store trajectories, train, evaluate.",
+    description="One RL iteration: sample, verify, store trajectories, judge their rewards, train, evaluate.",
     # The steps form a chain and each loads torch: a process per step would only add start-up time.
     executor_def=in_process_executor,
 )

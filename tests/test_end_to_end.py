@@ -20,8 +20,10 @@ from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
 
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from datastore import catalog
 from datastore.store import DatasetStore
 from pipelines.cli import prepare_instance
+from pipelines.jobs import ITERATION_ASSETS
 from training.checkpoint import verify_checkpoint
 from training.experiment import ExperimentConfig
 
@@ -29,7 +31,6 @@ pytestmark = pytest.mark.slow
 
 TINY_BASE = {"ops": {"base_policy": {"config": {"hidden_size": 64, "num_layers": 2, "sft_steps": 8,
                                                 "episode_demonstrations": True}}}}
-ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval")
 
 
 @pytest.fixture(scope="module", params=("local", "s3"))
@@ -173,6 +174,15 @@ def test_sql_answers_over_the_stored_iteration(finished_run, environment, store)
     rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in result.stdout.splitlines() if "│" in line]
     stored = store.read_partition("trajectories", "tiny", 1).num_rows
     assert ["1", str(stored)] in rows
+
+
+def test_every_view_has_rows_after_an_iteration(finished_run, environment):
+    con = catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"])
+    empty = {view for view in catalog.VIEWS if con.execute(f"SELECT count(*) FROM {view}").fetchone() == (0,)}
+    assert empty <= {"training_steps"}  # four tiny groups may all be flat: a step with no optimizer step
+    sampled, tasks, eval_tasks = con.execute("SELECT count(*) FILTER (WHERE sampled), count(*), count(*) FILTER "
+                                             "(WHERE split = 'eval') FROM tasks WHERE experiment = 'tiny'").fetchone()
+    assert sampled == 4 and tasks > eval_tasks > 0  # the whole set, as the iteration saw it
 
 
 def test_sql_error_names_the_views_without_a_traceback(finished_run, environment):

@@ -9,7 +9,13 @@ import torch
 from safetensors.torch import save_file
 
 from training.evaluation import improvement, pass_rate
-from training.monitors import MonitorConfig, blocking_failures, judge, weights_are_finite
+from training.monitors import (
+    MonitorConfig,
+    blocking_failures,
+    judge,
+    judge_samples,
+    weights_are_finite,
+)
 
 HEALTHY = {"loss": 0.01, "approx_kl": 0.01, "kl_to_reference": 0.0, "entropy": 0.8, "clip_fraction": 0.02,
            "grad_norm": 0.5, "grad_norm_max": 0.9, "response_length": 40.0, "zero_variance_fraction": 0.3,
@@ -61,6 +67,22 @@ def test_each_monitor_catches_its_failure(change, finite, failed, severity):
     assert [v.check for v in verdicts if not v.passed] == [failed]
     assert [v.severity for v in verdicts if not v.passed] == [severity]
     assert bool(blocking_failures(verdicts)) == (severity == "error")
+
+
+HEALTHY_SAMPLES = {"infra_error_rate": 0.0, "tamper_rate": 0.0, "truncation_rate": 0.1, "zero_variance_fraction": 0.5}
+
+
+@pytest.mark.parametrize(("change", "failed", "severity"), [
+    ({}, None, None),
+    ({"infra_error_rate": 0.21}, "infra_errors_within_limit", "error"),
+    ({"tamper_rate": 0.11}, "tampering_within_limit", "error"),
+    ({"truncation_rate": 0.6}, "truncation_within_limit", "warn"),
+    ({"zero_variance_fraction": 0.95}, "learning_signal_present", "warn"),
+    ({"infra_error_rate": 0.2, "tamper_rate": 0.1, "truncation_rate": 0.5, "zero_variance_fraction": 0.9}, None, None),
+])
+def test_each_sample_monitor_catches_its_failure_at_its_limit(change, failed, severity):
+    verdicts = judge_samples({**HEALTHY_SAMPLES, **change})
+    assert [(v.check, v.severity) for v in verdicts if not v.passed] == ([(failed, severity)] if failed else [])
 
 
 def test_weights_with_a_nan_are_caught(tmp_path):

@@ -8,6 +8,7 @@ from dagster import AssetKey, AssetMaterialization, DagsterInstance, SkipReason,
 from assets.partitions import iteration_key, iterations, parse_iteration_key
 from assets.resources import CrucibleResource
 from pipelines.definitions import defs
+from pipelines.jobs import ITERATION_ASSETS
 from pipelines.sensors import advance_iteration
 from training.experiment import ExperimentConfig
 
@@ -15,7 +16,7 @@ from training.experiment import ExperimentConfig
 def test_definitions_snapshot():
     graph = defs.resolve_asset_graph()
     assert sorted(key.to_user_string() for key in graph.get_all_asset_keys()) == [
-        "base_policy", "checkpoint", "checkpoint_eval", "reward_analytics", "rollouts",
+        "base_policy", "checkpoint", "checkpoint_eval", "iteration_rewards", "reward_analytics", "rollouts",
         "task_set", "trajectories", "verified_rollouts",
     ]
     assert sorted(job.name for job in defs.resolve_all_job_defs() if not job.name.startswith("__")) == [
@@ -26,10 +27,14 @@ def test_definitions_snapshot():
 
 def test_iteration_assets_are_partitioned_by_iteration():
     graph = defs.resolve_asset_graph()
-    for key in ("task_set", "rollouts", "verified_rollouts", "trajectories", "checkpoint", "checkpoint_eval"):
+    for key in ITERATION_ASSETS:
         assert graph.get(AssetKey(key)).partitions_def == iterations
     assert graph.get(AssetKey("base_policy")).partitions_def is None
-    assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories")}
+    # The reward analytics' blocking checks stand between the trajectories and the training step.
+    assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories"), AssetKey("iteration_rewards")}
+    checks = graph.get(AssetKey("iteration_rewards")).check_keys
+    assert {key.name for key in checks if graph.get_check_spec(key).blocking} == {
+        "infra_errors_within_limit", "tampering_within_limit"}
     assert graph.get(AssetKey("rollouts")).parent_keys == {AssetKey("task_set"), AssetKey("base_policy")}
 
 

@@ -1,5 +1,14 @@
-"""Stability monitors: is the policy after a training step safe to sample from?
+"""Monitors: are an iteration's samples fit to train on, and is the policy after the training
+step safe to sample from?
 
+Before the step, the samples' reward analytics (`judge_samples`):
+- errors (the training step does not run): infrastructure errors above `max_infra_error_rate`
+  (the graded batch is a biased remainder, and the sandbox needs attention); tampered
+  submissions above `max_tamper_rate` (the policy is learning to game the grader);
+- warnings: truncated responses above `max_truncation_rate`; zero-variance groups above
+  `max_zero_variance_fraction` (little learning signal: the tasks are too easy or too hard).
+
+After the step (`judge`):
 Each iteration records its health signals (KL, entropy, clip fraction, response length, share of
 zero-variance groups, gradient norm, reward mean and spread, tamper ratio). Judged against the
 experiment's thresholds and the earlier iterations:
@@ -33,6 +42,14 @@ class MonitorConfig(BaseModel):
                                      "this share of the first iteration's (entropy collapse)")
     max_tamper_rise: float = Field(0.02, ge=0, description="warn when the share of tampered submissions rises "
                                    "by more than this over the previous iteration")
+    max_infra_error_rate: float = Field(0.2, ge=0, le=1, description="share of samples whose grading hit an "
+                                        "infrastructure error; above it the training step does not run")
+    max_tamper_rate: float = Field(0.1, ge=0, le=1, description="share of samples with a tamper flag; above it "
+                                   "the training step does not run")
+    max_truncation_rate: float = Field(0.5, ge=0, le=1, description="warn when more of the responses than this "
+                                       "hit the token limit")
+    max_zero_variance_fraction: float = Field(0.9, ge=0, le=1, description="warn when more of the groups than "
+                                              "this have equal rewards (no learning signal)")
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,23 @@ def judge(signals: dict[str, float], history: list[dict[str, float]], finite_wei
     rise = signals["tamper_ratio"] - before
     verdicts.append(Verdict("tamper_ratio_not_rising", "warn", rise <= config.max_tamper_rise,
                             f"tamper ratio {signals['tamper_ratio']:.3f} (previous {before:.3f})"))
+    return verdicts
+
+
+SAMPLE_CHECKS = {  # check: (the measure it bounds, the MonitorConfig limit, severity)
+    "infra_errors_within_limit": ("infra_error_rate", "max_infra_error_rate", "error"),
+    "tampering_within_limit": ("tamper_rate", "max_tamper_rate", "error"),
+    "truncation_within_limit": ("truncation_rate", "max_truncation_rate", "warn"),
+    "learning_signal_present": ("zero_variance_fraction", "max_zero_variance_fraction", "warn"),
+}
+
+
+def judge_samples(stats: dict[str, float], config: MonitorConfig = MonitorConfig()) -> list[Verdict]:
+    """Verdicts on one iteration's reward analytics (the `iteration_rewards` view's row)."""
+    verdicts = []
+    for check, (measure, limit_name, severity) in SAMPLE_CHECKS.items():
+        value, limit = stats[measure], getattr(config, limit_name)
+        verdicts.append(Verdict(check, severity, value <= limit, f"{measure} {value:.3f} (limit {limit})"))
     return verdicts
 
 

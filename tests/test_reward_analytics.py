@@ -1,0 +1,118 @@
+"""Reward analytics: the `iteration_rewards` asset judges an iteration's stored samples in a real
+Dagster run (its failed error checks keep the training step from running), and
+`reward_analytics` summarises every iteration with tables and plots."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    DagsterInstance,
+    PipesSubprocessClient,
+    materialize,
+)
+from test_datastore import trajectory_row
+
+from assets.analytics import iteration_rewards, reward_analytics
+from assets.iteration import checkpoint
+from assets.resources import CrucibleResource
+from datastore.store import rows_to_table
+from training.experiment import ExperimentConfig
+
+RESOURCES = {"pipes_subprocess_client": PipesSubprocessClient()}
+
+
+def _samples(infra_errors: int = 0, tampered: int = 0) -> list[dict]:
+    """Two tasks of four samples: t/0 all passed (a flat group), t/1 (hard) half passed, one
+    truncated; the first `infra_errors` samples of t/1 lost to the infrastructure, the last
+    `tampered` of t/0 flagged."""
+    rows = [trajectory_row("t/0", i, 1.0) for i in range(4)] + [trajectory_row("t/1", i, float(i % 2)) for i in range(4)]
+    rows[7]["finish_reason"] = "length"
+    for row in rows[4 - tampered:4]:
+        row["tamper_flags"] = ["wrote_outside_workspace"]
+    for row in rows[4:]:
+        row["difficulty"] = "hard"
+    for row in rows[4:4 + infra_errors]:
+        row.update(reward=None, passed=False, reward_status="infra_error", error_class="SandboxUnavailable")
+    return rows
+
+
+@pytest.fixture
+def crucible(storage_root, tmp_path, monkeypatch) -> CrucibleResource:
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    (tmp_path / "dagster").mkdir()
+    resource = CrucibleResource(storage_root=storage_root, checkpoint_root=str(tmp_path / "checkpoints"))
+    resource.save_experiment(ExperimentConfig(name="exp", samples_per_task=4))
+    return resource
+
+
+def _store(crucible: CrucibleResource, iteration: int, infra_errors: int = 0, tampered: int = 0) -> str:
+    crucible.store().write_partition("trajectories", "exp", iteration,
+                                     rows_to_table("trajectories", _samples(infra_errors, tampered)))
+    return f"exp-{iteration:04d}"
+
+
+def _check(instance, name: str):
+    [record] = instance.event_log_storage.get_asset_check_execution_history(
+        AssetCheckKey(AssetKey("iteration_rewards"), name), limit=1)
+    return record.event.dagster_event.event_specific_data
+
+
+def test_healthy_samples_are_summarised_per_task_and_pass_every_check(crucible):
+    key = _store(crucible, 1)
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("iterations", [key])
+        assert materialize([iteration_rewards], partition_key=key, instance=instance,
+                           resources={"crucible": crucible, **RESOURCES}).success
+        metadata = instance.get_latest_materialization_event(AssetKey("iteration_rewards")).asset_materialization.metadata
+        truncation = _check(instance, "truncation_within_limit")
+        learning_signal = _check(instance, "learning_signal_present")
+    assert metadata["pass_rate"].value == 0.75 and metadata["zero_variance_fraction"].value == 0.5
+    assert metadata["truncation_rate"].value == 0.125 and metadata["tamper_rate"].value == 0.0
+    tasks = {row.data["task_id"]: row.data for row in metadata["tasks_table"].value.records}
+    assert tasks["t/1"]["pass_rate"] == 0.5 and tasks["t/1"]["zero_variance_groups"] == 0
+    assert tasks["t/0"]["zero_variance_groups"] == 1 and tasks["t/1"]["difficulty"] == "hard"
+    assert metadata["tamper_flags"].value.records == []
+    assert "data:image/png;base64," in metadata["reward_distribution"].value
+    assert truncation.passed and learning_signal.passed and "truncation_rate 0.125 (limit 0.5)" in truncation.description
+
+
+def test_infrastructure_errors_above_the_limit_keep_the_training_step_from_running(crucible):
+    key = _store(crucible, 1, infra_errors=2)  # 2 of 8 samples: 25%, over the 20% limit
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("iterations", [key])
+        result = materialize([iteration_rewards, checkpoint], partition_key=key, instance=instance,
+                             resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
+        infra, tampering = _check(instance, "infra_errors_within_limit"), _check(instance, "tampering_within_limit")
+        trained = instance.get_latest_materialization_event(AssetKey("checkpoint"))
+    assert not result.success and not infra.passed and infra.severity.value == "ERROR" and tampering.passed
+    assert "infra_error_rate 0.250 (limit 0.2)" in infra.description
+    started = {event.step_key for event in result.all_events if event.event_type_value == "STEP_START"}
+    assert started == {"iteration_rewards"} and trained is None  # the training step never started
+
+
+def test_tampering_above_the_limit_fails_its_check_and_names_the_flags(crucible):
+    key = _store(crucible, 1, tampered=2)  # 25%, over the 10% limit
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("iterations", [key])
+        materialize([iteration_rewards], partition_key=key, instance=instance,
+                    resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
+        tampering = _check(instance, "tampering_within_limit")
+        metadata = instance.get_latest_materialization_event(AssetKey("iteration_rewards")).asset_materialization.metadata
+    assert not tampering.passed and "tamper_rate 0.250 (limit 0.1)" in tampering.description
+    assert [row.data for row in metadata["tamper_flags"].value.records] == [
+        {"flag": "wrote_outside_workspace", "samples": 2}]
+
+
+def test_reward_analytics_tables_and_plots_every_iteration(crucible):
+    for iteration, infra_errors in ((1, 0), (2, 1)):
+        _store(crucible, iteration, infra_errors)
+    with DagsterInstance.get() as instance:
+        assert materialize([reward_analytics], instance=instance, resources={"crucible": crucible}).success
+        metadata = instance.get_latest_materialization_event(AssetKey("reward_analytics")).asset_materialization.metadata
+    rows = [row.data for row in metadata["summary"].value.records]
+    assert [(row["iteration"], row["samples"], row["infra_error_rate"]) for row in rows] == [(1, 8, 0.0), (2, 8, 0.125)]
+    assert metadata["iterations"].value == 2
+    for plot in ("reward_curve", "pass_rate_by_difficulty"):
+        assert "data:image/png;base64," in metadata[plot].value
