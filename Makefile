@@ -5,11 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ITERATIONS ?= 10
+STORAGE ?=  # a storage root for `make run`, e.g. s3://crucible/data (default ./.crucible/data)
 
 .PHONY: run test setup docker-sandbox ui clean
 
 run: setup
-	$(BIN)/crucible run --experiment default --iterations $(ITERATIONS)
+	$(BIN)/crucible run --experiment default --iterations $(ITERATIONS) $(if $(STORAGE),--storage $(STORAGE))
 
 test: setup docker-sandbox
 	$(BIN)/python -m pytest

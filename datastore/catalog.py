@@ -109,15 +109,21 @@ def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False) -
     store = DatasetStore(root_uri)
     store.check()
     con = duckdb.connect(database)
+    # A data file is never rewritten (datastore/store.py), so its footer can be cached safely.
+    con.execute("SET parquet_metadata_cache = true")
     if not store.is_local:
         # httpfs cannot be downloaded offline; DuckDB reads remote files through fsspec instead.
         con.register_filesystem(store.fs)
     kind = "TABLE" if snapshot else "VIEW"
     for name, schema in DATASETS.items():
-        files = store.dataset_files(name)
+        parts = store.published(name)
+        files = [uri for part in parts for uri in part.files]
         if files:
             listed = ", ".join(_sql_string(uri) for uri in files)
-            source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = true)"
+            # Matching columns by name costs a footer read per file at every bind (slow on S3):
+            # only when the manifests say that schema versions differ.
+            mixed = len({part.schema_version for part in parts}) > 1
+            source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = {str(mixed).lower()})"
         else:
             con.register(f"_empty_{name}", schema.empty_table())
             source = f"(SELECT *, NULL::VARCHAR AS experiment, NULL::BIGINT AS iteration FROM _empty_{name})"

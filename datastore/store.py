@@ -27,6 +27,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import fsspec
 import pyarrow as pa
@@ -63,6 +64,15 @@ def rows_to_table(dataset: str, rows: Iterable[dict]) -> pa.Table:
         return pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
         raise SchemaError(f"{dataset}: {error}") from None
+
+
+@dataclass(frozen=True)
+class Published:
+    """One part as its manifest names it."""
+
+    files: list[str]  # URIs
+    schema_version: int
+    rows: int
 
 
 class DatasetStore:
@@ -127,7 +137,7 @@ class DatasetStore:
         """URIs of the files a part's manifest names; FileNotFoundError when it was never written."""
         path = self.manifest_path(dataset, experiment, iteration, part)
         self.fs.invalidate_cache()
-        return self._files_of(path, self.fs.cat_file(path))
+        return self._published(path, self.fs.cat_file(path)).files
 
     def read_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> pa.Table:
         return self.read_files(dataset, self.partition_files(dataset, experiment, iteration, part))
@@ -142,17 +152,22 @@ class DatasetStore:
 
     def dataset_files(self, dataset: str) -> list[str]:
         """URIs of every published file of a dataset, across experiments and iterations: what a
-        reader (DuckDB, polars, pyarrow) should scan. Manifests are fetched concurrently on S3."""
+        reader (DuckDB, polars, pyarrow) should scan."""
+        return [uri for published in self.published(dataset) for uri in published.files]
+
+    def published(self, dataset: str) -> list[Published]:
+        """Every published part of a dataset, from its manifests (fetched concurrently on S3)."""
         self.fs.invalidate_cache()  # other processes write too: never trust a cached S3 listing
         manifests = sorted(self.fs.glob(f"{self.root}/{dataset}/experiment=*/iteration=*/*{MANIFEST_SUFFIX}"))
         if not manifests:
             return []
         contents = self.fs.cat(manifests, on_error="raise")
-        return [uri for path in manifests for uri in self._files_of(path, contents[path])]
+        return [self._published(path, contents[path]) for path in manifests]
 
-    def _files_of(self, manifest_path: str, content: bytes) -> list[str]:
-        directory = manifest_path.rsplit("/", 1)[0]
-        return [self.uri_of(f"{directory}/{name}") for name in json.loads(content)["files"]]
+    def _published(self, manifest_path: str, content: bytes) -> Published:
+        directory, manifest = manifest_path.rsplit("/", 1)[0], json.loads(content)
+        return Published([self.uri_of(f"{directory}/{name}") for name in manifest["files"]],
+                         manifest["schema_version"], manifest["rows"])
 
     def _publish(self, path: str, manifest: dict) -> None:
         content = json.dumps(manifest, indent=1).encode()
