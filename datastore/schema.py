@@ -175,3 +175,23 @@ DATASETS: dict[str, pa.Schema] = {
     "checkpoints": CHECKPOINTS,
     "training_steps": TRAINING_STEPS,
 }
+
+
+def schema_markdown() -> str:
+    """docs/schema.md: every dataset's columns, types and meaning (`python -m datastore.schema`)."""
+    lines = [f"# Stored datasets, schema version {SCHEMA_VERSION}", "",
+             "Generated from `datastore/schema.py` by `python -m datastore.schema > docs/schema.md`; a test "
+             "keeps the two in step.", "",
+             "Every dataset is hive-partitioned: `<dataset>/experiment=<name>/iteration=<n>/`, and readers "
+             "get `experiment` (string) and `iteration` (integer) as columns from those directory names. "
+             "Files are Parquet with zstd compression and row groups of up to 64,000 rows; each file's "
+             "metadata carries `crucible_schema_version`, and so does each partition's manifest.", ""]
+    for name, schema in DATASETS.items():
+        lines += [f"## `{name}`", "", "| column | type | meaning |", "|---|---|---|"]
+        lines += [f"| `{field.name}` | `{field.type}` | {field.metadata[b'doc'].decode()} |" for field in schema]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(schema_markdown(), end="")

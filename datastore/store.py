@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import fsspec
 import pyarrow as pa
@@ -91,11 +92,13 @@ class DatasetStore:
     def check(self) -> None:
         """Fail early, in one line, when the root cannot be used (no endpoint, bad credentials,
         no bucket), rather than deep inside a run."""
+        if self.is_local:
+            existing = next(p for p in (Path(self.root), *Path(self.root).parents) if p.exists())
+            if not existing.is_dir():
+                raise StorageUnavailable(f"storage {self.uri}: {existing} is not a directory")
+            return
         try:
-            if self.is_local:
-                self.fs.makedirs(self.root, exist_ok=True)
-            else:
-                self.fs.ls(self.root.split("/", 1)[0])  # the bucket: it exists and we may list it
+            self.fs.ls(self.root.split("/", 1)[0])  # the bucket: it exists and we may list it
         except Exception as error:  # noqa: BLE001  botocore, aiohttp and OS errors alike; all mean "unusable"
             raise StorageUnavailable(f"storage {self.uri}: {_reason(error)}") from None
 

@@ -8,12 +8,13 @@ import multiprocessing
 import os
 import signal
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from datastore import catalog
-from datastore.schema import DATASETS, SCHEMA_VERSION
+from datastore.schema import DATASETS, SCHEMA_VERSION, schema_markdown
 from datastore.store import DatasetStore, SchemaError, StorageUnavailable, rows_to_table
 
 
@@ -144,8 +145,10 @@ def test_a_store_that_cannot_be_reached_says_why_in_one_line(s3_root, tmp_path):
     with pytest.raises(StorageUnavailable, match=r"storage s3://no-such-bucket/x: no such bucket"):
         DatasetStore("s3://no-such-bucket/x").check()
     (tmp_path / "file").write_text("")
-    with pytest.raises(StorageUnavailable, match=f"storage {tmp_path}/file/data: "):
+    with pytest.raises(StorageUnavailable, match=f"storage {tmp_path}/file/data: {tmp_path}/file is not a directory"):
         DatasetStore(str(tmp_path / "file" / "data")).check()
+    DatasetStore(str(tmp_path / "new" / "data")).check()  # created by the first write; nothing made before
+    assert not (tmp_path / "new").exists()
 
 
 def test_rows_missing_a_column_are_rejected_with_its_name():
@@ -229,6 +232,8 @@ def test_every_dataset_has_a_documented_schema():
     for name, schema in DATASETS.items():
         undocumented = [f.name for f in schema if not (f.metadata or {}).get(b"doc")]
         assert not undocumented, f"{name}: {undocumented}"
+    documented = (Path(__file__).parent.parent / "docs" / "schema.md").read_text()
+    assert documented == schema_markdown(), "regenerate: python -m datastore.schema > docs/schema.md"
 
 
 def test_rows_without_behaviour_logprobs_are_stored_but_never_trained_on():
