@@ -75,6 +75,10 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
                           "trajectories WHERE experiment = ? AND iteration = ?) GROUP BY flag ORDER BY samples DESC",
                      where)
     verdicts = judge_samples(stats, experiment.monitors)
+    context.log.info(f"rewards: pass rate {stats['pass_rate']:.3f}, reward {stats['reward_mean']:.3f} "
+                     f"± {stats['reward_std']:.3f}; zero-variance groups {stats['zero_variance_fraction']:.0%}, "
+                     f"infra errors {stats['infra_error_rate']:.0%}, truncated {stats['truncation_rate']:.0%}, "
+                     f"tampered {stats['tamper_rate']:.0%}")
     for verdict in verdicts:
         if not verdict.passed:
             context.log.warning(f"{verdict.check}: {verdict.message}")
