@@ -100,11 +100,10 @@ def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource)
     """Every iteration of every experiment: reward analytics beside the held-out evaluation, the
     reward curve, and the pass rate by difficulty."""
     con = catalog.connect(crucible.storage_root)
-    rows = _records(con, "SELECT r.*, i.eval_pass_rate, i.eval_stderr FROM iterations i "
-                         "LEFT JOIN iteration_rewards r USING (experiment, iteration) "
+    # Iteration 0 (the base policy) has an evaluation but no samples.
+    rows = _records(con, "SELECT i.experiment, i.iteration, r.* EXCLUDE (experiment, iteration), i.eval_pass_rate, "
+                         "i.eval_stderr FROM iterations i LEFT JOIN iteration_rewards r USING (experiment, iteration) "
                          "ORDER BY i.experiment, i.iteration")
-    for row in rows:  # iteration 0 (the base policy) has an evaluation but no samples
-        row["experiment"], row["iteration"] = row["experiment"] or "", row["iteration"] or 0
     by_difficulty = _records(con, "SELECT experiment, iteration, difficulty, sum(pass_rate * samples) / sum(samples) "
                                   "AS pass_rate FROM task_rewards GROUP BY ALL ORDER BY ALL")
     context.log.info(f"{len(rows)} iterations summarised")

@@ -46,7 +46,9 @@ def reward_histogram_png(rewards: list[float], title: str) -> bytes:
 def difficulty_curve_png(rows: list[dict]) -> bytes:
     """Train pass rate per iteration, one line per experiment and difficulty."""
     figure, axis = plt.subplots(figsize=(7, 4), dpi=100)
-    for experiment, difficulty in sorted({(row["experiment"], row["difficulty"]) for row in rows}):
+    order = {"easy": 0, "medium": 1, "hard": 2}
+    lines = {(row["experiment"], row["difficulty"]) for row in rows}
+    for experiment, difficulty in sorted(lines, key=lambda line: (line[0], order.get(line[1], 3), line[1])):
         points = [row for row in rows if (row["experiment"], row["difficulty"]) == (experiment, difficulty)]
         axis.plot([row["iteration"] for row in points], [row["pass_rate"] for row in points], marker="o",
                   label=f"{experiment}: {difficulty}")

@@ -19,7 +19,8 @@ from datastore.schema import DATASETS
 from datastore.store import DatasetStore
 
 # The reward analytics' measures, over samples annotated with `flat_group` (all the rewards of the
-# sample's group are equal: the group carries no learning signal).
+# sample's group are equal: the group carries no learning signal). A sample's sandbox time is its
+# grading (set-up, tests, parsing) plus the commands its episode ran.
 SAMPLE_MEASURES = """
     count(*) AS samples,
     avg(passed::INT) AS pass_rate,
@@ -32,7 +33,7 @@ SAMPLE_MEASURES = """
     avg((finish_reason = 'length')::INT) AS truncation_rate,
     avg((len(tamper_flags) > 0)::INT) AS tamper_rate,
     avg(timings.generate_s) AS generate_s,
-    avg(timings.sandbox_start_s + timings.exec_s + timings.verify_s) AS sandbox_s,
+    avg(timings.verify_s + coalesce(list_sum([t.exec_s FOR t IN turns]), 0)) AS sandbox_s,
     avg(response_tokens) AS response_tokens
 """
 SAMPLES_WITH_GROUP_FLAG = """

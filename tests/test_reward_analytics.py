@@ -70,6 +70,7 @@ def test_healthy_samples_are_summarised_per_task_and_pass_every_check(crucible):
         learning_signal = _check(instance, "learning_signal_present")
     assert metadata["pass_rate"].value == 0.75 and metadata["zero_variance_fraction"].value == 0.5
     assert metadata["truncation_rate"].value == 0.125 and metadata["tamper_rate"].value == 0.0
+    assert metadata["sandbox_s"].value == pytest.approx(0.03)  # grading 0.03 s, no episode commands
     tasks = {row.data["task_id"]: row.data for row in metadata["tasks_table"].value.records}
     assert tasks["t/1"]["pass_rate"] == 0.5 and tasks["t/1"]["zero_variance_groups"] == 0
     assert tasks["t/0"]["zero_variance_groups"] == 1 and tasks["t/1"]["difficulty"] == "hard"
