@@ -149,7 +149,7 @@ def _export_database(args: argparse.Namespace) -> int:
         catalog.export_database(environment.storage_root(), args.export_db)
     except (OSError, duckdb.Error) as error:
         raise UserError(f"{args.export_db}: cannot write: {error}") from None
-    errors.print(f"wrote {args.export_db} with views: {', '.join(catalog.VIEWS)}", highlight=False)
+    errors.print(f"wrote {args.export_db}: a snapshot of {', '.join(catalog.VIEWS)}", highlight=False)
     return 0
 
 
