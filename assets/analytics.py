@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
+    Failure,
     MaterializeResult,
     MetadataValue,
     TableColumn,
@@ -66,7 +67,10 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     experiment, iteration = partition_experiment(context, crucible)
     con = catalog.connect(crucible.storage_root)
     where = [experiment.name, iteration]
-    [stats] = _records(con, "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?", where)
+    found = _records(con, "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?", where)
+    if not found:
+        raise Failure(f"no trajectories stored for {experiment.name} iteration {iteration}")
+    [stats] = found
     tasks = _records(con, "SELECT * FROM task_rewards WHERE experiment = ? AND iteration = ? "
                           "ORDER BY pass_rate, task_id", where)
     rewards = [r for (r,) in con.execute("SELECT reward FROM trajectories WHERE experiment = ? AND iteration = ? "
@@ -75,17 +79,17 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
                           "trajectories WHERE experiment = ? AND iteration = ?) GROUP BY flag ORDER BY samples DESC",
                      where)
     verdicts = judge_samples(stats, experiment.monitors)
-    context.log.info(f"rewards: pass rate {stats['pass_rate']:.3f}, reward {stats['reward_mean']:.3f} "
-                     f"± {stats['reward_std']:.3f}; zero-variance groups {stats['zero_variance_fraction']:.0%}, "
-                     f"infra errors {stats['infra_error_rate']:.0%}, truncated {stats['truncation_rate']:.0%}, "
-                     f"tampered {stats['tamper_rate']:.0%}")
+    reward = "none scored" if stats["reward_mean"] is None else f"{stats['reward_mean']:.3f} ± {stats['reward_std']:.3f}"
+    context.log.info(f"rewards: pass rate {stats['pass_rate']:.3f}, reward {reward}; zero-variance groups "
+                     f"{stats['zero_variance_fraction']:.0%}, infra errors {stats['infra_error_rate']:.0%}, "
+                     f"truncated {stats['truncation_rate']:.0%}, tampered {stats['tamper_rate']:.0%}")
     for verdict in verdicts:
         if not verdict.passed:
             context.log.warning(f"{verdict.check}: {verdict.message}")
     return MaterializeResult(
         metadata={
             # Plain numbers: the UI plots each across the iterations' partitions.
-            **{name: stats[name] for name in ITERATION_MEASURES},
+            **{name: MetadataValue.null() if stats[name] is None else stats[name] for name in ITERATION_MEASURES},
             "tasks_table": table_metadata(tasks, TASK_COLUMNS),
             "reward_distribution": MetadataValue.md(png_markdown("reward distribution", reward_histogram_png(
                 rewards, f"{experiment.name} iteration {iteration}: reward per sample"))),

@@ -16,7 +16,7 @@ import duckdb
 
 from datastore.atomic import written_atomically
 from datastore.schema import DATASETS
-from datastore.store import DatasetStore
+from datastore.store import DatasetStore, StorageUnavailable
 
 # The reward analytics' measures, over samples annotated with `flat_group` (all the rewards of the
 # sample's group are equal: the group carries no learning signal). A sample's sandbox time is its
@@ -128,7 +128,10 @@ def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False) -
         else:
             con.register(f"_empty_{name}", schema.empty_table())
             source = f"(SELECT *, NULL::VARCHAR AS experiment, NULL::BIGINT AS iteration FROM _empty_{name})"
-        con.execute(f"CREATE OR REPLACE {kind} {name} AS SELECT * FROM {source}")
+        try:
+            con.execute(f"CREATE OR REPLACE {kind} {name} AS SELECT * FROM {source}")
+        except duckdb.Error as error:  # a file its manifest names is missing or unreadable
+            raise StorageUnavailable(f"storage {store.uri}: {name}: {error}") from None
         if snapshot and not files:
             con.unregister(f"_empty_{name}")
     for name, query in DERIVED_VIEWS.items():

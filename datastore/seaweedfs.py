@@ -112,6 +112,8 @@ def _wait_until_serving(server: S3Server, process: subprocess.Popen) -> None:
 
 
 def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return  # it exited on its own (and _wait_until_serving said why)
     os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=20)

@@ -11,9 +11,10 @@ written in one PUT on S3, or renamed into place on a local disk, so a reader tha
 manifests sees the previous version or the new one, whole, and never a file that changes under
 it mid-read. Re-writing an iteration replaces its manifest, so nothing is counted twice.
 
-A file no manifest names (a write killed half-way, or a version since replaced) is invisible,
-and the next write of that part deletes it once it is older than `retention_s`, time enough
-for any reader still on the previous version to finish.
+A file no manifest names is invisible. A replaced version is listed in the new manifest as
+`superseded`, with the time it was replaced, and deleted by a later write of that part once
+`retention_s` has passed since then: time enough for any reader still on it to finish. Debris
+of a write killed half-way, which no manifest ever named, is deleted once it is that old.
 
 Most datasets have a single part, `data`; `stages` has one part per stage, written by the asset
 that ran it. Read through `crucible sql`, `read_partition` or `dataset_files`, never a glob.
@@ -52,6 +53,10 @@ class StorageUnavailable(RuntimeError):
     """The storage root cannot be reached or used; the message names it and says why."""
 
 
+class CorruptManifest(StorageUnavailable):
+    """A partition's manifest cannot be read; the message names it."""
+
+
 def rows_to_table(dataset: str, rows: Iterable[dict]) -> pa.Table:
     schema = DATASETS[dataset]
     rows = list(rows)
@@ -83,7 +88,10 @@ class DatasetStore:
 
     def __init__(self, root_uri: str, retention_s: float = RETENTION_S):
         self.uri = root_uri.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        except (ValueError, ImportError) as error:  # an unknown protocol, or its package not installed
+            raise StorageUnavailable(f"storage {self.uri}: {error}") from None
         self.retention_s = retention_s
 
     @property
@@ -99,8 +107,17 @@ class DatasetStore:
                 raise StorageUnavailable(f"storage {self.uri}: {existing} is not a directory")
             return
         try:
-            self.fs.ls(self.root.split("/", 1)[0])  # the bucket: it exists and we may list it
+            self.fs.ls(self.root, refresh=True)
+        except FileNotFoundError:  # a prefix not written yet, fine if its bucket exists
+            self._check_bucket()
         except Exception as error:  # noqa: BLE001  botocore, aiohttp and OS errors alike; all mean "unusable"
+            raise StorageUnavailable(f"storage {self.uri}: {_reason(error)}") from None
+
+    def _check_bucket(self) -> None:
+        bucket = self.root.split("/", 1)[0]
+        try:
+            self.fs.ls(bucket, refresh=True)
+        except Exception as error:  # noqa: BLE001  as in check()
             raise StorageUnavailable(f"storage {self.uri}: {_reason(error)}") from None
 
     def partition_dir(self, dataset: str, experiment: str, iteration: int) -> str:
@@ -130,11 +147,16 @@ class DatasetStore:
             compression="zstd",
             row_group_size=ROW_GROUP_ROWS,
         )
+        path = self.manifest_path(dataset, experiment, iteration, part)
+        now = time.time()
+        superseded = self._superseded(path, now)
+        expired = {entry["file"] for entry in superseded if now - entry["at"] >= self.retention_s}
         manifest = {"format": MANIFEST_FORMAT, "dataset": dataset, "schema_version": SCHEMA_VERSION,
                     "files": [name], "rows": table.num_rows,
-                    "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
-        self._publish(self.manifest_path(dataset, experiment, iteration, part), manifest)
-        self._sweep_unreferenced(directory, part, keep=name)
+                    "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                    "superseded": [entry for entry in superseded if entry["file"] not in expired]}
+        self._publish(path, manifest)
+        self._sweep(directory, part, manifest, expired)
         return self.uri_of(f"{directory}/{name}")
 
     def partition_files(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> list[str]:
@@ -172,9 +194,22 @@ class DatasetStore:
         return [self._published(path, contents[path]) for path in manifests]
 
     def _published(self, manifest_path: str, content: bytes) -> Published:
-        directory, manifest = manifest_path.rsplit("/", 1)[0], json.loads(content)
+        directory, manifest = manifest_path.rsplit("/", 1)[0], self._manifest(manifest_path, content)
         return Published([self.uri_of(f"{directory}/{name}") for name in manifest["files"]],
                          manifest["schema_version"], manifest["rows"])
+
+    def _manifest(self, path: str, content: bytes) -> dict:
+        try:
+            manifest = json.loads(content)
+            if manifest["format"] != MANIFEST_FORMAT:
+                raise ValueError(f"format {manifest['format']!r}, expected {MANIFEST_FORMAT!r}")
+            missing = {"files", "schema_version", "rows"} - manifest.keys()
+            if missing:
+                raise ValueError(f"no {', '.join(sorted(missing))}")
+        except (ValueError, AttributeError, TypeError) as error:
+            raise CorruptManifest(f"{self.uri_of(path)}: not a readable manifest ({type(error).__name__}: {error})"
+                                  ) from None
+        return manifest
 
     def _forget_listings(self, prefix: str) -> None:
         """Drop what this process cached of the listings under `prefix`: other processes write too."""
@@ -191,15 +226,29 @@ class DatasetStore:
         self.fs.pipe_file(scratch, content)
         self.fs.mv(scratch, path)  # a rename: atomic on a local filesystem
 
-    def _sweep_unreferenced(self, directory: str, part: str, keep: str) -> None:
-        """Delete this part's files that no manifest names any more (replaced versions, writes
-        that died half-way) once they are older than the retention time."""
+    def _superseded(self, path: str, now: float) -> list[dict]:
+        """What the next manifest of a part lists as replaced: the current version, as of now,
+        and whatever the current manifest still lists."""
+        try:
+            current = self._manifest(path, self.fs.cat_file(path))
+        except FileNotFoundError:
+            return []
+        return [*current.get("superseded", []), *({"file": name, "at": now} for name in current["files"])]
+
+    def _sweep(self, directory: str, part: str, manifest: dict, expired: set[str]) -> None:
+        """Best effort, after the commit: delete this part's expired versions, and debris no
+        manifest names that is older than the retention time (a concurrent write may be making it)."""
         ours = re.compile(rf"{re.escape(part)}(-[0-9a-f]{{32}}\.parquet|{re.escape(MANIFEST_SUFFIX)}\.[0-9a-f]{{32}}\.partial)")
+        named = {*manifest["files"], *(entry["file"] for entry in manifest["superseded"])}
         now = time.time()
-        for info in self.fs.ls(directory, detail=True):
+        for info in self.fs.ls(directory, detail=True, refresh=True):
             name = info["name"].rsplit("/", 1)[1]
-            if ours.fullmatch(name) and name != keep and now - _modified(info) >= self.retention_s:
-                self.fs.rm_file(info["name"])
+            debris = ours.fullmatch(name) and name not in named and now - _modified(info) >= self.retention_s
+            if name in expired or debris:
+                try:
+                    self.fs.rm_file(info["name"])
+                except FileNotFoundError:  # another writer of this part swept it first
+                    pass
 
 
 def _modified(info: dict) -> float:

@@ -34,7 +34,7 @@ from sandbox.spec import Limits, SandboxSpec
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 # Piped output (CI logs, `| tee`) has no terminal width; the summary table needs ~130 columns.
 console = Console(width=shutil.get_terminal_size((140, 40)).columns)
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)  # an error stays one line, however long
 
 
 def prepare_instance() -> Path:

@@ -104,6 +104,20 @@ def test_a_replaced_version_is_deleted_once_past_retention(storage_root):
     assert partition_listing(expired) == sorted(["data.manifest.json", current.rsplit("/", 1)[1]])
 
 
+def test_a_version_just_replaced_is_kept_however_old_its_file(tmp_path):
+    """Retention counts from the replacement: a reader that read the manifest a moment ago may
+    be about to open the file it named."""
+    store = DatasetStore(str(tmp_path))
+    write_trajectories(store, 1, [1.0])
+    [first] = store.partition_files("trajectories", "exp", 1)
+    a_day_ago = time.time() - 86_400
+    os.utime(first.removeprefix("file://"), (a_day_ago, a_day_ago))
+    write_trajectories(store, 1, [0.5])
+    assert first.rsplit("/", 1)[1] in partition_listing(store)
+    manifest = json.loads(store.fs.cat_file(store.manifest_path("trajectories", "exp", 1)))
+    assert [entry["file"] for entry in manifest["superseded"]] == [first.rsplit("/", 1)[1]]
+
+
 def test_a_file_no_manifest_names_is_invisible(storage_root):
     store = DatasetStore(storage_root)
     write_trajectories(store, 1, [1.0])
@@ -131,6 +145,7 @@ def test_killed_writer_leaves_previous_partition_intact(storage_root):
     deadline = time.monotonic() + 120
     while partition_listing(store) == before and time.monotonic() < deadline:  # a write is under way
         time.sleep(0.005)
+    assert writer.is_alive() and partition_listing(store) != before, "the writer never wrote"
     os.kill(writer.pid, signal.SIGKILL)
     writer.join()
     table = store.read_partition("trajectories", "exp", 1)

@@ -93,6 +93,22 @@ def test_infrastructure_errors_above_the_limit_keep_the_training_step_from_runni
     assert started == {"iteration_rewards"} and trained is None  # the training step never started
 
 
+def test_an_iteration_lost_to_the_infrastructure_fails_its_check_instead_of_crashing(crucible):
+    rows = _samples()
+    for row in rows:  # every sample, so no reward was scored at all
+        row.update(reward=None, passed=False, reward_status="infra_error", error_class="SandboxUnavailable")
+    crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
+    key = "exp-0001"
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("iterations", [key])
+        materialize([iteration_rewards], partition_key=key, instance=instance,
+                    resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
+        infra = _check(instance, "infra_errors_within_limit")
+        metadata = instance.get_latest_materialization_event(AssetKey("iteration_rewards")).asset_materialization.metadata
+    assert not infra.passed and "infra_error_rate 1.000" in infra.description
+    assert metadata["reward_mean"].value is None and metadata["infra_error_rate"].value == 1.0
+
+
 def test_tampering_above_the_limit_fails_its_check_and_names_the_flags(crucible):
     key = _store(crucible, 1, tampered=2)  # 25%, over the 10% limit
     with DagsterInstance.get() as instance:

@@ -97,3 +97,13 @@ def test_storage_that_cannot_be_reached_is_named_in_one_line_before_any_work(s3_
     assert main(["run", "--storage", "s3://no-such-bucket/data"]) == 2
     err = capfd.readouterr().err
     assert err.count("error: storage s3://no-such-bucket/data: no such bucket") == 2 and "Traceback" not in err
+
+
+def test_a_corrupt_manifest_or_an_unknown_protocol_is_named_in_one_line(storage, capfd):
+    store = DatasetStore(storage)
+    store.fs.pipe_file(store.manifest_path("stages", "exp", 1, "rollouts"), b"{not json")
+    assert sql(storage, QUERY) == 2
+    assert main(["sql", "--storage", "s4://bucket/data", QUERY]) == 2
+    err = capfd.readouterr().err
+    assert "stages/experiment=exp/iteration=1/rollouts.manifest.json: not a readable manifest" in err
+    assert "storage s4://bucket/data: Protocol not known: s4" in err and "Traceback" not in err
