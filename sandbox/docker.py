@@ -282,7 +282,10 @@ class DockerSession(SessionLifecycle):
                         captures[stream].add(data)
                         if on_output is not None:
                             on_output(stream, data)
-                if stdout.total + stderr.total > output_limit:
+                # Docker reads stdout and stderr from separate pipes: a flood on stdout can arrive
+                # before the ready marker on stderr, and stopping then would report our machinery
+                # as failed (XX). Any stdout means the marker was written; read on until it is seen.
+                if stdout.total + stderr.total > output_limit and run.ready:
                     run.killed_for = ExecStatus.OL
 
     @staticmethod
