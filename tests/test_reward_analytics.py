@@ -19,6 +19,7 @@ from assets.iteration import checkpoint
 from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
 from training.experiment import ExperimentConfig
+from training.monitors import SAMPLE_CHECKS
 
 RESOURCES = {"pipes_subprocess_client": PipesSubprocessClient()}
 
@@ -59,15 +60,20 @@ def _check(instance, name: str):
     return record.event.dagster_event.event_specific_data
 
 
-def test_healthy_samples_are_summarised_per_task_and_pass_every_check(crucible):
-    key = _store(crucible, 1)
+def _materialize(crucible: CrucibleResource, key: str) -> tuple[dict, dict]:
+    """iteration_rewards materialized for `key`: its metadata and every check's evaluation."""
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("iterations", [key])
-        assert materialize([iteration_rewards], partition_key=key, instance=instance,
-                           resources={"crucible": crucible, **RESOURCES}).success
+        materialize([iteration_rewards], partition_key=key, instance=instance,
+                    resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
         metadata = instance.get_latest_materialization_event(AssetKey("iteration_rewards")).asset_materialization.metadata
-        truncation = _check(instance, "truncation_within_limit")
-        learning_signal = _check(instance, "learning_signal_present")
+        return metadata, {name: _check(instance, name) for name in SAMPLE_CHECKS}
+
+
+def test_healthy_samples_are_summarised_per_task_and_pass_every_check(crucible):
+    metadata, checks = _materialize(crucible, _store(crucible, 1))
+    assert all(check.passed for check in checks.values())
+    assert "truncation_rate 0.125 (limit 0.5)" in checks["truncation_within_limit"].description
     assert metadata["pass_rate"].value == 0.75 and metadata["zero_variance_fraction"].value == 0.5
     assert metadata["truncation_rate"].value == 0.125 and metadata["tamper_rate"].value == 0.0
     assert metadata["sandbox_s"].value == pytest.approx(0.03)  # grading 0.03 s, no episode commands
@@ -76,7 +82,6 @@ def test_healthy_samples_are_summarised_per_task_and_pass_every_check(crucible):
     assert tasks["t/0"]["zero_variance_groups"] == 1 and tasks["t/1"]["difficulty"] == "hard"
     assert metadata["tamper_flags"].value.records == []
     assert "data:image/png;base64," in metadata["reward_distribution"].value
-    assert truncation.passed and learning_signal.passed and "truncation_rate 0.125 (limit 0.5)" in truncation.description
 
 
 def test_infrastructure_errors_above_the_limit_keep_the_training_step_from_running(crucible):
@@ -98,25 +103,15 @@ def test_an_iteration_lost_to_the_infrastructure_fails_its_check_instead_of_cras
     for row in rows:  # every sample, so no reward was scored at all
         row.update(reward=None, passed=False, reward_status="infra_error", error_class="SandboxUnavailable")
     crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
-    key = "exp-0001"
-    with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("iterations", [key])
-        materialize([iteration_rewards], partition_key=key, instance=instance,
-                    resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
-        infra = _check(instance, "infra_errors_within_limit")
-        metadata = instance.get_latest_materialization_event(AssetKey("iteration_rewards")).asset_materialization.metadata
+    metadata, checks = _materialize(crucible, "exp-0001")
+    infra = checks["infra_errors_within_limit"]
     assert not infra.passed and "infra_error_rate 1.000" in infra.description
     assert metadata["reward_mean"].value is None and metadata["infra_error_rate"].value == 1.0
 
 
 def test_tampering_above_the_limit_fails_its_check_and_names_the_flags(crucible):
-    key = _store(crucible, 1, tampered=2)  # 25%, over the 10% limit
-    with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("iterations", [key])
-        materialize([iteration_rewards], partition_key=key, instance=instance,
-                    resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
-        tampering = _check(instance, "tampering_within_limit")
-        metadata = instance.get_latest_materialization_event(AssetKey("iteration_rewards")).asset_materialization.metadata
+    metadata, checks = _materialize(crucible, _store(crucible, 1, tampered=2))  # 25%, over the 10% limit
+    tampering = checks["tampering_within_limit"]
     assert not tampering.passed and "tamper_rate 0.250 (limit 0.1)" in tampering.description
     assert [row.data for row in metadata["tamper_flags"].value.records] == [
         {"flag": "wrote_outside_workspace", "samples": 2}]
