@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,10 +136,8 @@ def main() -> None:
         for name, value in server.environment().items():
             print(f"export {name}={value}")
         print(f"# then: crucible run --storage s3://{server.bucket}/data   (Ctrl-C stops the server)", flush=True)
-        try:
+        with suppress(KeyboardInterrupt):  # Ctrl-C: leave the block, which stops the server
             signal.pause()
-        except KeyboardInterrupt:
-            pass
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,10 +246,8 @@ class DatasetStore:
             name = info["name"].rsplit("/", 1)[1]
             debris = ours.fullmatch(name) and name not in named and now - _modified(info) >= self.retention_s
             if name in expired or debris:
-                try:
+                with suppress(FileNotFoundError):  # another writer of this part swept it first
                     self.fs.rm_file(info["name"])
-                except FileNotFoundError:  # another writer of this part swept it first
-                    pass
 
 
 def _modified(info: dict) -> float:
