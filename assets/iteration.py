@@ -35,6 +35,7 @@ from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
 from datastore.schema import TRAINING_STEPS
+from sandbox.grading import RewardStatus
 from datastore.store import rows_to_table
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import TaskSet, load_task_set
@@ -112,7 +113,7 @@ def _grade_all(
 
     step = max(1, len(work) // 5)
     verified = []
-    with crucible.sandbox_pool(is_infra_failure=lambda v: v.grade.reward_status == "infra_error") as pool:
+    with crucible.sandbox_pool(is_infra_failure=lambda v: v.grade.reward_status is RewardStatus.INFRA_ERROR) as pool:
         results = pool.map(lambda item: sandbox_spec(item[0]), verify, work)
         for done, result in enumerate(results, start=1):
             verified.append(result)
@@ -238,7 +239,7 @@ def verified_rollouts(
     repeat = agreement([work[i][0].id for i in sample], [verified[i].grade for i in sample], [v.grade for v in again])
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
-    scored = [v for v in verified if v.grade.reward_status == "scored"]
+    scored = [v for v in verified if v.grade.reward_status is RewardStatus.SCORED]
     yield Output(
         verified,
         metadata={
@@ -248,8 +249,8 @@ def verified_rollouts(
             "refill_rounds": refilled.rounds,
             "pass_rate": sum(v.passed for v in verified) / len(verified),
             "mean_reward": sum(v.grade.reward for v in scored) / max(len(scored), 1),
-            "infra_errors": sum(v.grade.reward_status == "infra_error" for v in verified),
-            "invalid": sum(v.grade.reward_status == "invalid" for v in verified),
+            "infra_errors": sum(v.grade.reward_status is RewardStatus.INFRA_ERROR for v in verified),
+            "invalid": sum(v.grade.reward_status is RewardStatus.INVALID for v in verified),
             "regraded": repeat.sampled,
             "regrade_agreement": repeat.rate,
             "reward_function": reward.version,
@@ -284,7 +285,7 @@ def _refill(context, crucible: CrucibleResource, experiment: ExperimentConfig, i
         return _grade_all(context, crucible, [(by_id[s.task_id], s) for s in samples], full_set.reward)
 
     def group_reward(v: VerifiedRollout) -> tuple[str, float] | None:
-        return (v.rollout.group_id, v.grade.reward) if v.grade.reward_status == "scored" else None
+        return (v.rollout.group_id, v.grade.reward) if v.grade.reward_status is RewardStatus.SCORED else None
 
     target = len(sampled) if experiment.refill_rounds else 0
     return refill(verified, reserve, sample_and_grade, group_reward, target, experiment.refill_rounds)

@@ -7,6 +7,12 @@ the directory names, not in the files, and every reader (DuckDB, polars, pyarrow
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from sandbox.closed_set import ClosedSet
+from sandbox.grading import RewardStatus, TamperFlag
+from sandbox.result import ExecStatus
+from sandbox.test_report import Outcome
 
 SCHEMA_VERSION = 5  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks
@@ -32,7 +38,9 @@ TURN = pa.struct(
     ]
 )
 
-TEST_RESULT = pa.struct([("name", pa.string()), ("outcome", pa.string()), ("message", pa.string())])
+TEST_RESULT = pa.struct([("name", pa.string()), ("outcome", pa.string()), ("message", pa.string())])  # Outcome
+PASSED_DOC = ("scored, no tamper flag, not killed, a report, and every expected test passed "
+              "(GradeResult.passed, the one definition every pass rate counts)")
 
 TIMINGS = pa.struct(
     [
@@ -66,11 +74,11 @@ TRAJECTORIES = pa.schema(
         _field("test_results", pa.list_(TEST_RESULT), "per hidden test outcome"),
         _field("reward_components", pa.map_(pa.string(), pa.float64()), "named reward terms"),
         _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
-        _field("reward_status", pa.string(), "scored, invalid or infra_error"),
+        _field("reward_status", pa.string(), "whether `reward` means anything (RewardStatus)"),
         _field("reward_version", pa.string(), "the reward function that set `reward`: name@hash of its weights"),
-        _field("passed", pa.bool_(), "scored and every hidden test passed"),
-        _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader"),
-        _field("exec_status", pa.string(), "ExecResult status of the grading run"),
+        _field("passed", pa.bool_(), PASSED_DOC),
+        _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader (TamperFlag)"),
+        _field("exec_status", pa.string(), "what the grading run's command did (ExecStatus)"),
         _field("timings", TIMINGS, "seconds spent per phase for this sample"),
         _field("prompt_tokens", pa.int32(), "number of prompt tokens"),
         _field("response_tokens", pa.int32(), "number of generated tokens"),
@@ -90,8 +98,8 @@ EVALUATIONS = pa.schema(
         _field("policy_version", pa.string(), "content hash of the evaluated checkpoint"),
         _field("response_text", pa.string(), "the policy's answer"),
         _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
-        _field("passed", pa.bool_(), "every hidden test passed"),
-        _field("reward_status", pa.string(), "scored, invalid or infra_error"),
+        _field("passed", pa.bool_(), PASSED_DOC),
+        _field("reward_status", pa.string(), "whether `reward` means anything (RewardStatus)"),
         _field("reward_version", pa.string(), "the reward function that set `reward`: name@hash of its weights"),
     ]
 )
@@ -177,6 +185,34 @@ DATASETS: dict[str, pa.Schema] = {
 }
 
 
+# Columns whose values come from a closed set (dotted: a field of a list's structs); a write with
+# any other value is refused (`unknown_value`).
+CLOSED_SETS: dict[str, dict[str, type[ClosedSet]]] = {
+    "trajectories": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
+                     "test_results.outcome": Outcome},
+    "evaluations": {"reward_status": RewardStatus},
+}
+
+
+def unknown_value(dataset: str, table: pa.Table) -> str | None:
+    """Why `table` may not be written to `dataset`: a value outside a column's closed set."""
+    for path, closed in CLOSED_SETS.get(dataset, {}).items():
+        values = pc.drop_null(_leaf_values(table, path))
+        unknown = pc.filter(values, pc.invert(pc.is_in(values, value_set=pa.array(closed.values()))))
+        if len(unknown):
+            return (f"{dataset}: column {path}: {unknown[0].as_py()!r} is not a {closed.__name__} "
+                    f"(one of {', '.join(closed.values())})")
+    return None
+
+
+def _leaf_values(table: pa.Table, path: str) -> pa.Array:
+    column, _, field = path.partition(".")
+    values = table[column].combine_chunks()
+    if pa.types.is_list(values.type):
+        values = pc.list_flatten(values)
+    return pc.struct_field(values, field) if field else values
+
+
 def schema_markdown() -> str:
     """docs/schema.md: every dataset's columns, types and meaning (`python -m datastore.schema`)."""
     lines = [f"# Stored datasets, schema version {SCHEMA_VERSION}", "",
@@ -189,6 +225,15 @@ def schema_markdown() -> str:
     for name, schema in DATASETS.items():
         lines += [f"## `{name}`", "", "| column | type | meaning |", "|---|---|---|"]
         lines += [f"| `{field.name}` | `{field.type}` | {field.metadata[b'doc'].decode()} |" for field in schema]
+        lines.append("")
+    lines += ["## Closed status sets", "",
+              "A write with any other value in these columns is refused.", ""]
+    for closed in sorted({c for columns in CLOSED_SETS.values() for c in columns.values()}, key=lambda c: c.__name__):
+        used = ", ".join(f"`{dataset}.{path}`" for dataset, columns in CLOSED_SETS.items()
+                         for path, c in columns.items() if c is closed)
+        lines += [f"### `{closed.__name__}` ({used})", "", " ".join(closed.__doc__.split("\n\n")[0].split()), "",
+                  "| value | meaning |", "|---|---|"]
+        lines += [f"| `{member.value}` | {member.meaning} |" for member in closed]
         lines.append("")
     return "\n".join(lines)
 

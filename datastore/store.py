@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from datastore.schema import DATASETS, SCHEMA_VERSION
+from datastore.schema import DATASETS, SCHEMA_VERSION, unknown_value
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "crucible-manifest/1"
@@ -138,6 +138,8 @@ class DatasetStore:
         expected = DATASETS[dataset]
         if not table.schema.equals(expected):
             raise SchemaError(f"{dataset}: table schema differs from schema v{SCHEMA_VERSION}")
+        if problem := unknown_value(dataset, table):
+            raise SchemaError(problem)
         directory = self.partition_dir(dataset, experiment, iteration)
         name = f"{part}-{uuid.uuid4().hex}.parquet"
         self.fs.makedirs(directory, exist_ok=True)

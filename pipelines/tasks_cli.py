@@ -18,6 +18,7 @@ from pipelines import environment
 from pipelines.errors import UserError
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
+from sandbox.grading import GradeResult, RewardStatus
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.importers import (
@@ -247,7 +248,7 @@ def _grading_pool(backend: str, workers: int) -> SandboxPool:
     except SandboxUnavailable as e:
         raise UserError(f"the {backend} sandbox is unavailable: {e}") from None
     return SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=workers),
-                       is_infra_failure=lambda grade: grade.reward_status == "infra_error")
+                       is_infra_failure=lambda grade: grade.reward_status is RewardStatus.INFRA_ERROR)
 
 
 # -- verify --------------------------------------------------------------------------------
@@ -288,8 +289,9 @@ def _read_solutions(path: Path, task_set: TaskSet) -> tuple[list[tuple[int, Task
             problem = _solution_problem(record, task_set)
         if problem:
             task_id = record.get("task_id") if isinstance(record, dict) else None
-            invalid[number] = {"task_id": task_id, "status": None, "reward": None, "reward_status": "invalid",
-                               "tests": {}, "tamper_flags": [], "error": f"{path.name}:{number}: {problem}"}
+            invalid[number] = {"task_id": task_id, "passed": False, "status": None, "reward": None,
+                               "reward_status": RewardStatus.INVALID.value, "tests": {}, "tamper_flags": [],
+                               "error": f"{path.name}:{number}: {problem}"}
         else:
             submissions.append((number, task_set.by_id[record["task_id"]], record["solution"]))
     return submissions, invalid
@@ -305,11 +307,11 @@ def _solution_problem(record: object, task_set: TaskSet) -> str | None:
     return None
 
 
-def _result_line(task_id: str, grade) -> dict:
-    return {"task_id": task_id, "status": grade.exec.status.value, "reward": grade.reward,
-            "reward_status": grade.reward_status, "reward_version": grade.reward_version,
-            "reward_components": grade.reward_components, "tests": grade.outcomes,
-            "tamper_flags": list(grade.tamper_flags)}
+def _result_line(task_id: str, grade: GradeResult) -> dict:
+    graded = grade.to_dict()
+    return {"task_id": task_id, "passed": grade.passed, "status": grade.exec.status.value, "reward": grade.reward,
+            **{key: graded[key] for key in ("reward_status", "reward_version", "reward_components")},
+            "tests": graded["outcomes"], "tamper_flags": graded["tamper_flags"]}
 
 
 def _write_lines(lines: list[str], out: Path | None) -> None:
@@ -324,11 +326,11 @@ def _write_lines(lines: list[str], out: Path | None) -> None:
 def _summarise(results) -> None:
     results = list(results)
     statuses = Counter(r["reward_status"] for r in results)
-    scored = [r["reward"] for r in results if r["reward_status"] == "scored"]
-    passed = sum(1 for reward in scored if reward == 1.0)
+    scored = [r["reward"] for r in results if r["reward_status"] == RewardStatus.SCORED]
+    passed = sum(r["passed"] for r in results)
     tampered = sum(1 for r in results if r["tamper_flags"])
     errors.print(
-        f"{len(results)} solutions: {passed} passed all tests, {len(scored) - passed} did not, "
+        f"{len(results)} solutions: {passed} passed, {len(scored) - passed} failed, "
         f"{statuses['invalid']} invalid, {statuses['infra_error']} infrastructure errors, {tampered} tamper-flagged"
         + (f"; mean reward {sum(scored) / len(scored):.3f}" if scored else ""),
         highlight=False,

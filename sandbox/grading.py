@@ -51,6 +51,10 @@ Rules, in the order they apply:
     {"tests_passed_fraction": x, "all_passed": 0 or 1}; task_sets/rewards.py turns the
     components into the task set's configured reward. Flags found before the run (protected
     paths touched) also set it to 0.
+ 8. `passed` (GradeResult.passed, the one definition every count of passes uses): scored, no
+    tamper flag, not killed, a report was read, and every expected test passed. The reward can
+    be high without it (partial credit), and a tampered or killed run is never passed, whatever
+    its tests said.
 A submission that is not valid Python imports with an error, so every test is "error" and the
 reward is a scored 0 (rules 3 and 7), never a crash of the grader. A report truncated by the
 sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
@@ -71,9 +75,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Literal
-
 from sandbox.base import WORKSPACE, Mount, Sandbox
+from sandbox.closed_set import ClosedSet
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_signature import signature
@@ -81,6 +84,7 @@ from sandbox.python_ast import AST_LOCK
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.test_report import (
     MAX_REPORT_BYTES,
+    Outcome,
     ReportError,
     TestOutcome,
     parse_junit,
@@ -97,20 +101,47 @@ PLUGIN_DIR = "/grader"
 PYTEST_OPTIONS = (f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider "
                   f"-p {PLUGIN.stem}")
 KILLED = (ExecStatus.TO, ExecStatus.ML, ExecStatus.OL)
-_SEVERITY = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+_SEVERITY = {Outcome.PASSED: 0, Outcome.SKIPPED: 1, Outcome.FAILED: 2, Outcome.ERROR: 3}
 
-RewardStatus = Literal["scored", "invalid", "infra_error"]
+
+class RewardStatus(ClosedSet):
+    """Whether a grade's reward means anything (rules 1-3)."""
+
+    SCORED = "scored", "the suite was run and judged: `reward` holds the score (0 included)"
+    INVALID = "invalid", "the task is broken (no expected test, a test file that does not parse): no reward"
+    INFRA_ERROR = "infra_error", ("the sandbox failed, or its output limit cut the report: no reward, "
+                                  "the sample is retried or dropped, never scored 0")
+
+
+class TamperFlag(ClosedSet):
+    """Signs that a submission gamed the grader; each sets the reward to 0 (rules 4-6 and
+    task_sets/protection.py)."""
+
+    PROTECTED_PATH_MODIFIED = "protected_path_modified", ("the submission edited, deleted or got in the way "
+                                                          "of a protected file or hidden test (restored "
+                                                          "before grading), or a sealed file changed during "
+                                                          "the run")
+    RUNNER_CONFIG_ADDED = "runner_config_added", ("the submission added a file that steers the test runner "
+                                                  "(conftest.py, pytest.ini, sitecustomize.py, a .pth file)")
+    SHADOWS_RUNNER_MODULE = "shadows_runner_module", ("the submission added a root module named like one the "
+                                                      "runner imports (json.py, _pytest/)")
+    NO_REPORT = "no_report", "the suite ran but left no readable report, and no kill explains it"
+    NO_VERDICT = "no_verdict", "the test command never wrote the verdict file it must write"
+    EXIT_CODE_DISAGREES = "exit_code_disagrees", "the runner's exit code or verdict contradicts its report"
+    EARLY_EXIT = "early_exit", "pytest's session never finished: no signed session record beside the report"
+    FORGED_OUTPUT = "forged_output", ("the session record does not vouch for the report (bad signature, "
+                                      "another report, pytest's reporting functions replaced)")
 
 
 @dataclass(frozen=True)
 class GradeResult:
     """One graded submission. `reward` is None unless reward_status is "scored"."""
 
-    outcomes: dict[str, str]  # "file.py::test_name" -> passed | failed | error | skipped | missing
+    outcomes: dict[str, Outcome]  # "file.py::test_name" -> its outcome
     tests_expected: int
     tests_collected: int  # testcases in the report (0 without one)
     suite_ran: bool  # a report was read
-    tamper_flags: tuple[str, ...]
+    tamper_flags: tuple[TamperFlag, ...]
     reward_components: dict[str, float]
     reward: float | None
     reward_status: RewardStatus
@@ -123,16 +154,25 @@ class GradeResult:
         """Rules 4-6 zeroed the reward, whatever the tests say."""
         return bool(self.tamper_flags) or not self.suite_ran or self.exec.status in KILLED
 
+    @property
+    def passed(self) -> bool:
+        """Rule 8: scored, not gated (no tamper flag, not killed, a report) and every expected
+        test passed. Every count of passes, anywhere, is a count of this."""
+        return (self.reward_status is RewardStatus.SCORED and not self.gated and self.tests_expected > 0
+                and len(self.outcomes) == self.tests_expected
+                and all(outcome is Outcome.PASSED for outcome in self.outcomes.values()))
+
     def to_dict(self) -> dict:
         return {
-            "outcomes": dict(self.outcomes),
+            "passed": self.passed,
+            "outcomes": {name: outcome.value for name, outcome in self.outcomes.items()},
             "tests_expected": self.tests_expected,
             "tests_collected": self.tests_collected,
             "suite_ran": self.suite_ran,
-            "tamper_flags": list(self.tamper_flags),
+            "tamper_flags": [flag.value for flag in self.tamper_flags],
             "reward_components": dict(self.reward_components),
             "reward": self.reward,
-            "reward_status": self.reward_status,
+            "reward_status": self.reward_status.value,
             "exec": self.exec.to_dict(),
             "messages": dict(self.messages),
             "reward_version": self.reward_version,
@@ -172,11 +212,11 @@ def grade(
         report = _parse(result.stdout if report_on_stdout else _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
                         or b"")
     if not expected:
-        return _unscored("invalid", result, invalid, expected)
+        return _unscored(RewardStatus.INVALID, result, invalid, expected)
     if result.status is ExecStatus.XX:
-        return _unscored("infra_error", result, result.error or "", expected)
+        return _unscored(RewardStatus.INFRA_ERROR, result, result.error or "", expected)
     if report_on_stdout and result.stdout_truncated:  # only the harness writes there: our limit, not theirs
-        return _unscored("infra_error", result, "the report did not fit the sandbox's stdout excerpt "
+        return _unscored(RewardStatus.INFRA_ERROR, result, "the report did not fit the sandbox's stdout excerpt "
                          "(raise Limits.excerpt_bytes)", expected)
     runner_passed = result.exit_code == 0
     return score(expected, report, result, _harness_node_id, runner_passed, ran_exactly_the_expected=True)
@@ -189,7 +229,7 @@ def grade_test_command(
     test_command: str,
     grader_files: Mapping[str, str] = MappingProxyType({}),
     verdict_file: str | None = None,
-    tamper_flags: Sequence[str] = (),
+    tamper_flags: Sequence[TamperFlag] = (),
     sealed: Sequence[str] = (),
 ) -> GradeResult:
     """Grade a repository with its own test command (run by /bin/sh in the repository root).
@@ -215,9 +255,9 @@ def grade_test_command(
         session = _read_small_json(dirs.report / "session.json")
         verdict = _read_verdict(dirs.verdict / PurePosixPath(verdict_file).name) if dirs.verdict else None
     if not expected:
-        return _unscored("invalid", result, "the task names no test to run", [])
+        return _unscored(RewardStatus.INVALID, result, "the task names no test to run", [])
     if result.status is ExecStatus.XX:
-        return _unscored("infra_error", result, result.error or "", list(expected))
+        return _unscored(RewardStatus.INFRA_ERROR, result, result.error or "", list(expected))
     if report is not None and result.status not in KILLED:
         problem = _session_problem(session, token, report_bytes)
         tamper_flags = [*tamper_flags, problem] if problem else tamper_flags
@@ -234,7 +274,7 @@ def score(
     node_id: Callable[[TestOutcome], str | None],
     runner_passed: bool | None,
     ran_exactly_the_expected: bool,
-    flags: Sequence[str] = (),
+    flags: Sequence[TamperFlag] = (),
 ) -> GradeResult:
     """Rules 3-7 of the module docstring, for a run that happened (status is not XX).
 
@@ -242,24 +282,24 @@ def score(
     `ran_exactly_the_expected` (our harness) it must equal "every expected test passed";
     otherwise (a test command that may run more tests) "no collected test failed"."""
     outcomes, messages = _outcomes(expected, report or [], node_id)
-    passed = sum(o == "passed" for o in outcomes.values())
+    passed = sum(o is Outcome.PASSED for o in outcomes.values())
     all_passed = passed == len(expected)
     components = {"tests_passed_fraction": passed / len(expected), "all_passed": float(all_passed)}
     flags = list(flags)
     killed = result.status in KILLED
     if report is None and not killed:
-        flags.append("no_report")
+        flags.append(TamperFlag.NO_REPORT)
     elif report is not None and not killed:
         report_passed = all_passed if ran_exactly_the_expected else _no_failures(report)
         if runner_passed is None:
-            flags.append("no_verdict")
+            flags.append(TamperFlag.NO_VERDICT)
         elif runner_passed != report_passed:
-            flags.append("exit_code_disagrees")
+            flags.append(TamperFlag.EXIT_CODE_DISAGREES)
     reward = 0.0 if report is None or flags or killed else components["tests_passed_fraction"]
     return GradeResult(
         outcomes=outcomes, tests_expected=len(expected), tests_collected=len(report or []),
         suite_ran=report is not None, tamper_flags=tuple(flags), reward_components=components,
-        reward=reward, reward_status="scored", exec=result, messages=messages,
+        reward=reward, reward_status=RewardStatus.SCORED, exec=result, messages=messages,
     )
 
 
@@ -268,26 +308,26 @@ def _plugin_files() -> dict[str, str]:
     return {path.name: path.read_text() for path in PLUGIN_FILES}
 
 
-def _session_problem(session: dict | None, token: str, report_bytes: bytes) -> str | None:
+def _session_problem(session: dict | None, token: str, report_bytes: bytes) -> TamperFlag | None:
     """What the plugin's session record says of the report: None (it vouches for it),
     "early_exit" (no record: the session never ended), "forged_output", or
     "protected_path_modified" (a sealed file changed during the run)."""
     if session is None:
-        return "early_exit"
+        return TamperFlag.EARLY_EXIT
     try:
         exitstatus, report_sha256 = int(session["exitstatus"]), str(session["report_sha256"])
         intact, sealed_intact = session["runner_intact"] is True, session["sealed_intact"] is True
         claimed = str(session["signature"])
     except (KeyError, TypeError, ValueError):
-        return "forged_output"
+        return TamperFlag.FORGED_OUTPUT
     genuine = hmac.compare_digest(claimed, signature(token, exitstatus, report_sha256, intact, sealed_intact))
     if not (genuine and intact and report_sha256 == hashlib.sha256(report_bytes).hexdigest()):
-        return "forged_output"
-    return None if sealed_intact else "protected_path_modified"
+        return TamperFlag.FORGED_OUTPUT
+    return None if sealed_intact else TamperFlag.PROTECTED_PATH_MODIFIED
 
 
 def _no_failures(report: list[TestOutcome]) -> bool:
-    return bool(report) and not any(t.outcome in ("failed", "error") for t in report)
+    return bool(report) and not any(t.outcome in (Outcome.FAILED, Outcome.ERROR) for t in report)
 
 
 def _harness_node_id(t: TestOutcome) -> str:
@@ -304,16 +344,17 @@ def _junit_key(node_id: str) -> tuple[str, str]:
     return ".".join([module, *scopes[:-1]]), name
 
 
-def _outcomes(expected: list[str], report: list[TestOutcome], node_id) -> tuple[dict[str, str], dict[str, str]]:
+def _outcomes(expected: list[str], report: list[TestOutcome], node_id
+              ) -> tuple[dict[str, Outcome], dict[str, str]]:
     worst: dict[str, TestOutcome] = {}
     for t in report:
         key = node_id(t)
-        if key is not None and (key not in worst or _SEVERITY.get(t.outcome, 3) > _SEVERITY.get(worst[key].outcome, 3)):
+        if key is not None and (key not in worst or _SEVERITY[t.outcome] > _SEVERITY[worst[key].outcome]):
             worst[key] = t
     outcomes, messages = {}, {}
     for test in expected:
         found = worst.get(test)
-        outcomes[test] = found.outcome if found else "missing"
+        outcomes[test] = found.outcome if found else Outcome.MISSING
         if found and found.message:
             messages[test] = found.message
     return outcomes, messages

@@ -12,13 +12,27 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox.closed_set import ClosedSet
+
 __test__ = False  # not a pytest module, despite the name
 
 MAX_REPORT_BYTES = 16 << 20
-OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+class Outcome(ClosedSet):
+    """One expected test's outcome. Only `passed` counts as passing (positive evidence)."""
+
+    PASSED = "passed", "the report lists the test and it passed"
+    FAILED = "failed", "the report lists the test and an assertion in it failed"
+    ERROR = "error", "the report lists the test and it raised, or its set-up or teardown did"
+    SKIPPED = "skipped", "the report lists the test as skipped: a required test that did not run fails"
+    MISSING = "missing", ("the test is absent from the report (not collected, the suite never ran or was killed, "
+                          "or the diff did not apply): a failure")
+
+
 # When a testcase carries several result children (pytest: a failure plus a teardown error),
 # the first listed here wins.
-_CHILD_OUTCOME = (("error", "error"), ("failure", "failed"), ("skipped", "skipped"))
+_CHILD_OUTCOME = (("error", Outcome.ERROR), ("failure", Outcome.FAILED), ("skipped", Outcome.SKIPPED))
 
 
 class ReportError(ValueError):
@@ -30,7 +44,7 @@ class TestOutcome:
     __test__ = False
 
     name: str
-    outcome: str  # one of OUTCOMES
+    outcome: Outcome  # never MISSING: that is the grader's verdict on a test the report lacks
     message: str
     seconds: float
     classname: str = ""  # our harness: the test file's stem; pytest: the dotted module path
@@ -85,7 +99,7 @@ def _testcase(case: ET.Element) -> TestOutcome:
     name = case.get("name")
     if not name:
         raise ReportError("a <testcase> has no name")
-    outcome, message = "passed", ""
+    outcome, message = Outcome.PASSED, ""
     for tag, label in _CHILD_OUTCOME:
         child = case.find(tag)
         if child is not None:

@@ -19,9 +19,10 @@ import time
 from sandbox import python_ast
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
-from sandbox.grading import GradeResult, grade, grade_test_command
+from sandbox.grading import GradeResult, RewardStatus, grade, grade_test_command
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import Limits, SandboxSpec
+from sandbox.test_report import Outcome
 from task_sets.patches import PatchError, apply_patch, changed_paths
 from task_sets.protection import guard
 from task_sets.rewards import DEFAULT, ONE_TURN, Process, RewardFunction
@@ -94,10 +95,10 @@ def _repository_progress(graded: GradeResult, task: RepositoryTask) -> GradeResu
     """For a repository, "tests passed" is progress on fail_to_pass scaled by what still passes
     of pass_to_pass: a diff that changes nothing earns 0, one that breaks half the old tests
     keeps half its progress."""
-    if graded.reward_status != "scored":
+    if graded.reward_status is not RewardStatus.SCORED:
         return graded
     def fraction(tests: tuple[str, ...]) -> float:
-        return sum(graded.outcomes.get(t) == "passed" for t in tests) / len(tests) if tests else 1.0
+        return sum(graded.outcomes.get(t) is Outcome.PASSED for t in tests) / len(tests) if tests else 1.0
     fail_to_pass, pass_to_pass = fraction(task.fail_to_pass), fraction(task.pass_to_pass)
     components = {**graded.reward_components, "fail_to_pass_fraction": fail_to_pass,
                   "pass_to_pass_fraction": pass_to_pass, "tests_passed_fraction": fail_to_pass * pass_to_pass}
@@ -135,7 +136,7 @@ def _not_applied(task: RepositoryTask, sandbox: Sandbox, reason: str, wall_s: fl
     )
     expected = task.expected_tests
     return GradeResult(
-        outcomes=dict.fromkeys(expected, "missing"), tests_expected=len(expected), tests_collected=0,
+        outcomes=dict.fromkeys(expected, Outcome.MISSING), tests_expected=len(expected), tests_collected=0,
         suite_ran=False, tamper_flags=(), reward_components={"tests_passed_fraction": 0.0, "all_passed": 0.0},
-        reward=0.0, reward_status="scored", exec=applying, messages={"_": f"the diff does not apply: {reason}"},
+        reward=0.0, reward_status=RewardStatus.SCORED, exec=applying, messages={"_": f"the diff does not apply: {reason}"},
     )

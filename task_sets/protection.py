@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
+from sandbox.grading import TamperFlag
 from sandbox.interpreter import importable_modules
 from task_sets.patches import changed_paths
 from task_sets.schema import RUNNER_CONFIGURATION
@@ -38,7 +39,7 @@ GRADER_MODULES = frozenset({"pytest_session", "session_signature", "run_tests"})
 @dataclass(frozen=True)
 class Guarded:
     files: dict[str, str]  # the tree to grade: submission, protected paths restored, hidden tests in
-    tamper_flags: tuple[str, ...]
+    tamper_flags: tuple[TamperFlag, ...]
     touched: tuple[str, ...]  # the protected paths the submission changed, for the grade's messages
     sealed: tuple[str, ...]  # files of `files` the test run must not be able to change (Session.protect)
 
@@ -74,20 +75,21 @@ def guard(
         touched.append(path)
         if path in pristine:
             files[path] = pristine[path]
-            flags.add("protected_path_modified")
+            flags.add(TamperFlag.PROTECTED_PATH_MODIFIED)
         else:
             del files[path]
-            flags.add("runner_config_added" if matches(path, RUNNER_CONFIGURATION) else "protected_path_modified")
+            flags.add(TamperFlag.RUNNER_CONFIG_ADDED if matches(path, RUNNER_CONFIGURATION)
+                      else TamperFlag.PROTECTED_PATH_MODIFIED)
     for path in sorted(submitted.keys() - pristine.keys()):
         if path in files and _shadows_runner_module(path):
             del files[path]
             touched.append(path)
-            flags.add("shadows_runner_module")
+            flags.add(TamperFlag.SHADOWS_RUNNER_MODULE)
     protected = {*hidden_tests, *(p for p in files if matches(p, patterns))}
     for path in sorted(p for p in files if _in_the_way(p, protected)):
         del files[path]
         touched.append(path)
-        flags.add("protected_path_modified")
+        flags.add(TamperFlag.PROTECTED_PATH_MODIFIED)
     files.update(hidden_tests)
     sealed = tuple(sorted(path for path in files if path in hidden_tests or matches(path, patterns)))
     return Guarded(files, tuple(sorted(flags)), tuple(touched), sealed)

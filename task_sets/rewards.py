@@ -46,7 +46,7 @@ from pydantic import (
 )
 
 from sandbox import python_ast
-from sandbox.grading import GradeResult
+from sandbox.grading import GradeResult, RewardStatus
 
 CONFIG_FILE = "reward.toml"
 TIER_TOLERANCE = 1e-9
@@ -99,7 +99,7 @@ class RewardFunction(BaseModel):
 
         `compiles`: tier 1, as the task's kind defines it (task_sets/grading.py); `code`: the
         submitted Python sources, for the quality terms."""
-        if grade.reward_status != "scored":
+        if grade.reward_status is not RewardStatus.SCORED:
             return dataclasses.replace(grade, reward_version=self.version)
         sources = list(code)
         measures = {"compiles": float(compiles)}

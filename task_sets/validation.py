@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
-from sandbox.grading import GradeResult
+from sandbox.grading import GradeResult, RewardStatus
 from sandbox.pool import SandboxPool
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.schema import RepositoryTask, Task
@@ -84,7 +84,7 @@ def validate(
 
 
 def _judge(task: Task, references: list[GradeResult], wrongs: dict[str, GradeResult]) -> TaskReport:
-    infra = [g for g in [*references, *wrongs.values()] if g.reward_status == "infra_error"]
+    infra = [g for g in [*references, *wrongs.values()] if g.reward_status is RewardStatus.INFRA_ERROR]
     if infra:
         return TaskReport(task.id, "unjudgeable", (f"infrastructure error: {infra[0].exec.error}",))
     passes = sum(g.reward == 1.0 for g in references)
@@ -106,7 +106,7 @@ def _varying_tests(grades: list[GradeResult]) -> tuple[str, ...]:
 
 
 def _first_failure(grade: GradeResult) -> str:
-    if grade.reward_status != "scored":
+    if grade.reward_status is not RewardStatus.SCORED:
         return f"{grade.reward_status}: {'; '.join(grade.messages.values())}"[:300]
     failed = [t for t, outcome in grade.outcomes.items() if outcome != "passed"]
     message = grade.messages.get(failed[0], "") if failed else ""

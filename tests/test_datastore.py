@@ -258,3 +258,15 @@ def test_rows_without_behaviour_logprobs_are_stored_but_never_trained_on():
     table = rows_to_table("trajectories", [trajectory_row("t/1"), evaluated_only])
     assert table["behaviour_logprobs"].null_count == 1
     assert [s.group_id for s in train_samples(table)] == ["t/1#g"]
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("reward_status", "ok"), ("exec_status", "FAIL"), ("tamper_flags", ["wrote_outside_workspace"]),
+    ("test_results", [{"name": "test_a", "outcome": "xfail", "message": ""}]),
+])
+def test_a_status_outside_its_closed_set_is_refused_and_nothing_is_written(tmp_path, column, value):
+    store = DatasetStore(str(tmp_path))
+    table = rows_to_table("trajectories", [{**trajectory_row(), column: value}])
+    with pytest.raises(SchemaError, match=f"column {column}"):
+        store.write_partition("trajectories", "exp", 1, table)
+    assert not store.has_partition("trajectories", "exp", 1) and not list(tmp_path.rglob("*.parquet"))

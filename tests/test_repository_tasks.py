@@ -286,4 +286,4 @@ def test_verify_grades_diffs_and_reports_the_reward_version(tmp_path):
     solved, untouched = map(json.loads, done.stdout.splitlines())
     assert (solved["reward"], solved["reward_version"]) == (1.0, SHOPCART.reward.version)
     assert untouched["reward"] == 0.0 and untouched["reward_components"]["pass_to_pass_fraction"] == 1.0
-    assert "2 solutions: 1 passed all tests, 1 did not" in done.stderr
+    assert "2 solutions: 1 passed, 1 failed" in done.stderr

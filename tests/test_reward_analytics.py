@@ -27,11 +27,11 @@ RESOURCES = {"pipes_subprocess_client": PipesSubprocessClient()}
 def _samples(infra_errors: int = 0, tampered: int = 0) -> list[dict]:
     """Two tasks of four samples: t/0 all passed (a flat group), t/1 (hard) half passed, one
     truncated; the first `infra_errors` samples of t/1 lost to the infrastructure, the last
-    `tampered` of t/0 flagged."""
+    `tampered` of t/0 caught forging their report (reward 0, not passed, whatever the tests said)."""
     rows = [trajectory_row("t/0", i, 1.0) for i in range(4)] + [trajectory_row("t/1", i, float(i % 2)) for i in range(4)]
     rows[7]["finish_reason"] = "length"
     for row in rows[4 - tampered:4]:
-        row["tamper_flags"] = ["wrote_outside_workspace"]
+        row.update(tamper_flags=["forged_output"], reward=0.0, passed=False)
     for row in rows[4:]:
         row["difficulty"] = "hard"
     for row in rows[4:4 + infra_errors]:
@@ -114,7 +114,7 @@ def test_tampering_above_the_limit_fails_its_check_and_names_the_flags(crucible)
     tampering = checks["tampering_within_limit"]
     assert not tampering.passed and "tamper_rate 0.250 (limit 0.1)" in tampering.description
     assert [row.data for row in metadata["tamper_flags"].value.records] == [
-        {"flag": "wrote_outside_workspace", "samples": 2}]
+        {"flag": "forged_output", "samples": 2}]
 
 
 def test_reward_analytics_tables_and_plots_every_iteration(crucible):

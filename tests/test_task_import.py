@@ -115,9 +115,9 @@ def test_verify_grades_each_line_and_reports_bad_ones_in_place(crucible, tmp_pat
     done = crucible("verify", "--task-set", "he", "--solutions", str(solutions), "--backend", "local", "--out", str(out))
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["reward"], r["reward_status"], r["tamper_flags"]) for r in results] == [
-        (1.0, "scored", []), (0.0, "scored", []), (0.0, "scored", []),
-        (None, "invalid", []), (None, "invalid", []),
+    assert [(r["passed"], r["reward"], r["reward_status"], r["tamper_flags"]) for r in results] == [
+        (True, 1.0, "scored", []), (False, 0.0, "scored", []), (False, 0.0, "scored", []),
+        (False, None, "invalid", []), (False, None, "invalid", []),
     ]
     assert "solutions.jsonl:4" in results[3]["error"] and "solutions.jsonl:5" in results[4]["error"]
-    assert "5 solutions: 1 passed all tests, 2 did not, 2 invalid" in done.stderr
+    assert "5 solutions: 1 passed, 2 failed, 2 invalid" in done.stderr

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sandbox.grading import GradeResult
+from sandbox.grading import GradeResult, RewardStatus
 from task_sets.schema import Task
 from training.rollout import Rollout
 from training.trainer import TrainSample
@@ -22,7 +22,7 @@ class VerifiedRollout:
 
     @property
     def passed(self) -> bool:
-        return self.grade.reward_status == "scored" and self.grade.reward_components.get("all_passed") == 1.0
+        return self.grade.passed
 
 
 def trajectory_row(verified: VerifiedRollout) -> dict:
@@ -46,15 +46,15 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "turns": _turns(rollout),
         "patch": rollout.solution,
         "test_results": [
-            {"name": name, "outcome": outcome, "message": grade.messages.get(name, "")}
+            {"name": name, "outcome": outcome.value, "message": grade.messages.get(name, "")}
             for name, outcome in grade.outcomes.items()
         ],
         "reward_components": grade.reward_components,
         "reward": grade.reward,
-        "reward_status": grade.reward_status,
+        "reward_status": grade.reward_status.value,
         "reward_version": grade.reward_version,
-        "passed": verified.passed,
-        "tamper_flags": list(grade.tamper_flags),
+        "passed": grade.passed,
+        "tamper_flags": [flag.value for flag in grade.tamper_flags],
         "exec_status": execution.status.value,
         "timings": {  # null: not measured by the single-turn skeleton
             "queue_s": None,
@@ -92,8 +92,8 @@ def evaluation_row(verified: VerifiedRollout) -> dict:
         "policy_version": verified.rollout.policy_version,
         "response_text": verified.rollout.response_text,
         "reward": verified.grade.reward,
-        "passed": verified.passed,
-        "reward_status": verified.grade.reward_status,
+        "passed": verified.grade.passed,
+        "reward_status": verified.grade.reward_status.value,
         "reward_version": verified.grade.reward_version,
     }
 
@@ -102,7 +102,7 @@ def train_samples(table: pa.Table) -> list[TrainSample]:
     """Scored rows as training samples; infrastructure errors, invalid grades and samples
     without behaviour log-probs (text-only HTTP engines) are masked out."""
     columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id", "loss_mask"]
-    usable = pc.and_(pc.equal(table["reward_status"], "scored"), pc.is_valid(table["behaviour_logprobs"]))
+    usable = pc.and_(pc.equal(table["reward_status"], RewardStatus.SCORED.value), pc.is_valid(table["behaviour_logprobs"]))
     rows = table.filter(usable).select(columns).to_pylist()
     return [
         TrainSample(
