@@ -35,8 +35,8 @@ from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
 from datastore.schema import TRAINING_STEPS
-from sandbox.grading import RewardStatus
 from datastore.store import rows_to_table
+from sandbox.grading import RewardStatus
 from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import TaskSet, load_task_set
 from task_sets.reproducibility import agreement, regrade_sample
@@ -341,8 +341,7 @@ def checkpoint(
         job = TrainJob(
             parent_dir=str(parent_dir), out_dir=str(out_dir), storage_root=crucible.storage_root,
             trajectory_files=trajectory_files,
-            # Log-probs are recomputed at the temperature the samples were drawn at.
-            grpo=experiment.grpo.model_copy(update={"temperature": experiment.temperature}),
+            grpo=experiment.grpo, temperature=experiment.temperature,
             reference_dir=str(crucible.base_policy_dir()) if experiment.grpo.kl_coef else None,
             lineage=lineage(parent_dir, parent_hash, trajectory_files,
                             load_task_set(experiment.task_set).version, settings),
@@ -390,7 +389,8 @@ def _signals(metrics: dict, trajectories_table) -> dict[str, float]:
     mean = sum(scored) / max(len(scored), 1)
     spread = (sum((r - mean) ** 2 for r in scored) / max(len(scored) - 1, 1)) ** 0.5
     return {
-        **{key: float(metrics[key]) for key in ("loss", "approx_kl", "kl_to_reference", "entropy", "clip_fraction",
+        **{key: float(metrics[key]) for key in ("loss", "final_kl", "mean_step_kl", "kl_to_reference", "entropy",
+                                                "clip_fraction",
                                                 "grad_norm", "grad_norm_max")},
         "response_length": sum(sum(row["loss_mask"]) for row in rows) / max(len(rows), 1),
         "zero_variance_fraction": metrics["zero_variance_groups"] / max(metrics["groups"], 1),

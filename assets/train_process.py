@@ -28,7 +28,7 @@ def main() -> None:
 
 def _report_step(pipes: PipesContext, step: int, total: int, stats: dict) -> None:
     pipes.log.info(f"train step {step}/{total}: loss {stats['loss']:.4f}, entropy {stats['entropy']:.3f}, "
-                   f"kl {stats['approx_kl']:.2e}, grad norm {stats['grad_norm']:.3f}")
+                   f"kl before the step {stats['approx_kl']:.2e}, grad norm {stats['grad_norm']:.3f}")
     pipes.report_custom_message({"kind": STEP_MESSAGE, "step": step, "total": total, **stats})
 
 

@@ -14,8 +14,9 @@ from sandbox.grading import RewardStatus, TamperFlag
 from sandbox.result import ExecStatus
 from sandbox.test_report import Outcome
 
-SCHEMA_VERSION = 5  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
-# 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks
+SCHEMA_VERSION = 6  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
+# 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;
+# 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -143,7 +144,10 @@ CHECKPOINTS = pa.schema(
         _field("code_version", pa.string(), "crucible version and hash of the training and grading source"),
         _field("global_step", pa.int64(), "optimizer steps since the base policy"),
         _field("loss", pa.float64(), "mean policy loss of the step"),
-        _field("approx_kl", pa.float64(), "KL between the sampling policy and the trained one, per token"),
+        _field("final_kl", pa.float64(), "KL(sampling policy || the saved one) per trained token (k3), measured "
+               "after the last optimizer step: what training_not_diverged judges"),
+        _field("mean_step_kl", pa.float64(), "training_steps.approx_kl averaged over the step's tokens (each "
+               "measured before its optimizer step)"),
         _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference (0 without a KL penalty)"),
         _field("entropy", pa.float64(), "mean next-token entropy on the trained tokens, nats"),
         _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
@@ -166,7 +170,8 @@ TRAINING_STEPS = pa.schema(
         _field("step", pa.int32(), "optimizer step within the iteration, from 1", nullable=False),
         _field("loss", pa.float64(), "policy loss of the minibatch"),
         _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
-        _field("approx_kl", pa.float64(), "KL between the sampling policy and the current one, per token"),
+        _field("approx_kl", pa.float64(), "KL(sampling policy || the current one) per token (k3), before this "
+               "optimizer step updated it"),
         _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference"),
         _field("entropy", pa.float64(), "mean next-token entropy on the trained tokens, nats"),
         _field("grad_norm", pa.float64(), "gradient norm before clipping"),

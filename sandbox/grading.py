@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
+
 from sandbox.base import WORKSPACE, Mount, Sandbox
 from sandbox.closed_set import ClosedSet
 from sandbox.harness.bundle import harness_files

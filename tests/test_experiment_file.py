@@ -71,3 +71,19 @@ def test_the_cli_refuses_to_change_a_stored_experiment_without_a_traceback(tmp_p
     assert result.returncode == 2
     assert "experiment 'lora-small' already ran with other settings" in result.stderr
     assert "grpo.estimator" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_trainer_temperature_other_than_the_sampling_one_is_refused(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text('name = "a"\ntemperature = 0.6\n[grpo]\ntemperature = 1.0\n')
+    with pytest.raises(ExperimentFileError) as error:
+        load_experiment_file(path)
+    assert str(error.value) == (f"{path}: grpo.temperature (1.0) differs from temperature (0.6): the "
+                                "trainer recomputes log-probs at the temperature the samples were drawn at, so "
+                                "there is one setting; set `temperature` only")
+
+
+def test_a_trainer_temperature_equal_to_the_sampling_one_is_accepted(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text('name = "a"\ntemperature = 0.8\n[grpo]\ntemperature = 0.8\n')
+    assert load_experiment_file(path).temperature == 0.8

@@ -17,8 +17,8 @@ from training.monitors import (
     weights_are_finite,
 )
 
-HEALTHY = {"loss": 0.01, "approx_kl": 0.01, "kl_to_reference": 0.0, "entropy": 0.8, "clip_fraction": 0.02,
-           "grad_norm": 0.5, "grad_norm_max": 0.9, "response_length": 40.0, "zero_variance_fraction": 0.3,
+HEALTHY = {"loss": 0.01, "final_kl": 0.01, "mean_step_kl": 0.005, "kl_to_reference": 0.0, "entropy": 0.8,
+           "clip_fraction": 0.02, "grad_norm": 0.5, "grad_norm_max": 0.9, "response_length": 40.0, "zero_variance_fraction": 0.3,
            "reward_mean": 0.2, "reward_std": 0.3, "tamper_ratio": 0.0}
 
 
@@ -58,7 +58,7 @@ def test_healthy_signals_pass_every_monitor():
     ({"loss": math.nan}, True, "training_finite", "error"),
     ({"grad_norm_max": math.inf}, True, "training_finite", "error"),
     ({}, False, "training_finite", "error"),
-    ({"approx_kl": 0.9}, True, "training_not_diverged", "error"),
+    ({"final_kl": 0.9}, True, "training_not_diverged", "error"),
     ({"entropy": 0.2}, True, "entropy_not_collapsed", "warn"),  # below 0.3 of the first iteration's 0.8
     ({"tamper_ratio": 0.05}, True, "tamper_ratio_not_rising", "warn"),
 ])

@@ -439,8 +439,9 @@ def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, tokeniz
 
     out = tmp_path / "policy-1"
     steps = []
-    config = one_pass(lr=1e-3, minibatch_size=16, micro_batch_size=2, temperature=1.5)  # as sampled
-    metrics = train_policy(sft_result[0], samples, out, config, progress=lambda *a: steps.append(a))
+    config = one_pass(lr=1e-3, minibatch_size=16, micro_batch_size=2)
+    metrics = train_policy(sft_result[0], samples, out, config, progress=lambda *a: steps.append(a),
+                           temperature=1.5)  # as sampled
     manifest = verify_checkpoint(out)
     assert manifest["kind"] == "grpo" and (out / OPTIMIZER_FILE).is_file()
     assert steps and steps[-1][:2] == (1, 1)
@@ -461,9 +462,31 @@ def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, tokeniz
     assert sum(after[1:]) < sum(before[1:])
 
     # A second round resumes the AdamW state saved with the first.
-    metrics2 = train_policy(out, samples, tmp_path / "policy-2", config)
+    metrics2 = train_policy(out, samples, tmp_path / "policy-2", config, temperature=1.5)
     assert metrics2["optimizer_steps"] == 1
     verify_checkpoint(tmp_path / "policy-2")
+
+
+def test_the_divergence_measure_is_the_saved_policy_against_the_sampling_one(engine, sft_result, tokenizer,
+                                                                             tmp_path):
+    """final_kl is measured after the last optimizer step, on the checkpoint the step saved; the
+    step's own approx_kl, taken before it updated, is ~0 on-policy and never sees the update."""
+    prompt = render_prompt(tokenizer, EXAMPLES[1][0])
+    group = engine.generate([prompt], SamplingParams(n=4, max_new_tokens=30, temperature=1.0, seed=5))[0]
+    samples = [TrainSample(prompt, c.token_ids, c.logprobs, r, "g") for c, r in zip(group, [1.0, 0.0, 0.0, 0.0])]
+    metrics = train_policy(sft_result[0], samples, tmp_path / "moved", one_pass(lr=3e-3, minibatch_size=4,
+                                                                               keep_optimizer_state=False))
+    saved, _ = load_policy(tmp_path / "moved")
+    batch = make_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id=EOT_ID)
+    with torch.no_grad():
+        after = token_logprobs(saved, batch)
+    behaviour = torch.zeros_like(after)
+    for row, s in enumerate(samples):
+        behaviour[row, batch.response_slices[row]] = torch.tensor(s.behaviour_logprobs)
+    log_ratio = (after - behaviour) * batch.mask
+    expected = float(((torch.expm1(log_ratio) - log_ratio) * batch.mask).sum() / batch.mask.sum())
+    assert metrics["final_kl"] == pytest.approx(expected, rel=1e-3) and expected > 1e-3
+    assert metrics["steps"][0]["approx_kl"] == pytest.approx(0.0, abs=1e-4)
 
 
 def test_train_policy_rejects_mismatched_logprobs(sft_result, tmp_path):

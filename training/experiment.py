@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from training.monitors import MonitorConfig
 from training.trainer import GRPOConfig
@@ -44,8 +45,9 @@ class ExperimentConfig(BaseModel):
     command_timeout_s: float = Field(10.0, gt=0, description="wall limit of each command an episode runs")
     temperature: float = Field(
         0.6, gt=0,
-        description="sampling temperature of rollouts, and the trainer's (they must agree); 0.6 "
-        "keeps the warmed-up default model's samples mostly valid Python",
+        description="the one temperature: rollouts sample at it and the trainer recomputes log-probs at it (the "
+        "importance ratio is only right if the two agree); 0.6 keeps the warmed-up default model's samples mostly "
+        "valid Python",
     )
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
     eval_samples: int = Field(8, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "
@@ -63,6 +65,22 @@ class ExperimentConfig(BaseModel):
     seed: int = 0
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_temperature(cls, settings: object) -> object:
+        """`grpo.temperature` was once a setting of its own, silently overridden by `temperature`:
+        accepted when it agrees, refused when it does not."""
+        if not (isinstance(settings, dict) and isinstance(settings.get("grpo"), dict)
+                and "temperature" in settings["grpo"]):
+            return settings
+        grpo = dict(settings["grpo"])
+        trainer, sampling = grpo.pop("temperature"), settings.get("temperature", cls.model_fields["temperature"].default)
+        if trainer != sampling:
+            raise PydanticCustomError("one_temperature", f"grpo.temperature ({trainer}) differs from temperature ({sampling}): the trainer "
+                             "recomputes log-probs at the temperature the samples were drawn at, so there is one "
+                             "setting; set `temperature` only")
+        return {**settings, "grpo": grpo}
 
 
 class ExperimentFileError(ValueError):
@@ -92,7 +110,8 @@ def load_experiment_file(path: str | Path) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(document)
     except ValidationError as error:
-        problems = [f"{path}: field '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in error.errors()]
+        problems = [f"{path}: " + (f"field '{'.'.join(str(p) for p in e['loc'])}': " if e["loc"] else "") + e["msg"]
+                    for e in error.errors()]
         raise ExperimentFileError("\n".join(problems)) from None
 
 

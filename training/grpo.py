@@ -11,6 +11,9 @@ rewards are all equal, and singleton groups, get exactly 0: they carry no signal
 clipped_policy_loss: PPO's clipped surrogate, aggregated over tokens (DAPO / TRL "token" loss)
 or sequences, optionally with a KL penalty towards a frozen reference policy.
 
+approx_kl: how far a policy moved from the one that sampled, k3 per token: the stability
+monitor's measure, after the step, and each optimizer step's statistic, before it.
+
 informative_samples: dynamic sampling's filter (DAPO): a sample counts only if its group's
 rewards differ.
 """
@@ -60,6 +63,15 @@ def reinforce_pp_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-
 def informative_samples(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """True for each sample whose group has at least two samples and not all rewards equal."""
     return ~_group_stats(rewards, group_ids).degenerate
+
+
+def approx_kl(logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -> float:
+    """k3 estimate of KL(behaviour || current) per masked token, from tokens the behaviour policy
+    sampled: mean of (r - 1) - log r with r = pi / pi_behaviour (never negative)."""
+    keep = mask.bool()
+    log_ratio = torch.where(keep, logprobs - behaviour_logprobs.to(logprobs.dtype), 0.0)
+    per_token = torch.expm1(log_ratio) - log_ratio
+    return float((per_token * mask).sum() / mask.sum().clamp(min=1.0))
 
 
 def kl_to_reference(logprobs: Tensor, reference_logprobs: Tensor, estimator: str = "k3") -> Tensor:
@@ -165,7 +177,7 @@ def clipped_policy_loss(
         stats = {
             "clip_fraction": float((is_clipped.to(mask.dtype) * mask).sum() / tokens),
             "mean_ratio": float((ratio * mask).sum() / tokens),
-            "approx_kl": float((((ratio - 1.0) - log_ratio) * mask).sum() / tokens),
+            "approx_kl": approx_kl(logprobs, behaviour_logprobs, mask),
             "kl_to_reference": float((kl * mask).sum() / tokens),
             "tokens": float(mask.sum()),
             "sequences": float((per_sequence_tokens > 0).sum()),

@@ -29,15 +29,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
-SIGNALS = ("loss", "approx_kl", "kl_to_reference", "entropy", "clip_fraction", "grad_norm", "grad_norm_max",
+SIGNALS = ("loss", "final_kl", "mean_step_kl", "kl_to_reference", "entropy", "clip_fraction", "grad_norm", "grad_norm_max",
            "response_length", "zero_variance_fraction", "reward_mean", "reward_std", "tamper_ratio")
 
 
 class MonitorConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_step_kl: float = Field(0.5, gt=0, description="approx. KL between the policy that sampled and the one "
-                               "trained on the samples; above it the step diverged (blocks the next iteration)")
+    max_step_kl: float = Field(0.5, gt=0, description="KL per trained token between the policy that sampled and "
+                               "the one the training step saved (measured after its last optimizer step); above "
+                               "it the step diverged (blocks the next iteration)")
     min_entropy_ratio: float = Field(0.3, ge=0, le=1, description="warn when mean token entropy falls below "
                                      "this share of the first iteration's (entropy collapse)")
     max_tamper_rise: float = Field(0.02, ge=0, description="warn when the share of tampered submissions rises "
@@ -67,13 +68,13 @@ def weights_are_finite(checkpoint_dir: str | Path) -> bool:
 def judge(signals: dict[str, float], history: list[dict[str, float]], finite_weights: bool,
           config: MonitorConfig = MonitorConfig()) -> list[Verdict]:
     """Verdicts on this iteration's `signals`, given the earlier iterations' (oldest first)."""
-    numbers = ("loss", "grad_norm_max", "approx_kl")
+    numbers = ("loss", "grad_norm_max", "final_kl")
     bad = [name for name in numbers if not math.isfinite(signals[name])] + ([] if finite_weights else ["weights"])
     verdicts = [Verdict("training_finite", "error", not bad,
                         f"not finite: {', '.join(bad)}" if bad else "loss, gradients and weights are finite")]
-    kl = signals["approx_kl"]
+    kl = signals["final_kl"]
     verdicts.append(Verdict("training_not_diverged", "error", kl <= config.max_step_kl,
-                            f"step KL {kl:.3g} (limit {config.max_step_kl})"))
+                            f"KL of the trained policy to the sampling one {kl:.3g} (limit {config.max_step_kl})"))
     first = history[0]["entropy"] if history else signals["entropy"]
     floor = config.min_entropy_ratio * first
     verdicts.append(Verdict("entropy_not_collapsed", "warn", signals["entropy"] >= floor,

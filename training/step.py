@@ -24,6 +24,7 @@ class TrainJob(BaseModel):
     storage_root: str  # where the trajectories dataset lives (any fsspec URI)
     trajectory_files: list[str]  # the partition's files, as its manifest named them when the step began
     grpo: GRPOConfig
+    temperature: float  # the samples were drawn at it; the trainer's log-probs are taken at it too
     reference_dir: str | None = None  # the frozen policy of the KL penalty
     lineage: dict = {}
 
@@ -36,5 +37,5 @@ def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[di
         raise ValueError(f"trajectories {', '.join(job.trajectory_files)} hold no trainable sample "
                          "(every row is an infrastructure error, invalid, or has no behaviour log-probs)")
     metrics = train_policy(job.parent_dir, samples, job.out_dir, job.grpo, progress=progress,
-                           lineage=job.lineage, reference_dir=job.reference_dir)
+                           lineage=job.lineage, reference_dir=job.reference_dir, temperature=job.temperature)
     return metrics, verify_checkpoint(job.out_dir)

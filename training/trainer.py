@@ -2,7 +2,7 @@
 
 Advantages come from the configured estimator over groups (completions of the same prompt share
 a group_id). Token log-probs are recomputed with teacher forcing under the engine's convention,
-log_softmax(logits / temperature), and the PPO-clipped surrogate (optionally with a KL penalty
+log_softmax(logits / temperature) at the temperature the samples were drawn at, and the PPO-clipped surrogate (optionally with a KL penalty
 to a frozen reference) is minimised with AdamW, on the full model or on LoRA adapters that are
 merged into the saved checkpoint.
 
@@ -10,6 +10,10 @@ Groups whose rewards are all equal carry no signal: by default (`zero_variance_g
 DAPO's dynamic sampling) they leave the batch and its loss denominator. Any remaining sample
 with zero advantage contributes exactly zero gradient, so it is not run through the model; its
 tokens still count in the denominator, which keeps the loss identical to the full-batch one.
+
+After the last optimizer step, one more pass without gradients measures `final_kl`, the KL
+between the policy that sampled and the policy the step saved, on the trained tokens: what the
+divergence monitor judges. Each optimizer step's own `approx_kl` is measured before it updates.
 
 The step saves its progress after every `save_progress_every` optimizer steps
 (training/resume.py): run again after a crash, it resumes there.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,9 +31,9 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .batching import make_batch, token_logprobs, token_logprobs_and_entropy
+from .batching import TokenBatch, make_batch, token_logprobs, token_logprobs_and_entropy
 from .checkpoint import read_manifest, save_checkpoint
-from .grpo import advantages, clipped_policy_loss, informative_samples
+from .grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
 from .model import load_policy
 from .resume import ProgressFile, StepProgress, fingerprint
 from .schedule import Schedule, lr_factor
@@ -79,7 +83,6 @@ class GRPOConfig(BaseModel):
                            "policy); 0: no penalty, and no reference model is loaded")
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="per-token KL estimator (training/grpo.py)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
-    temperature: float = Field(1.0, gt=0, description="must equal the sampling temperature of the rollouts")
     weight_decay: float = Field(0.0, ge=0, description="no pull towards zero during RL")
     betas: tuple[float, float] = (0.9, 0.99)
     keep_optimizer_state: bool = Field(True, description="carry AdamW moments across iterations (optimizer.pt); "
@@ -126,12 +129,14 @@ def train_policy(
     progress: ProgressFn | None = None,
     lineage: dict | None = None,
     reference_dir: str | Path | None = None,
+    temperature: float = 1.0,
 ) -> dict:
     """Load the policy, take the step's optimizer steps on `samples`, save the new policy to
     `out_dir`, and return the step's metrics (with `steps`, the statistics of each optimizer step).
 
     `lineage` (parent checkpoint, trajectories, task set, settings) goes into the manifest;
-    `reference_dir` is the frozen policy of the KL penalty (needed when kl_coef > 0).
+    `reference_dir` is the frozen policy of the KL penalty (needed when kl_coef > 0);
+    `temperature` is the one the samples were drawn at.
     """
     _validate(samples, config, reference_dir)
     if config.threads is not None:
@@ -141,9 +146,9 @@ def train_policy(
     model, tokenizer = load_policy(policy_dir)
     pad_id = tokenizer.pad_token_id
     advantages = _advantages(batch, config)
-    rollout_logprobs = _logprobs(model, batch, pad_id, config) if config.tis_cap and batch else None
-    reference_logprobs = (_logprobs(load_policy(reference_dir)[0], batch, pad_id, config)
-                          if config.kl_coef and batch else None)
+    forward = _Forward(pad_id, config.micro_batch_size, temperature)
+    rollout_logprobs = forward.logprobs(model, batch) if config.tis_cap and batch else None
+    reference_logprobs = forward.logprobs(load_policy(reference_dir)[0], batch) if config.kl_coef and batch else None
     if config.lora_rank:
         model = _with_lora(model, config)
     model.train()
@@ -153,13 +158,14 @@ def train_policy(
         first_step + s, config.lr_schedule, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio))
     minibatches = _minibatches(len(batch), config)
     resume = ProgressFile(out_dir, fingerprint(
-        parent.get("content_hash"), config.model_dump(mode="json"), str(reference_dir),
+        parent.get("content_hash"), config.model_dump(mode="json"), str(reference_dir), temperature,
         [(s.prompt_ids, s.response_ids, s.loss_mask, s.reward, s.group_id) for s in samples]))
     done = resume.load(model, optimizer, schedule)
     start = time.perf_counter()
     for rows in minibatches[done.done:]:
         lr = optimizer.param_groups[0]["lr"]
-        sums = _step(model, optimizer, batch, advantages, rows, pad_id, config, rollout_logprobs, reference_logprobs)
+        sums = _step(model, optimizer, batch, advantages, rows, forward, config, rollout_logprobs,
+                     reference_logprobs)
         schedule.step()
         done.done += 1
         done.steps.append(_step_stats(sums, lr))
@@ -170,6 +176,7 @@ def train_policy(
         if progress is not None:
             progress(done.done, len(minibatches), done.steps[-1])
     metrics = _metrics(samples, batch, advantages, done, time.perf_counter() - start, config)
+    metrics["final_kl"] = _final_kl(model, batch, forward, rollout_logprobs)
     if config.lora_rank:
         model = model.merge_and_unload()  # the checkpoint stays a plain model any engine loads
     manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + len(minibatches),
@@ -250,44 +257,82 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
     return out
 
 
-def _logprobs(model, samples: list[TrainSample], pad_id: int, config: GRPOConfig) -> list[list[float]]:
-    """`model`'s log-probs of every response token, without gradients: the trainer's own at the
-    weights that sampled them (truncated IS), or the frozen reference's (KL penalty)."""
-    out = []
-    with torch.no_grad():
-        for s in samples:
-            batch = make_batch([s.prompt_ids], [s.response_ids], pad_id)
-            out.append(token_logprobs(model, batch, config.temperature)[0, batch.response_slices[0]].tolist())
-    return out
+@dataclass(frozen=True)
+class _Forward:
+    """How samples go through the model: micro-batches of `micro_batch_size`, log-probs at the
+    sampling temperature."""
+
+    pad_id: int
+    micro_batch_size: int
+    temperature: float
+
+    def micro_batches(self, samples: list[TrainSample], rows: list[int]) -> list[tuple[list[int], TokenBatch]]:
+        """`rows` of `samples` in micro-batches of similar lengths (less padding), each with its
+        tensors; observation tokens (loss mask 0) are taken out of the batch's mask."""
+        rows = sorted(rows, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+        out = []
+        for k in range(0, len(rows), self.micro_batch_size):
+            micro = rows[k : k + self.micro_batch_size]
+            batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro],
+                               self.pad_id)
+            for row, i in enumerate(micro):
+                if samples[i].loss_mask is not None:  # observations are context, never trained on
+                    span = batch.response_slices[row]
+                    batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
+            out.append((micro, batch))
+        return out
+
+    def logprobs(self, model, samples: list[TrainSample]) -> list[list[float]]:
+        """`model`'s log-prob of every response token of each sample, without gradients: the
+        trainer's own at the weights that sampled them (truncated IS), the frozen reference's
+        (KL penalty), or the trained policy's (final KL)."""
+        out: list[list[float]] = [[] for _ in samples]
+        with torch.no_grad():
+            for micro, batch in self.micro_batches(samples, list(range(len(samples)))):
+                values = token_logprobs(model, batch, self.temperature)
+                for row, i in enumerate(micro):
+                    out[i] = values[row, batch.response_slices[row]].tolist()
+        return out
 
 
-def _step(model, optimizer, samples, advantages, rows, pad_id, config: GRPOConfig,
+def _final_kl(model, samples: list[TrainSample], forward: _Forward,
+              rollout_logprobs: list[list[float]] | None) -> float:
+    """KL between the policy that sampled and `model` (the step's result) on the trained tokens
+    of `samples`, against the log-probs the ratio used (the engine's, or with truncated IS the
+    trainer's own at the sampling weights)."""
+    if not samples:
+        return 0.0
+    model.eval()
+    final = forward.logprobs(model, samples)
+    base = rollout_logprobs or [s.behaviour_logprobs for s in samples]
+    mask = _flat(s.loss_mask or [1] * len(s.response_ids) for s in samples).float()
+    return approx_kl(_flat(final), _flat(base), mask)
+
+
+def _flat(rows: Iterable[list]) -> torch.Tensor:
+    return torch.tensor([value for row in rows for value in row])
+
+
+def _step(model, optimizer, samples, advantages, rows, forward: _Forward, config: GRPOConfig,
           rollout_logprobs: list[list[float]] | None, reference_logprobs: list[list[float]] | None,
           ) -> dict[str, float]:
     """One optimizer step on the samples `rows`; returns token-weighted sums of the stats."""
     per_token = config.loss_aggregation == "token"
     denominator = max(sum(samples[i].trained_tokens if per_token else 1 for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
-    active.sort(key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
     optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio", "entropy",
                           "stat_tokens", "tokens", "tis_weight"), 0.0)
     sums["optimizer_steps"] = 1.0 if active else 0.0
-    for k in range(0, len(active), config.micro_batch_size):
-        micro = active[k : k + config.micro_batch_size]
-        batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro], pad_id)
+    for micro, batch in forward.micro_batches(samples, active):
         behaviour = _per_token(batch, [samples[i].behaviour_logprobs for i in micro])
         ratio_base = behaviour if rollout_logprobs is None else _per_token(batch, [rollout_logprobs[i] for i in micro])
         reference = None if reference_logprobs is None else _per_token(batch, [reference_logprobs[i] for i in micro])
-        for row, i in enumerate(micro):
-            if samples[i].loss_mask is not None:  # observations are context, never trained on
-                span = batch.response_slices[row]
-                batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
         weights = None
         if rollout_logprobs is not None:
             weights = torch.exp(ratio_base - behaviour).clamp(max=config.tis_cap) * batch.mask
             sums["tis_weight"] += float(weights.sum())
-        logprobs, entropy = token_logprobs_and_entropy(model, batch, config.temperature)
+        logprobs, entropy = token_logprobs_and_entropy(model, batch, forward.temperature)
         loss, stats = clipped_policy_loss(logprobs, ratio_base, advantages[micro], batch.mask, config.clip_eps,
                                           config.clip_eps_high, config.loss_aggregation, weights,
                                           reference, config.kl_coef, config.kl_estimator)
@@ -332,7 +377,7 @@ def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: t
     return {
         "loss": sum(s["loss"] for s in steps) / max(len(steps), 1),
         "clip_fraction": totals.get("clip_fraction", 0.0) / stat_tokens,
-        "approx_kl": totals.get("approx_kl", 0.0) / stat_tokens,
+        "mean_step_kl": totals.get("approx_kl", 0.0) / stat_tokens,
         "kl_to_reference": totals.get("kl_to_reference", 0.0) / stat_tokens,
         "entropy": totals.get("entropy", 0.0) / stat_tokens,
         "mean_ratio": totals.get("mean_ratio", 0.0) / stat_tokens if totals.get("stat_tokens") else 1.0,
