@@ -1,5 +1,5 @@
-"""Reward analytics, computed by DuckDB over the stored trajectories (the catalog's
-`task_rewards` and `iteration_rewards` views):
+"""Reward analytics, computed by DuckDB over the stored trajectories (the views of
+datastore/metrics.py, where every measure is defined):
 
 - `iteration_rewards`, per iteration, between its trajectories and its training step: per-task
   table, reward distribution, tamper flags, and the sample monitors as asset checks, whose
@@ -7,8 +7,6 @@
 - `reward_analytics`, across every iteration of every experiment: the table, the reward curve
   and the pass rate by difficulty.
 """
-
-from collections.abc import Sequence
 
 from dagster import (
     AssetCheckSpec,
@@ -39,9 +37,10 @@ from assets.resources import CrucibleResource
 from datastore import catalog
 from training.monitors import SAMPLE_CHECKS, judge_samples
 
-ITERATION_MEASURES = ("tasks", "samples", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",
+ITERATION_MEASURES = ("tasks", "samples", "scored", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",
                       "reward_p90", "zero_variance_fraction", "infra_error_rate", "invalid_rate", "truncation_rate",
-                      "tamper_rate", "generate_s", "sandbox_s", "response_tokens", "generated_tokens")
+                      "tamper_rate", "generate_s", "sandbox_s", "response_tokens", "sampled_tokens",
+                      "generated_tokens")
 TASK_COLUMNS = ("task_id", "family", "difficulty", "samples", "pass_rate", "reward_mean", "reward_std",
                 "zero_variance_groups", "infra_error_rate", "truncation_rate", "tamper_rate", "generate_s",
                 "sandbox_s", "response_tokens")
@@ -67,20 +66,23 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     experiment, iteration = partition_experiment(context, crucible)
     con = catalog.connect(crucible.storage_root)
     where = [experiment.name, iteration]
-    found = _records(con, "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?", where)
+    found = catalog.records(con, "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?", where)
     if not found:
         raise Failure(f"no trajectories stored for {experiment.name} iteration {iteration}")
     [stats] = found
-    tasks = _records(con, "SELECT * FROM task_rewards WHERE experiment = ? AND iteration = ? "
+    tasks = catalog.records(con, "SELECT * FROM task_rewards WHERE experiment = ? AND iteration = ? "
                           "ORDER BY pass_rate, task_id", where)
     rewards = [r for (r,) in con.execute("SELECT reward FROM trajectories WHERE experiment = ? AND iteration = ? "
                                           "AND reward IS NOT NULL", where).fetchall()]
-    flags = _records(con, "SELECT flag, count(*) AS samples FROM (SELECT unnest(tamper_flags) AS flag FROM "
+    flags = catalog.records(con, "SELECT flag, count(*) AS samples FROM (SELECT unnest(tamper_flags) AS flag FROM "
                           "trajectories WHERE experiment = ? AND iteration = ?) GROUP BY flag ORDER BY samples DESC",
                      where)
     verdicts = judge_samples(stats, experiment.monitors)
-    reward = "none scored" if stats["reward_mean"] is None else f"{stats['reward_mean']:.3f} ± {stats['reward_std']:.3f}"
-    context.log.info(f"rewards: pass rate {stats['pass_rate']:.3f}, reward {reward}; zero-variance groups "
+    if stats["scored"]:
+        scored = f"pass rate {stats['pass_rate']:.3f}, reward {stats['reward_mean']:.3f} ± {stats['reward_std']:.3f}"
+    else:
+        scored = "no sample scored"
+    context.log.info(f"rewards: {scored}; zero-variance groups "
                      f"{stats['zero_variance_fraction']:.0%}, infra errors {stats['infra_error_rate']:.0%}, "
                      f"truncated {stats['truncation_rate']:.0%}, tampered {stats['tamper_rate']:.0%}")
     for verdict in verdicts:
@@ -105,11 +107,11 @@ def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource)
     reward curve, and the pass rate by difficulty."""
     con = catalog.connect(crucible.storage_root)
     # Iteration 0 (the base policy) has an evaluation but no samples.
-    rows = _records(con, "SELECT i.experiment, i.iteration, r.* EXCLUDE (experiment, iteration), i.eval_pass_rate, "
+    rows = catalog.records(con, "SELECT i.experiment, i.iteration, r.* EXCLUDE (experiment, iteration), i.eval_pass_rate, "
                          "i.eval_stderr FROM iterations i LEFT JOIN iteration_rewards r USING (experiment, iteration) "
                          "ORDER BY i.experiment, i.iteration")
-    by_difficulty = _records(con, "SELECT experiment, iteration, difficulty, sum(pass_rate * samples) / sum(samples) "
-                                  "AS pass_rate FROM task_rewards GROUP BY ALL ORDER BY ALL")
+    by_difficulty = catalog.records(con, "SELECT experiment, iteration, difficulty, pass_rate FROM difficulty_rewards "
+                                        "ORDER BY ALL")
     context.log.info(f"{len(rows)} iterations summarised")
     return MaterializeResult(
         metadata={
@@ -120,12 +122,6 @@ def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource)
                 png_markdown("pass rate by difficulty", difficulty_curve_png(by_difficulty))),
         }
     )
-
-
-def _records(con, query: str, parameters: Sequence = ()) -> list[dict]:
-    result = con.execute(query, parameters)
-    names = [column[0] for column in result.description]
-    return [dict(zip(names, values)) for values in result.fetchall()]
 
 
 def table_metadata(rows: list[dict], columns: tuple[str, ...]) -> MetadataValue:

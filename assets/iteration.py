@@ -34,6 +34,7 @@ from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
+from datastore import catalog
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
 from sandbox.grading import RewardStatus
@@ -47,10 +48,9 @@ from training.checkpoint import CheckpointError, verify_checkpoint
 from training.dynamic_sampling import Refilled, refill
 from training.engine import SamplingParams, open_engine
 from training.episodes import EpisodeLimits, as_rollout, run_episodes
-from training.evaluation import improvement, pass_rate
 from training.experiment import ExperimentConfig
 from training.lineage import lineage
-from training.monitors import Verdict, blocking_failures, judge, weights_are_finite
+from training.monitors import SAMPLE_SIGNALS, TRAINER_SIGNALS, Verdict, blocking_failures, judge, weights_are_finite
 from training.rollout import Rollout, sample_rollouts
 from training.step import TrainJob
 from training.trainer import STEP_STATS
@@ -109,10 +109,12 @@ def _grade_all(
         started = time.perf_counter()
         process = Process(turns=max(1, len(rollout.turns)), tokens=rollout.sampled_tokens)
         grade = grade_solution(task, rollout.solution, sandbox, reward, process)
-        return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started)
+        return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started,
+                               queue_s=started - handed_over)
 
     step = max(1, len(work) // 5)
     verified = []
+    handed_over = time.perf_counter()
     with crucible.sandbox_pool(is_infra_failure=lambda v: v.grade.reward_status is RewardStatus.INFRA_ERROR) as pool:
         results = pool.map(lambda item: sandbox_spec(item[0]), verify, work)
         for done, result in enumerate(results, start=1):
@@ -239,7 +241,6 @@ def verified_rollouts(
     repeat = agreement([work[i][0].id for i in sample], [verified[i].grade for i in sample], [v.grade for v in again])
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
-    scored = [v for v in verified if v.grade.reward_status is RewardStatus.SCORED]
     yield Output(
         verified,
         metadata={
@@ -247,8 +248,6 @@ def verified_rollouts(
             "groups": refilled.groups,
             "informative_groups": refilled.informative,
             "refill_rounds": refilled.rounds,
-            "pass_rate": sum(v.passed for v in verified) / len(verified),
-            "mean_reward": sum(v.grade.reward for v in scored) / max(len(scored), 1),
             "infra_errors": sum(v.grade.reward_status is RewardStatus.INFRA_ERROR for v in verified),
             "invalid": sum(v.grade.reward_status is RewardStatus.INVALID for v in verified),
             "regraded": repeat.sampled,
@@ -313,7 +312,7 @@ STABILITY_CHECKS = {
                               "sampled its data; otherwise no iteration samples from this checkpoint", True),
     "entropy_not_collapsed": ("mean token entropy stays above monitors.min_entropy_ratio of the first "
                               "iteration's", False),
-    "tamper_ratio_not_rising": ("the share of tampered submissions rises at most monitors.max_tamper_rise", False),
+    "tamper_rate_not_rising": ("the share of tampered submissions rises at most monitors.max_tamper_rise", False),
 }
 
 
@@ -353,7 +352,7 @@ def checkpoint(
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
         reported = invocation.get_materialize_result().metadata or {}
         manifest = verify_checkpoint(out_dir)
-        signals = _signals(manifest["metrics"], store.read_files("trajectories", trajectory_files))
+        signals = _signals(manifest["metrics"], _iteration_rewards(crucible, experiment.name, iteration))
         verdicts = judge(signals, _history(store, experiment.name, iteration), weights_are_finite(out_dir),
                          experiment.monitors)
         row = {
@@ -382,22 +381,17 @@ def checkpoint(
     )
 
 
-def _signals(metrics: dict, trajectories_table) -> dict[str, float]:
-    """This iteration's health signals: the trainer's and the samples' (monitors.SIGNALS)."""
-    rows = trajectories_table.select(["reward", "reward_status", "tamper_flags", "loss_mask", "group_id"]).to_pylist()
-    scored = [row["reward"] for row in rows if row["reward_status"] == "scored"]
-    mean = sum(scored) / max(len(scored), 1)
-    spread = (sum((r - mean) ** 2 for r in scored) / max(len(scored) - 1, 1)) ** 0.5
-    return {
-        **{key: float(metrics[key]) for key in ("loss", "final_kl", "mean_step_kl", "kl_to_reference", "entropy",
-                                                "clip_fraction",
-                                                "grad_norm", "grad_norm_max")},
-        "response_length": sum(sum(row["loss_mask"]) for row in rows) / max(len(rows), 1),
-        "zero_variance_fraction": metrics["zero_variance_groups"] / max(metrics["groups"], 1),
-        "reward_mean": mean,
-        "reward_std": spread,
-        "tamper_ratio": sum(bool(row["tamper_flags"]) for row in rows) / max(len(rows), 1),
-    }
+def _iteration_rewards(crucible: CrucibleResource, experiment: str, iteration: int) -> dict:
+    [row] = catalog.records(catalog.connect(crucible.storage_root),
+                            "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?",
+                            [experiment, iteration])
+    return row
+
+
+def _signals(metrics: dict, rewards: dict) -> dict[str, float]:
+    """This iteration's health signals (monitors.SIGNALS): the trainer's, and the samples' from
+    their `iteration_rewards` row (datastore/metrics.py)."""
+    return {**{key: float(metrics[key]) for key in TRAINER_SIGNALS}, **{key: rewards[key] for key in SAMPLE_SIGNALS}}
 
 
 def _history(store, experiment: str, iteration: int) -> list[dict]:
@@ -418,24 +412,23 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
             context.log.info("evaluating the base policy first (iteration 0), the baseline of every iteration")
             _evaluate(context, crucible, experiment, 0)
         rows = _evaluate(context, crucible, experiment, iteration)
-    base_rows = store.read_partition("evaluations", experiment.name, 0).to_pylist()
-    result = pass_rate((row["task_id"], row["passed"]) for row in rows)
-    gain = improvement([(row["task_id"], row["passed"]) for row in base_rows],
-                       [(row["task_id"], row["passed"]) for row in rows])
-    curve = [(i, pass_rate((r["task_id"], r["passed"]) for r in store.read_partition("evaluations", experiment.name, i)
-                           .to_pylist()))
-             for i in range(iteration + 1) if store.has_partition("evaluations", experiment.name, i)]
-    context.log.info(f"held-out pass rate {result.rate:.3f} ± {result.stderr:.3f} "
-                     f"({gain.delta:+.3f} over the base policy, {gain.stderrs:+.1f} standard errors)")
+    curve = catalog.records(catalog.connect(crucible.storage_root), "SELECT * FROM held_out WHERE experiment = ? "
+                            "AND iteration <= ? ORDER BY iteration", [experiment.name, iteration])
+    if curve[-1]["iteration"] != iteration:
+        raise Failure(f"no held-out sample of iteration {iteration} was scored ({len(rows)} evaluated): see the "
+                      "evaluations' reward_status")
+    now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
+    context.log.info(f"held-out pass rate {now['pass_rate']:.3f} ± {now['stderr']:.3f} "
+                     f"({now['improvement']:+.3f} over the base policy, {gain:+.1f} standard errors)")
     return MaterializeResult(
         metadata={
-            "eval_pass_rate": result.rate, "eval_stderr": result.stderr, "eval_tasks": result.tasks,
-            "eval_samples": len(rows), "base_pass_rate": curve[0][1].rate,
-            "improvement": gain.delta, "improvement_stderr": gain.stderr,
-            "improvement_in_stderrs": gain.stderrs if math.isfinite(gain.stderrs) else MetadataValue.text(
-                f"{gain.stderrs} (every task moved by the same amount)"),
+            "eval_pass_rate": now["pass_rate"], "eval_stderr": now["stderr"], "eval_tasks": now["tasks"],
+            "eval_samples": now["samples"], "base_pass_rate": curve[0]["pass_rate"],
+            "improvement": now["improvement"], "improvement_stderr": now["improvement_stderr"],
+            "improvement_in_stderrs": gain if math.isfinite(gain) else MetadataValue.text(
+                f"{gain} (every task moved by the same amount)"),
             "curve": MetadataValue.md(png_markdown("held-out pass rate", eval_curve_png(
-                experiment.name, [(i, p.rate, p.stderr) for i, p in curve]))),
+                experiment.name, [(p["iteration"], p["pass_rate"], p["stderr"]) for p in curve]))),
         }
     )
 

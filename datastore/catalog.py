@@ -1,60 +1,28 @@
 """DuckDB views over every stored dataset, for analysts and for the run summary.
 
-Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, training_steps) and
-derived ones: test_results (one row per hidden test), turns (one row per episode turn), rewards
-(one row per reward component of each sample), task_rewards and iteration_rewards (the reward
-analytics, per task and per iteration), iterations (the run summary).
+Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, training_steps);
+the metrics of datastore/metrics.py (task_rewards, difficulty_rewards and iteration_rewards: the
+reward analytics; held_out_tasks and held_out: the held-out evaluation); test_results (one row
+per hidden test), turns (one row per episode turn), rewards (one row per reward component of
+each sample), and iterations (the run summary).
 A dataset with no partitions yet still has its view (empty, correctly typed), so queries never
 fail just because an experiment has not reached a stage.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
 
 from datastore.atomic import written_atomically
+from datastore.metrics import METRIC_VIEWS
 from datastore.schema import DATASETS
 from datastore.store import DatasetStore, StorageUnavailable
 
-# The reward analytics' measures, over samples annotated with `flat_group` (all the rewards of the
-# sample's group are equal: the group carries no learning signal). A sample's sandbox time is its
-# grading (set-up, tests, parsing) plus the commands its episode ran.
-SAMPLE_MEASURES = """
-    count(*) AS samples,
-    avg(passed::INT) AS pass_rate,
-    avg(reward) AS reward_mean,
-    coalesce(stddev_samp(reward), 0) AS reward_std,
-    count(DISTINCT group_id) AS groups,
-    count(DISTINCT group_id) FILTER (WHERE flat_group) AS zero_variance_groups,
-    avg((reward_status = 'infra_error')::INT) AS infra_error_rate,
-    avg((reward_status = 'invalid')::INT) AS invalid_rate,
-    avg((finish_reason = 'length')::INT) AS truncation_rate,
-    avg((len(tamper_flags) > 0)::INT) AS tamper_rate,
-    avg(timings.generate_s) AS generate_s,
-    avg(timings.verify_s + coalesce(list_sum([t.exec_s FOR t IN turns]), 0)) AS sandbox_s,
-    avg(response_tokens) AS response_tokens
-"""
-SAMPLES_WITH_GROUP_FLAG = """
-    (SELECT *, max(reward) OVER g IS NOT DISTINCT FROM min(reward) OVER g AS flat_group
-     FROM trajectories WINDOW g AS (PARTITION BY experiment, iteration, group_id))
-"""
-
 DERIVED_VIEWS = {
-    "task_rewards": f"""
-        SELECT experiment, iteration, task_id, any_value(family) AS family,
-               any_value(difficulty) AS difficulty, {SAMPLE_MEASURES}
-        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, task_id
-    """,
-    "iteration_rewards": f"""
-        SELECT experiment, iteration, count(DISTINCT task_id) AS tasks, {SAMPLE_MEASURES},
-               zero_variance_groups / groups AS zero_variance_fraction,
-               quantile_cont(reward, 0.1) AS reward_p10, median(reward) AS reward_p50,
-               quantile_cont(reward, 0.9) AS reward_p90,
-               sum(prompt_tokens)::BIGINT AS prompt_tokens, sum(response_tokens)::BIGINT AS generated_tokens
-        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration
-    """,
+    **METRIC_VIEWS,
     "test_results": """
         SELECT experiment, iteration, task_id, group_id, sample_index,
                t.name AS test_name, t.outcome, t.message
@@ -70,32 +38,18 @@ DERIVED_VIEWS = {
         FROM (SELECT *, unnest(map_entries(reward_components)) AS c FROM trajectories)
     """,
     "iterations": """
-        WITH rollout AS (
-            SELECT experiment, iteration,
-                   count(DISTINCT task_id) AS tasks,
-                   count(*) AS samples,
-                   avg(passed::INT) AS pass_rate,
-                   avg(reward) AS mean_reward,
-                   sum(response_tokens) AS generated_tokens,
-                   avg((reward_status = 'infra_error')::INT) AS infra_error_rate
-            FROM trajectories GROUP BY ALL
-        ),
-        held_out AS (  -- tasks are the unit (training/evaluation.py)
-            SELECT experiment, iteration,
-                   avg(task_rate) AS eval_pass_rate,
-                   coalesce(stddev_samp(task_rate) / sqrt(count(*)), 0) AS eval_stderr
-            FROM (SELECT experiment, iteration, task_id, avg(passed::INT) AS task_rate
-                  FROM evaluations GROUP BY ALL)
-            GROUP BY ALL
-        ),
-        timing AS (
+        WITH timing AS (
             PIVOT (SELECT experiment, iteration, stage, seconds FROM stages)
             ON stage IN ('rollouts', 'verified_rollouts', 'trajectories', 'checkpoint',
                          'checkpoint_eval')
             USING sum(seconds) GROUP BY experiment, iteration
         )
-        SELECT * FROM rollout
-        FULL JOIN held_out USING (experiment, iteration)  -- iteration 0: the base policy's evaluation
+        SELECT experiment, iteration, r.tasks, r.samples, r.pass_rate, r.reward_mean, r.generated_tokens,
+               r.infra_error_rate, h.pass_rate AS eval_pass_rate, h.stderr AS eval_stderr,
+               h.improvement AS eval_improvement, h.improvement_stderr AS eval_improvement_stderr,
+               timing.* EXCLUDE (experiment, iteration)
+        FROM iteration_rewards r
+        FULL JOIN held_out h USING (experiment, iteration)  -- iteration 0: the base policy's evaluation
         LEFT JOIN timing USING (experiment, iteration)
         ORDER BY experiment, iteration
     """,
@@ -148,6 +102,13 @@ def export_database(root_uri: str, path: Path) -> None:
             connect(root_uri, str(partial), snapshot=True).close()
         finally:
             Path(f"{partial}.wal").unlink(missing_ok=True)  # DuckDB's write-ahead log, if it failed midway
+
+
+def records(con: duckdb.DuckDBPyConnection, query: str, parameters: Sequence = ()) -> list[dict]:
+    """A query's rows as dicts keyed by column name."""
+    result = con.execute(query, parameters)
+    names = [column[0] for column in result.description]
+    return [dict(zip(names, values)) for values in result.fetchall()]
 
 
 def _sql_string(text: str) -> str:

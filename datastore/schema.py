@@ -16,7 +16,9 @@ from sandbox.test_report import Outcome
 
 SCHEMA_VERSION = 6  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;
-# 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl
+# 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl,
+# and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
+# tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -45,11 +47,10 @@ PASSED_DOC = ("scored, no tamper flag, not killed, a report, and every expected 
 
 TIMINGS = pa.struct(
     [
-        ("queue_s", pa.float64()),
-        ("generate_s", pa.float64()),
-        ("sandbox_start_s", pa.float64()),
-        ("exec_s", pa.float64()),
-        ("verify_s", pa.float64()),
+        ("generate_s", pa.float64()),  # the sample's share of its batch's generation
+        ("queue_s", pa.float64()),  # from handing the sample to the sandbox pool until its grading began
+        ("exec_s", pa.float64()),  # the grading command in the sandbox
+        ("verify_s", pa.float64()),  # the whole grading: sandbox set-up, tests, report parsing
     ]
 )
 
@@ -80,7 +81,8 @@ TRAJECTORIES = pa.schema(
         _field("passed", pa.bool_(), PASSED_DOC),
         _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader (TamperFlag)"),
         _field("exec_status", pa.string(), "what the grading run's command did (ExecStatus)"),
-        _field("timings", TIMINGS, "seconds spent per phase for this sample"),
+        _field("timings", TIMINGS, "seconds per phase: generate_s (its share of the batch's generation), "
+               "queue_s (waiting for a sandbox slot), exec_s (the grading command), verify_s (the whole grading)"),
         _field("prompt_tokens", pa.int32(), "number of prompt tokens"),
         _field("response_tokens", pa.int32(), "number of generated tokens"),
         _field("finish_reason", pa.string(), "stop or length"),
@@ -153,11 +155,12 @@ CHECKPOINTS = pa.schema(
         _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
         _field("grad_norm", pa.float64(), "mean gradient norm before clipping"),
         _field("grad_norm_max", pa.float64(), "largest gradient norm before clipping"),
-        _field("response_length", pa.float64(), "mean tokens the policy sampled per sample"),
-        _field("zero_variance_fraction", pa.float64(), "share of groups whose rewards were all equal"),
-        _field("reward_mean", pa.float64(), "mean reward of the scored samples"),
-        _field("reward_std", pa.float64(), "standard deviation of those rewards"),
-        _field("tamper_ratio", pa.float64(), "share of samples with a tamper flag"),
+        _field("sampled_tokens", pa.float64(), "mean tokens the policy sampled per sample (iteration_rewards)"),
+        _field("zero_variance_fraction", pa.float64(), "share of groups without a learning signal "
+               "(iteration_rewards, datastore/metrics.py)"),
+        _field("reward_mean", pa.float64(), "mean reward of the scored samples (iteration_rewards)"),
+        _field("reward_std", pa.float64(), "sample standard deviation of those rewards (iteration_rewards)"),
+        _field("tamper_rate", pa.float64(), "share of samples with a tamper flag (iteration_rewards)"),
         _field("train_tokens", pa.int64(), "tokens through forward and backward (prompt + response, padded)"),
         _field("tokens_per_s", pa.float64(), "training throughput"),
         _field("blocked", pa.bool_(), "a stability check failed: no iteration may sample from this checkpoint"),

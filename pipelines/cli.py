@@ -81,7 +81,7 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 SUMMARY_QUERY = """
-    SELECT iteration, tasks, samples, pass_rate, mean_reward, generated_tokens,
+    SELECT iteration, tasks, samples, pass_rate, reward_mean, generated_tokens,
            rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval,
            eval_pass_rate, eval_stderr
     FROM iterations WHERE experiment = ? ORDER BY iteration
@@ -156,29 +156,23 @@ def _export_database(args: argparse.Namespace) -> int:
 def command_curve(args: argparse.Namespace) -> int:
     """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
     from assets.charts import eval_curve_png
-    from training.evaluation import improvement, pass_rate
 
     _use_storage(args.storage)
-    rows = catalog.connect(environment.storage_root()).execute(
-        "SELECT iteration, task_id, passed FROM evaluations WHERE experiment = ? ORDER BY iteration",
-        [args.experiment]).fetchall()
-    by_iteration: dict[int, list[tuple[str, bool]]] = {}
-    for iteration, task_id, passed in rows:
-        by_iteration.setdefault(iteration, []).append((task_id, passed))
-    if 0 not in by_iteration:
+    rows = catalog.records(catalog.connect(environment.storage_root()),
+                           "SELECT * FROM held_out WHERE experiment = ? ORDER BY iteration", [args.experiment])
+    if not rows or rows[0]["iteration"] != 0:
         raise UserError(f"experiment {args.experiment!r} has no evaluation of its base policy (iteration 0) "
                         f"under {environment.storage_root()}: run it first")
     table = Table(title=f"{args.experiment}: held-out pass rate (iteration 0 = base policy)")
     for header in ("iteration", "pass rate", "stderr", "vs base", "paired stderr", "in stderrs"):
         table.add_column(header, justify="right")
-    points = []
-    for iteration, results in sorted(by_iteration.items()):
-        rate, gain = pass_rate(results), improvement(by_iteration[0], results)
-        points.append((iteration, rate.rate, rate.stderr))
-        table.add_row(str(iteration), f"{rate.rate:.3f}", f"{rate.stderr:.3f}", f"{gain.delta:+.3f}",
-                      f"{gain.stderr:.3f}", "" if iteration == 0 else f"{gain.stderrs:+.1f}")
+    for row in rows:
+        table.add_row(str(row["iteration"]), f"{row['pass_rate']:.3f}", f"{row['stderr']:.3f}",
+                      f"{row['improvement']:+.3f}", f"{row['improvement_stderr']:.3f}",
+                      "" if row["iteration"] == 0 else f"{row['improvement_in_stderrs']:+.1f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_bytes(eval_curve_png(args.experiment, points))
+    Path(args.out).write_bytes(eval_curve_png(args.experiment, [(r["iteration"], r["pass_rate"], r["stderr"])
+                                                                for r in rows]))
     console.print(table)
     console.print(f"curve written to {args.out}")
     return 0

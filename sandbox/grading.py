@@ -150,6 +150,12 @@ class GradeResult:
     messages: dict[str, str] = field(default_factory=dict)  # short failure message per test
     reward_version: str = ""  # the reward function that set `reward` (task_sets/rewards.py)
 
+    def __post_init__(self) -> None:
+        """Statuses come from their closed sets: a value outside one is refused here."""
+        object.__setattr__(self, "reward_status", RewardStatus(self.reward_status))
+        object.__setattr__(self, "tamper_flags", tuple(TamperFlag(flag) for flag in self.tamper_flags))
+        object.__setattr__(self, "outcomes", {name: Outcome(o) for name, o in self.outcomes.items()})
+
     @property
     def gated(self) -> bool:
         """Rules 4-6 zeroed the reward, whatever the tests say."""

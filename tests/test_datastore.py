@@ -48,7 +48,7 @@ def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 
         "passed": reward == 1.0,
         "tamper_flags": [],
         "exec_status": "OK",
-        "timings": {"queue_s": 0.0, "generate_s": 0.1, "sandbox_start_s": 0.01, "exec_s": 0.02, "verify_s": 0.03},
+        "timings": {"generate_s": 0.1, "queue_s": 0.0, "exec_s": 0.02, "verify_s": 0.03},
         "prompt_tokens": 3,
         "response_tokens": 2,
         "finish_reason": "stop",
@@ -206,7 +206,7 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(storage_root)
         store.write_partition("stages", "exp", 2, rows_to_table("stages", [row]), part=stage)
 
     rows = catalog.connect(str(storage_root)).execute(
-        "SELECT iteration, tasks, samples, pass_rate, mean_reward, generated_tokens, "
+        "SELECT iteration, tasks, samples, pass_rate, reward_mean, generated_tokens, "
         "eval_pass_rate, eval_stderr, rollouts, checkpoint FROM iterations"
     ).fetchall()
     assert rows[0] == (0, None, None, None, None, None, 0.5, 0.0, None, None)  # one task: no spread

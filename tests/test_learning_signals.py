@@ -1,4 +1,4 @@
-"""Held-out statistics and stability monitors, against hand-computed values."""
+"""Stability and sample monitors, against hand-computed values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from training.evaluation import improvement, pass_rate
 from training.monitors import (
     MonitorConfig,
     blocking_failures,
@@ -18,39 +17,14 @@ from training.monitors import (
 )
 
 HEALTHY = {"loss": 0.01, "final_kl": 0.01, "mean_step_kl": 0.005, "kl_to_reference": 0.0, "entropy": 0.8,
-           "clip_fraction": 0.02, "grad_norm": 0.5, "grad_norm_max": 0.9, "response_length": 40.0, "zero_variance_fraction": 0.3,
-           "reward_mean": 0.2, "reward_std": 0.3, "tamper_ratio": 0.0}
-
-
-def test_pass_rate_treats_tasks_as_the_unit():
-    # Task rates 1, 0.5, 0 (a task's two samples are not two independent tasks): mean 0.5,
-    # sample std 0.5, standard error 0.5 / sqrt(3).
-    results = [("a", True), ("a", True), ("b", True), ("b", False), ("c", False), ("c", False)]
-    rate = pass_rate(results)
-    assert rate.rate == pytest.approx(0.5) and rate.tasks == 3
-    assert rate.stderr == pytest.approx(0.5 / math.sqrt(3))
-
-
-def test_greedy_pass_rate_stderr_is_the_binomial_one_with_bessel_correction():
-    results = [(f"t{i}", i < 2) for i in range(8)]  # 2 of 8
-    assert pass_rate(results).stderr == pytest.approx(math.sqrt(0.25 * 0.75 / 8 * 8 / 7))
-
-
-def test_improvement_is_paired_over_shared_tasks():
-    base = [("a", False), ("b", False), ("c", True), ("d", False), ("gone", True)]
-    new = [("a", True), ("b", True), ("c", True), ("d", False), ("new", True)]
-    gain = improvement(base, new)
-    # differences 1, 1, 0, 0: mean 0.5, sample std sqrt(1/3), stderr sqrt(1/3) / 2
-    assert gain.tasks == 4 and gain.delta == pytest.approx(0.5)
-    assert gain.stderr == pytest.approx(math.sqrt(1 / 3) / 2)
-    assert gain.stderrs == pytest.approx(0.5 / (math.sqrt(1 / 3) / 2))
-    assert improvement([("a", False)], [("a", True)]).stderrs == math.inf
+           "clip_fraction": 0.02, "grad_norm": 0.5, "grad_norm_max": 0.9, "sampled_tokens": 40.0,
+           "zero_variance_fraction": 0.3, "reward_mean": 0.2, "reward_std": 0.3, "tamper_rate": 0.0}
 
 
 def test_healthy_signals_pass_every_monitor():
     verdicts = judge(HEALTHY, [HEALTHY], finite_weights=True)
     assert [v.check for v in verdicts] == ["training_finite", "training_not_diverged", "entropy_not_collapsed",
-                                           "tamper_ratio_not_rising"]
+                                           "tamper_rate_not_rising"]
     assert all(v.passed for v in verdicts) and not blocking_failures(verdicts)
 
 
@@ -60,7 +34,7 @@ def test_healthy_signals_pass_every_monitor():
     ({}, False, "training_finite", "error"),
     ({"final_kl": 0.9}, True, "training_not_diverged", "error"),
     ({"entropy": 0.2}, True, "entropy_not_collapsed", "warn"),  # below 0.3 of the first iteration's 0.8
-    ({"tamper_ratio": 0.05}, True, "tamper_ratio_not_rising", "warn"),
+    ({"tamper_rate": 0.05}, True, "tamper_rate_not_rising", "warn"),
 ])
 def test_each_monitor_catches_its_failure(change, finite, failed, severity):
     verdicts = judge({**HEALTHY, **change}, [HEALTHY], finite_weights=finite, config=MonitorConfig())

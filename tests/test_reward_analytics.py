@@ -14,9 +14,10 @@ from dagster import (
 )
 from test_datastore import trajectory_row
 
-from assets.analytics import iteration_rewards, reward_analytics
+from assets.analytics import ITERATION_MEASURES, iteration_rewards, reward_analytics
 from assets.iteration import checkpoint
 from assets.resources import CrucibleResource
+from datastore import catalog
 from datastore.store import rows_to_table
 from training.experiment import ExperimentConfig
 from training.monitors import SAMPLE_CHECKS
@@ -82,6 +83,17 @@ def test_healthy_samples_are_summarised_per_task_and_pass_every_check(crucible):
     assert tasks["t/0"]["zero_variance_groups"] == 1 and tasks["t/1"]["difficulty"] == "hard"
     assert metadata["tamper_flags"].value.records == []
     assert "data:image/png;base64," in metadata["reward_distribution"].value
+
+
+def test_metadata_monitors_and_sql_read_the_same_numbers(crucible):
+    key = _store(crucible, 1, infra_errors=1, tampered=1)
+    metadata, checks = _materialize(crucible, key)
+    [view] = catalog.records(catalog.connect(crucible.storage_root),
+                             "SELECT * FROM iteration_rewards WHERE experiment = 'exp' AND iteration = 1")
+    assert {name: metadata[name].value for name in ITERATION_MEASURES} == {name: view[name] for name in ITERATION_MEASURES}
+    for check, (measure, _, _) in SAMPLE_CHECKS.items():
+        assert checks[check].description.startswith(f"{measure} {view[measure]:.3f} ")
+    assert view["pass_rate"] == pytest.approx(5 / 7)  # 7 scored: t/0's 3 honest passes, t/1's 2 of 3
 
 
 def test_infrastructure_errors_above_the_limit_keep_the_training_step_from_running(crucible):

@@ -13,8 +13,9 @@ import os
 import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, Failure, PipesSubprocessClient, materialize
 
-from assets.iteration import _policy, checkpoint
+from assets.iteration import STABILITY_CHECKS, _policy, checkpoint
 from assets.resources import CrucibleResource
+from datastore import catalog
 from datastore.store import rows_to_table
 from task_sets.grading import grade_solution
 from task_sets.loader import load_task_set
@@ -23,7 +24,7 @@ from training.demonstrations import single_turn_examples
 from training.engine import SamplingParams, TransformersEngine
 from training.experiment import ExperimentConfig
 from training.model import PolicyConfig, build_base_policy
-from training.monitors import MonitorConfig
+from training.monitors import SAMPLE_SIGNALS, MonitorConfig
 from training.rollout import sample_rollouts
 from training.sft import SFTConfig, supervised_warmup
 from training.tokenizer import build_tokenizer
@@ -71,8 +72,8 @@ def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None
     crucible.store().write_partition("trajectories", experiment, 1, rows_to_table("trajectories", rows))
 
 
-def _train(crucible: CrucibleResource, experiment: str, tmp_path):
-    os.environ["DAGSTER_HOME"] = str(tmp_path)
+def _train(crucible: CrucibleResource, experiment: str, dagster_home):
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
     try:
         with DagsterInstance.get() as instance:
             instance.add_dynamic_partitions("iterations", [f"{experiment}-0001"])
@@ -82,8 +83,7 @@ def _train(crucible: CrucibleResource, experiment: str, tmp_path):
             checks = {
                 name: instance.event_log_storage.get_asset_check_execution_history(
                     AssetCheckKey(AssetKey("checkpoint"), name), limit=1)[0].event.dagster_event.event_specific_data
-                for name in ("training_finite", "training_not_diverged", "entropy_not_collapsed",
-                             "tamper_ratio_not_rising")
+                for name in STABILITY_CHECKS
             }
             materialization = instance.get_latest_materialization_event(AssetKey("checkpoint"))
     finally:
@@ -91,8 +91,19 @@ def _train(crucible: CrucibleResource, experiment: str, tmp_path):
     return result, checks, materialization
 
 
-def test_the_step_runs_as_its_own_process_and_its_loss_decreases(crucible, tmp_path):
-    result, checks, materialization = _train(crucible, "learns", tmp_path)
+@pytest.fixture(scope="module")
+def learned(crucible, tmp_path_factory):
+    """The `learns` experiment's iteration 1, trained once for every test that reads it."""
+    return _train(crucible, "learns", tmp_path_factory.mktemp("dagster"))
+
+
+@pytest.fixture(scope="module")
+def diverged(crucible, tmp_path_factory):
+    return _train(crucible, "diverges", tmp_path_factory.mktemp("dagster"))
+
+
+def test_the_step_runs_as_its_own_process_and_its_loss_decreases(crucible, learned):
+    result, checks, materialization = learned
     assert result.success
     steps = crucible.store().read_partition("training_steps", "learns", 1).to_pylist()
     assert [row["step"] for row in steps] == [1, 2, 3, 4]
@@ -105,7 +116,7 @@ def test_the_step_runs_as_its_own_process_and_its_loss_decreases(crucible, tmp_p
     assert "| loss |" in metadata["steps"].value
 
 
-def test_the_manifest_names_the_trajectory_partition_it_learned_from(crucible):
+def test_the_manifest_names_the_trajectory_partition_it_learned_from(crucible, learned):
     store = crucible.store()
     manifest = verify_checkpoint(crucible.checkpoint_dir("learns", 1))
     lineage = manifest["lineage"]
@@ -118,8 +129,16 @@ def test_the_manifest_names_the_trajectory_partition_it_learned_from(crucible):
     assert row["trajectories"] == lineage["trajectories"]
 
 
-def test_a_diverged_step_blocks_the_next_iteration(crucible, tmp_path):
-    result, checks, _ = _train(crucible, "diverges", tmp_path)
+def test_the_stored_sample_signals_are_the_iteration_rewards_view(crucible, learned):
+    [row] = crucible.store().read_partition("checkpoints", "learns", 1).to_pylist()
+    [view] = catalog.records(catalog.connect(crucible.storage_root),
+                             "SELECT * FROM iteration_rewards WHERE experiment = 'learns' AND iteration = 1")
+    assert {name: row[name] for name in SAMPLE_SIGNALS} == {name: view[name] for name in SAMPLE_SIGNALS}
+    assert view["zero_variance_fraction"] < 1.0  # sample 0 of each group rewarded: every group informative
+
+
+def test_a_diverged_step_blocks_the_next_iteration(crucible, diverged):
+    result, checks, _ = diverged
     assert not result.success  # the blocking check failed the run
     assert not checks["training_not_diverged"].passed and checks["training_finite"].passed
     [row] = crucible.store().read_partition("checkpoints", "diverges", 1).to_pylist()

@@ -10,12 +10,12 @@ Before the step, the samples' reward analytics (`judge_samples`):
 
 After the step (`judge`):
 Each iteration records its health signals (KL, entropy, clip fraction, response length, share of
-zero-variance groups, gradient norm, reward mean and spread, tamper ratio). Judged against the
+zero-variance groups, gradient norm, reward mean and spread, tamper rate). Judged against the
 experiment's thresholds and the earlier iterations:
 - errors (the next iteration refuses to start): non-finite loss, gradients or weights; a step
   that moved the policy further than `max_step_kl` from the one that sampled its data;
 - warnings: entropy collapsing below `min_entropy_ratio` of the first iteration's; a tamper
-  ratio rising more than `max_tamper_rise` above the previous iteration's.
+  rate rising more than `max_tamper_rise` above the previous iteration's.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
-SIGNALS = ("loss", "final_kl", "mean_step_kl", "kl_to_reference", "entropy", "clip_fraction", "grad_norm", "grad_norm_max",
-           "response_length", "zero_variance_fraction", "reward_mean", "reward_std", "tamper_ratio")
+TRAINER_SIGNALS = ("loss", "final_kl", "mean_step_kl", "kl_to_reference", "entropy", "clip_fraction", "grad_norm",
+                   "grad_norm_max")
+SAMPLE_SIGNALS = ("sampled_tokens", "zero_variance_fraction", "reward_mean", "reward_std", "tamper_rate")  # metrics.py
+SIGNALS = TRAINER_SIGNALS + SAMPLE_SIGNALS
 
 
 class MonitorConfig(BaseModel):
@@ -79,10 +81,10 @@ def judge(signals: dict[str, float], history: list[dict[str, float]], finite_wei
     floor = config.min_entropy_ratio * first
     verdicts.append(Verdict("entropy_not_collapsed", "warn", signals["entropy"] >= floor,
                             f"entropy {signals['entropy']:.3g} nats (first iteration {first:.3g}, floor {floor:.3g})"))
-    before = history[-1]["tamper_ratio"] if history else 0.0
-    rise = signals["tamper_ratio"] - before
-    verdicts.append(Verdict("tamper_ratio_not_rising", "warn", rise <= config.max_tamper_rise,
-                            f"tamper ratio {signals['tamper_ratio']:.3f} (previous {before:.3f})"))
+    before = history[-1]["tamper_rate"] if history else 0.0
+    rise = signals["tamper_rate"] - before
+    verdicts.append(Verdict("tamper_rate_not_rising", "warn", rise <= config.max_tamper_rise,
+                            f"tamper rate {signals['tamper_rate']:.3f} (previous {before:.3f})"))
     return verdicts
 
 

@@ -372,8 +372,6 @@ def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: t
              done: StepProgress, seconds: float, config: GRPOConfig) -> dict:
     totals, steps = done.totals, done.steps
     stat_tokens = max(totals.get("stat_tokens", 0.0), 1.0)
-    groups = len({s.group_id for s in samples})
-    rewards = _rewards(samples)
     return {
         "loss": sum(s["loss"] for s in steps) / max(len(steps), 1),
         "clip_fraction": totals.get("clip_fraction", 0.0) / stat_tokens,
@@ -388,14 +386,10 @@ def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: t
         "optimizer_steps": int(totals.get("optimizer_steps", 0.0)),
         "samples": len(samples),
         "samples_trained": len(batch),
-        "groups": groups,
-        "zero_variance_groups": groups - len({s.group_id for s in _informative(samples)}),
         "response_tokens": sum(s.trained_tokens for s in batch),
         "tokens": int(totals.get("tokens", 0.0)),  # forward+backward tokens (prompt + response, padded)
         "seconds": seconds,
         "tokens_per_s": totals.get("tokens", 0.0) / max(seconds, 1e-9),
-        "mean_reward": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
         "mean_advantage": float(advantages.mean()) if len(batch) else 0.0,
         "mean_abs_advantage": float(advantages.abs().mean()) if len(batch) else 0.0,
         "frac_zero_advantage": float((advantages == 0).float().mean()) if len(batch) else 1.0,

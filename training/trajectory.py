@@ -19,6 +19,7 @@ class VerifiedRollout:
     task: Task
     grade: GradeResult
     verify_s: float  # grading wall time: sandbox set-up, tests, report parsing
+    queue_s: float = 0.0  # from handing it to the sandbox pool until its grading began
 
     @property
     def passed(self) -> bool:
@@ -56,10 +57,9 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "passed": grade.passed,
         "tamper_flags": [flag.value for flag in grade.tamper_flags],
         "exec_status": execution.status.value,
-        "timings": {  # null: not measured by the single-turn skeleton
-            "queue_s": None,
+        "timings": {
             "generate_s": rollout.generate_s,
-            "sandbox_start_s": None,
+            "queue_s": verified.queue_s,
             "exec_s": execution.wall_s,
             "verify_s": verified.verify_s,
         },

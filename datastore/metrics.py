@@ -1,0 +1,96 @@
+"""Every number Crucible reports about samples, defined once, as DuckDB SQL over the stored columns.
+
+The catalog (datastore/catalog.py) makes these views; the assets' metadata, the sample and
+stability monitors, the run summary and `crucible curve` all read them, so a monitor, a stored
+value and an analyst's query can never disagree.
+
+Definitions:
+- A sample counts towards a pass rate only if it was scored: an infrastructure error or a broken
+  task (reward_status infra_error or invalid) is kept apart, as its own rate, never counted as a
+  failure. `passed` itself is GradeResult.passed (sandbox/grading.py).
+- `reward_mean`, `reward_std` (sample standard deviation): over scored samples (reward is null
+  otherwise).
+- A group (the samples of one prompt) carries a learning signal when at least two of its samples
+  were scored with different rewards; every other group is a zero-variance group.
+- Held-out pass rate: tasks are the unit. A task's pass rate is the share of its scored samples
+  that passed; the pass rate is the mean over tasks, its standard error the spread of the task
+  rates over sqrt(tasks), so that repeated samples of one task never count as independent
+  evidence. The improvement over the base policy (iteration 0) is paired by task: the mean of the
+  per-task differences over the tasks both evaluated, with the standard error of those
+  differences.
+"""
+
+from __future__ import annotations
+
+SCORED = "reward_status = 'scored'"
+
+# Over samples carrying `flat_group` (SAMPLES_WITH_GROUP_FLAG). A sample's sandbox time is its
+# grading (set-up, tests, parsing) plus the commands its episode ran.
+SAMPLE_MEASURES = f"""
+    count(*) AS samples,
+    count(*) FILTER (WHERE {SCORED}) AS scored,
+    avg(passed::INT) FILTER (WHERE {SCORED}) AS pass_rate,
+    avg(reward) AS reward_mean,
+    coalesce(stddev_samp(reward), 0) AS reward_std,
+    count(DISTINCT group_id) AS groups,
+    count(DISTINCT group_id) FILTER (WHERE flat_group) AS zero_variance_groups,
+    avg((reward_status = 'infra_error')::INT) AS infra_error_rate,
+    avg((reward_status = 'invalid')::INT) AS invalid_rate,
+    avg((finish_reason = 'length')::INT) AS truncation_rate,
+    avg((len(tamper_flags) > 0)::INT) AS tamper_rate,
+    avg(timings.generate_s) AS generate_s,
+    avg(timings.verify_s + coalesce(list_sum([t.exec_s FOR t IN turns]), 0)) AS sandbox_s,
+    avg(response_tokens) AS response_tokens,
+    avg(list_sum(loss_mask)) AS sampled_tokens
+"""
+SAMPLES_WITH_GROUP_FLAG = """
+    (SELECT *, coalesce(max(reward) OVER g = min(reward) OVER g, true) AS flat_group
+     FROM trajectories WINDOW g AS (PARTITION BY experiment, iteration, group_id))
+"""
+
+METRIC_VIEWS = {
+    "task_rewards": f"""
+        SELECT experiment, iteration, task_id, any_value(family) AS family,
+               any_value(difficulty) AS difficulty, {SAMPLE_MEASURES}
+        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, task_id
+    """,
+    "difficulty_rewards": f"""
+        SELECT experiment, iteration, difficulty, {SAMPLE_MEASURES}
+        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, difficulty
+    """,
+    "iteration_rewards": f"""
+        SELECT experiment, iteration, count(DISTINCT task_id) AS tasks, {SAMPLE_MEASURES},
+               zero_variance_groups / groups AS zero_variance_fraction,
+               quantile_cont(reward, 0.1) AS reward_p10, median(reward) AS reward_p50,
+               quantile_cont(reward, 0.9) AS reward_p90,
+               sum(prompt_tokens)::BIGINT AS prompt_tokens, sum(response_tokens)::BIGINT AS generated_tokens
+        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration
+    """,
+    "held_out_tasks": f"""
+        SELECT experiment, iteration, task_id, any_value(difficulty) AS difficulty, count(*) AS samples,
+               avg(passed::INT) AS pass_rate
+        FROM evaluations WHERE {SCORED} GROUP BY experiment, iteration, task_id
+    """,
+    "held_out": """
+        WITH paired AS (
+            SELECT t.*, t.pass_rate - base.pass_rate AS gain
+            FROM held_out_tasks t
+            LEFT JOIN (SELECT experiment, task_id, pass_rate FROM held_out_tasks WHERE iteration = 0) base
+            USING (experiment, task_id)
+        ),
+        summary AS (
+            SELECT experiment, iteration, count(*) AS tasks, sum(samples)::BIGINT AS samples,
+                   avg(pass_rate) AS pass_rate,
+                   coalesce(stddev_samp(pass_rate) / sqrt(count(*)), 0) AS stderr,
+                   count(gain) AS paired_tasks, avg(gain) AS improvement,
+                   coalesce(stddev_samp(gain) / sqrt(count(gain)), 0) AS improvement_stderr
+            FROM paired GROUP BY experiment, iteration
+        )
+        SELECT *,
+               -- +-inf when every task moved by the same non-zero amount
+               CASE WHEN improvement_stderr > 0 THEN improvement / improvement_stderr
+                    WHEN improvement = 0 THEN 0.0
+                    ELSE sign(improvement) * 'inf'::DOUBLE END AS improvement_in_stderrs
+        FROM summary
+    """,
+}
