@@ -3,7 +3,7 @@ datastore/metrics.py, where every measure is defined):
 
 - `iteration_rewards`, per iteration, between its trajectories and its training step: per-task
   table, reward distribution, tamper flags, and the sample monitors as asset checks, whose
-  errors stop the training step (training/monitors.py);
+  errors stop the training step (training/evaluation/monitors.py);
 - `reward_analytics`, across every iteration of every experiment: the table, the reward curve
   and the pass rate by difficulty.
 """
@@ -35,7 +35,7 @@ from assets.iteration import (
 )
 from assets.resources import CrucibleResource
 from datastore import catalog
-from training.monitors import SAMPLE_CHECKS, judge_samples
+from training.evaluation.monitors import SAMPLE_CHECKS, judge_samples
 
 ITERATION_MEASURES = ("tasks", "samples", "scored", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",
                       "reward_p90", "zero_variance_fraction", "infra_error_rate", "invalid_rate", "truncation_rate",

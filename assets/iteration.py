@@ -37,28 +37,36 @@ from assets.train_process import STEP_MESSAGE
 from datastore import catalog
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
-from sandbox.grading import RewardStatus
-from task_sets.grading import grade_solution, sandbox_spec
+from sandbox.verdict import RewardStatus
 from task_sets.loader import TaskSet, load_task_set
 from task_sets.reproducibility import agreement, regrade_sample
 from task_sets.rewards import Process, RewardFunction
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
-from training.checkpoint import CheckpointError, verify_checkpoint
-from training.dynamic_sampling import Refilled, refill
-from training.engine import SamplingParams, open_engine
-from training.episodes import EpisodeLimits, as_rollout, run_episodes
-from training.experiment import ExperimentConfig
-from training.lineage import lineage
-from training.monitors import SAMPLE_SIGNALS, TRAINER_SIGNALS, Verdict, blocking_failures, judge, weights_are_finite
-from training.rollout import Rollout, sample_rollouts
-from training.step import TrainJob
-from training.trainer import STEP_STATS
-from training.trajectory import (
+from task_sets.submission import grade_solution, sandbox_spec
+from training.agent.dynamic_sampling import Refilled, refill
+from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes
+from training.agent.rollout import Rollout, sample_rollouts
+from training.agent.trajectory import (
     VerifiedRollout,
     evaluation_row,
     trajectory_row,
 )
+from training.evaluation.monitors import (
+    SAMPLE_SIGNALS,
+    TRAINER_SIGNALS,
+    Verdict,
+    blocking_failures,
+    judge,
+    weights_are_finite,
+)
+from training.experiment import ExperimentConfig
+from training.inference.engine import SamplingParams
+from training.inference.engines import open_engine
+from training.policy.checkpoint import CheckpointError, verify_checkpoint
+from training.policy.lineage import lineage
+from training.rl.step import TrainJob
+from training.rl.trainer import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
@@ -267,7 +275,7 @@ def verified_rollouts(
 def _refill(context, crucible: CrucibleResource, experiment: ExperimentConfig, iteration: int, full_set,
             sampled: list[TaskBase], verified: list[VerifiedRollout]) -> Refilled[VerifiedRollout]:
     """Dynamic sampling: more train tasks, from the same policy, while too few groups have a
-    reward spread (training/dynamic_sampling.py)."""
+    reward spread (training/agent/dynamic_sampling.py)."""
     taken = {task.id for task in sampled}
     reserve = [task for task in full_set.train() if task.id not in taken]
     random.Random(experiment.seed * 100_003 + iteration).shuffle(reserve)

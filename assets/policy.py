@@ -12,11 +12,11 @@ from dagster import (
 
 from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
-from training.checkpoint import verify_checkpoint
-from training.demonstrations import warmup_examples
-from training.model import PolicyConfig, build_base_policy
-from training.sft import SFTConfig, supervised_warmup
-from training.tokenizer import build_tokenizer
+from training.policy.checkpoint import verify_checkpoint
+from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.tokenizer import build_tokenizer
+from training.sft.demonstrations import warmup_examples
+from training.sft.warmup import SFTConfig, supervised_warmup
 
 
 class BasePolicyConfig(Config):

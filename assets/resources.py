@@ -16,9 +16,9 @@ from datastore.store import DatasetStore
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import Session
 from sandbox.pool import PoolConfig, SandboxPool
-from task_sets.grading import sandbox_spec
 from task_sets.schema import Task
-from training.episodes import starting_files
+from task_sets.submission import sandbox_spec
+from training.agent.episodes import starting_files
 from training.experiment import ExperimentConfig
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dagster_pipes import PipesContext, open_dagster_pipes
 
-from training.step import TrainJob, run_train_job
+from training.rl.step import TrainJob, run_train_job
 
 STEP_MESSAGE = "train_step"
 

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from sandbox.harness.bundle import harness_files
-from task_sets.grading import HIDDEN_TESTS_FILE, SOLUTION_FILE, grade_solution
 from task_sets.loader import load_task_set
+from task_sets.submission import HIDDEN_TESTS_FILE, SOLUTION_FILE, grade_solution
 
 
 def bare_run(task) -> float:

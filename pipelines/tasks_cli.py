@@ -18,9 +18,8 @@ from pipelines import environment
 from pipelines.errors import UserError
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
-from sandbox.grading import GradeResult, RewardStatus
 from sandbox.pool import PoolConfig, SandboxPool
-from task_sets.grading import grade_solution, sandbox_spec
+from sandbox.verdict import GradeResult, RewardStatus
 from task_sets.importers import (
     FORMATS,
     SPLITS,
@@ -40,6 +39,7 @@ from task_sets.loader import (
 )
 from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
+from task_sets.submission import grade_solution, sandbox_spec
 from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
 
 # Piped output has no terminal width; the tables need ~110 columns.

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
-from sandbox.grading import TamperFlag
 from sandbox.interpreter import importable_modules
+from sandbox.verdict import TamperFlag
 from task_sets.patches import changed_paths
 from task_sets.schema import RUNNER_CONFIGURATION
 

@@ -12,7 +12,7 @@ Then optional penalties, subtracted and clipped at 0:
   process  `turns`      per turn after the first, `tokens` per 1000 tokens the policy wrote.
 Both tools parse the code; neither runs it. They run only when their weight is not 0.
 
-A grade the rules of sandbox/grading.py zeroed (tampering, a kill, no report) stays 0 whatever
+A grade the rules of sandbox/verdict.py zeroed (tampering, a kill, no report) stays 0 whatever
 the weights, and an unscored grade (invalid, infra_error) stays None. The function's version,
 a hash of its name and weights, is stored beside every reward it produced.
 
@@ -46,7 +46,7 @@ from pydantic import (
 )
 
 from sandbox import python_ast
-from sandbox.grading import GradeResult, RewardStatus
+from sandbox.verdict import GradeResult, RewardStatus
 
 CONFIG_FILE = "reward.toml"
 TIER_TOLERANCE = 1e-9
@@ -97,7 +97,7 @@ class RewardFunction(BaseModel):
               process: Process = ONE_TURN) -> GradeResult:
         """`grade` with this function's reward and version, and its measures in the components.
 
-        `compiles`: tier 1, as the task's kind defines it (task_sets/grading.py); `code`: the
+        `compiles`: tier 1, as the task's kind defines it (task_sets/submission.py); `code`: the
         submitted Python sources, for the quality terms."""
         if grade.reward_status is not RewardStatus.SCORED:
             return dataclasses.replace(grade, reward_version=self.version)

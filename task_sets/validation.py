@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
-from sandbox.grading import GradeResult, RewardStatus
 from sandbox.pool import SandboxPool
-from task_sets.grading import grade_solution, sandbox_spec
+from sandbox.verdict import GradeResult, RewardStatus
 from task_sets.schema import RepositoryTask, Task
+from task_sets.submission import grade_solution, sandbox_spec
 
 DEFAULT_REPEATS = 3
 VERDICTS = ("ok", "broken", "flaky", "lax", "unjudgeable")

@@ -10,7 +10,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from training.engine import SamplingParams, TransformersEngine
+from training.inference.engine import SamplingParams
+from training.inference.transformers_engine import TransformersEngine
 
 
 class CompletionsServer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.actions import Malformed, Replace, Run, Submit, Write, parse_action
+from training.agent.actions import Malformed, Replace, Run, Submit, Write, parse_action
 
 
 @pytest.mark.parametrize(("reply", "action"), [

@@ -252,7 +252,7 @@ def test_every_dataset_has_a_documented_schema():
 
 
 def test_rows_without_behaviour_logprobs_are_stored_but_never_trained_on():
-    from training.trajectory import train_samples
+    from training.rl.step import train_samples
 
     evaluated_only = trajectory_row("t/2") | {"behaviour_logprobs": None}  # a text-only HTTP engine's sample
     table = rows_to_table("trajectories", [trajectory_row("t/1"), evaluated_only])

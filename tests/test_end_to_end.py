@@ -24,8 +24,8 @@ from datastore import catalog
 from datastore.store import DatasetStore
 from pipelines.cli import prepare_instance
 from pipelines.jobs import ITERATION_ASSETS
-from training.checkpoint import verify_checkpoint
 from training.experiment import ExperimentConfig
+from training.policy.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -8,14 +8,14 @@ import pytest
 from datastore import catalog
 from datastore.store import DatasetStore, rows_to_table
 from sandbox.backends import open_sandbox
-from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
-from training.demonstrations import episode_examples
-from training.engine import Completion, SamplingParams
-from training.episodes import EpisodeLimits, as_rollout, render_episode_prompt, run_episodes, starting_files
-from training.tokenizer import IM_END, build_tokenizer
-from training.trajectory import VerifiedRollout, trajectory_row
+from task_sets.submission import grade_solution, sandbox_spec
+from training.agent.episodes import EpisodeLimits, as_rollout, render_episode_prompt, run_episodes, starting_files
+from training.agent.trajectory import VerifiedRollout, trajectory_row
+from training.inference.engine import Completion, SamplingParams
+from training.policy.tokenizer import IM_END, build_tokenizer
+from training.sft.demonstrations import episode_examples
 
 SHOPCART = load_task_set("shopcart")
 TASK = SHOPCART.by_id["shopcart/negative-money"]

@@ -12,12 +12,12 @@ import textwrap
 import pytest
 
 from sandbox.base import Mount
-from sandbox.grading import grade
 from sandbox.harness.bundle import harness_files
 from sandbox.local import BWRAP, LocalSandbox
 from sandbox.result import ExecStatus
 from sandbox.spec import Limits, SandboxSpec
 from sandbox.test_report import ReportError, parse_junit, read_report
+from sandbox.verdict import grade
 
 needs_sandbox = pytest.mark.skipif(
     os.geteuid() != 0 or not os.access(BWRAP, os.X_OK), reason="LocalSandbox needs root and bubblewrap"

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from openai_server import CompletionsServer
 
-from training.engine import SamplingParams, TransformersEngine
-from training.http_engine import EngineError, OpenAICompatibleEngine
-from training.model import PolicyConfig, build_base_policy
-from training.prompts import render_prompt
+from training.agent.prompts import render_prompt
+from training.inference.engine import SamplingParams
+from training.inference.http_engine import EngineError, OpenAICompatibleEngine
+from training.inference.transformers_engine import TransformersEngine
+from training.policy.model import PolicyConfig, build_base_policy
 
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=512)

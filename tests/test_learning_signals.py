@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from training.monitors import (
+from training.evaluation.monitors import (
     MonitorConfig,
     blocking_failures,
     judge,

@@ -13,12 +13,12 @@ import pytest
 
 from datastore import catalog
 from datastore.store import DatasetStore, rows_to_table
-from task_sets.grading import grade_solution
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch, make_patch
-from training.monitors import judge_samples
-from training.rollout import Rollout
-from training.trajectory import VerifiedRollout, evaluation_row, trajectory_row
+from task_sets.submission import grade_solution
+from training.agent.rollout import Rollout
+from training.agent.trajectory import VerifiedRollout, evaluation_row, trajectory_row
+from training.evaluation.monitors import judge_samples
 
 SHOPCART = load_task_set("shopcart")
 TASK = SHOPCART.by_id["shopcart/negative-money"]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends import open_sandbox
-from task_sets.grading import grade_solution, sandbox_spec
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.loader import load_task_set
 from task_sets.schema import RepositoryTask
+from task_sets.submission import grade_solution, sandbox_spec
 
 OPS = '''\
 def add(a, b):

@@ -19,8 +19,8 @@ from assets.iteration import checkpoint
 from assets.resources import CrucibleResource
 from datastore import catalog
 from datastore.store import rows_to_table
+from training.evaluation.monitors import SAMPLE_CHECKS
 from training.experiment import ExperimentConfig
-from training.monitors import SAMPLE_CHECKS
 
 RESOURCES = {"pipes_subprocess_client": PipesSubprocessClient()}
 

@@ -17,19 +17,20 @@ from assets.iteration import STABILITY_CHECKS, _policy, checkpoint
 from assets.resources import CrucibleResource
 from datastore import catalog
 from datastore.store import rows_to_table
-from task_sets.grading import grade_solution
 from task_sets.loader import load_task_set
-from training.checkpoint import verify_checkpoint
-from training.demonstrations import single_turn_examples
-from training.engine import SamplingParams, TransformersEngine
+from task_sets.submission import grade_solution
+from training.agent.rollout import sample_rollouts
+from training.agent.trajectory import VerifiedRollout, trajectory_row
+from training.evaluation.monitors import SAMPLE_SIGNALS, MonitorConfig
 from training.experiment import ExperimentConfig
-from training.model import PolicyConfig, build_base_policy
-from training.monitors import SAMPLE_SIGNALS, MonitorConfig
-from training.rollout import sample_rollouts
-from training.sft import SFTConfig, supervised_warmup
-from training.tokenizer import build_tokenizer
-from training.trainer import GRPOConfig
-from training.trajectory import VerifiedRollout, trajectory_row
+from training.inference.engine import SamplingParams
+from training.inference.transformers_engine import TransformersEngine
+from training.policy.checkpoint import verify_checkpoint
+from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.tokenizer import build_tokenizer
+from training.rl.trainer import GRPOConfig
+from training.sft.demonstrations import single_turn_examples
+from training.sft.warmup import SFTConfig, supervised_warmup
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from training.engine import SamplingParams
-from training.model import PolicyConfig, build_base_policy
+from training.inference.engine import SamplingParams
+from training.policy.model import PolicyConfig, build_base_policy
 
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=256)
@@ -65,7 +65,7 @@ def stand_in_vllm(monkeypatch):
 
 
 def test_the_vllm_engine_sends_token_prompts_and_keeps_the_sampled_tokens(stand_in_vllm, tmp_path):
-    from training.vllm_engine import VLLMEngine
+    from training.inference.vllm_engine import VLLMEngine
 
     checkpoint = build_base_policy(tmp_path / "policy", TINY)
     engine = VLLMEngine(checkpoint, policy_version="ckpt-3", seed=11, gpu_memory_utilization=0.5)

@@ -18,8 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from training.monitors import MonitorConfig
-from training.trainer import GRPOConfig
+from training.evaluation.monitors import MonitorConfig
+from training.rl.trainer import GRPOConfig
 
 
 class ExperimentConfig(BaseModel):

@@ -1,5 +1,5 @@
 """The signature on a pytest session record (harness/pytest_session.py writes it inside the
-sandbox; sandbox/grading.py checks it). Standard library only: it runs on both sides."""
+sandbox; sandbox/verdict.py checks it). Standard library only: it runs on both sides."""
 
 from __future__ import annotations
 

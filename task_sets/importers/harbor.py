@@ -31,7 +31,7 @@ from sandbox.base import Mount, SandboxUnavailable
 from sandbox.harness.run_tests import test_names
 from sandbox.local import LocalSandbox
 from sandbox.spec import Limits, SandboxSpec
-from task_sets.importers import (
+from task_sets.importers.records import (
     Imported,
     ImportError_,
     ImportOptions,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from task_sets.importers import (
+from task_sets.importers.records import (
     Imported,
     ImportOptions,
     RecordError,

@@ -25,7 +25,7 @@ import subprocess
 from functools import cache, partial
 from pathlib import Path
 
-from task_sets.importers import (
+from task_sets.importers.records import (
     Imported,
     ImportError_,
     ImportOptions,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .tokenizer import EOS_TOKEN, IM_END
+from training.policy.tokenizer import EOS_TOKEN, IM_END
 
 # Short on purpose: every token of it is one the small policy must attend over.
 SYSTEM_MESSAGE = "Reply with the complete solution.py only."

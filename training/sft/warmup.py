@@ -1,6 +1,6 @@
 """Supervised warm-up: teach the base policy the answer format before RL.
 
-Each example is (prompt ids, response ids), as training/demonstrations.py makes them: a
+Each example is (prompt ids, response ids), as training/sft/demonstrations.py makes them: a
 chat-templated prompt (or an episode's context so far) and the reply, ending with <|im_end|>.
 The model learns only the response tokens (prompt targets are masked, like labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
 
@@ -22,10 +22,10 @@ from typing import Callable
 
 import torch
 
-from .batching import make_batch, token_logprobs
-from .checkpoint import save_checkpoint
-from .model import load_policy
-from .schedule import lr_factor
+from training.policy.batching import make_batch, token_logprobs
+from training.policy.checkpoint import save_checkpoint
+from training.policy.model import load_policy
+from training.rl.schedule import lr_factor
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
 

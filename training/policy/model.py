@@ -19,8 +19,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from .checkpoint import save_checkpoint, verify_checkpoint
-from .tokenizer import EOS_TOKEN, IM_END, build_tokenizer
+from training.policy.checkpoint import save_checkpoint, verify_checkpoint
+from training.policy.tokenizer import EOS_TOKEN, IM_END, build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class PolicyConfig:
     num_heads: int = 4  # head_dim 64
     num_kv_heads: int = 4  # plain multi-head attention (no GQA at this size)
     intermediate_size: int = 688  # ~8/3 * hidden, rounded to a multiple of 16 (Llama's SwiGLU ratio)
-    vocab_size: int = 1024  # the BPE vocabulary (training/tokenizer.py), a multiple of 64
+    vocab_size: int = 1024  # the BPE vocabulary (training/policy/tokenizer.py), a multiple of 64
     max_position_embeddings: int = 1024  # prompt + response budget
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True  # saves 262k params (1024 x 256); vLLM handles tied Llama heads

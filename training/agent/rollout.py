@@ -7,15 +7,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from task_sets.schema import Task
-from training.engine import InferenceEngine, SamplingParams
-from training.prompts import extract_solution, render_prompt
+from training.agent.prompts import extract_solution, render_prompt
+from training.inference.engine import InferenceEngine, SamplingParams
 
 TASKS_PER_CALL = 16  # one generate call per chunk, so progress shows while a big batch runs
 
 
 @dataclass(frozen=True)
 class Rollout:
-    """One sample: a single-turn reply, or a whole multi-turn episode (training/episodes.py)."""
+    """One sample: a single-turn reply, or a whole multi-turn episode (training/agent/episodes.py)."""
 
     task_id: str
     group_id: str

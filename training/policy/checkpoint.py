@@ -78,7 +78,7 @@ def save_checkpoint(
 
     `extra(tmp_dir)` may add more files (e.g. optimizer state); they are hashed too.
     """
-    from .tokenizer import save_tokenizer
+    from training.policy.tokenizer import save_tokenizer
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)

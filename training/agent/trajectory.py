@@ -1,16 +1,12 @@
-"""From graded rollouts to trajectory rows, and from stored rows back to training samples."""
+"""From graded rollouts to the rows of the `trajectories` and `evaluations` datasets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from sandbox.grading import GradeResult, RewardStatus
+from sandbox.verdict import GradeResult
 from task_sets.schema import Task
-from training.rollout import Rollout
-from training.trainer import TrainSample
+from training.agent.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -96,22 +92,3 @@ def evaluation_row(verified: VerifiedRollout) -> dict:
         "reward_status": verified.grade.reward_status.value,
         "reward_version": verified.grade.reward_version,
     }
-
-
-def train_samples(table: pa.Table) -> list[TrainSample]:
-    """Scored rows as training samples; infrastructure errors, invalid grades and samples
-    without behaviour log-probs (text-only HTTP engines) are masked out."""
-    columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id", "loss_mask"]
-    usable = pc.and_(pc.equal(table["reward_status"], RewardStatus.SCORED.value), pc.is_valid(table["behaviour_logprobs"]))
-    rows = table.filter(usable).select(columns).to_pylist()
-    return [
-        TrainSample(
-            prompt_ids=row["prompt_token_ids"],
-            response_ids=row["response_token_ids"],
-            behaviour_logprobs=row["behaviour_logprobs"],
-            reward=row["reward"],
-            group_id=row["group_id"],
-            loss_mask=row["loss_mask"],
-        )
-        for row in rows
-    ]

@@ -1,7 +1,7 @@
 """Warm-up examples: what a good answer looks like, in both of the policy's formats.
 
-- single-turn: the prompt of training/prompts.py, answered with the reference solution;
-- episode: the prompt of training/episodes.py, answered turn by turn with actions: write each
+- single-turn: the prompt of training/agent/prompts.py, answered with the reference solution;
+- episode: the prompt of training/agent/episodes.py, answered turn by turn with actions: write each
   file the reference changes (the whole solution.py for a function task), then submit. Each
   turn is one example whose prompt is the context so far (earlier actions and the observations
   the environment would have given), so the warm-up teaches the same token sequences an episode
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from task_sets.grading import SOLUTION_FILE
 from task_sets.patches import apply_patch, changed_paths
 from task_sets.schema import RepositoryTask, Task
-from training.episodes import observation_ids, render_episode_prompt, wrote
-from training.prompts import render_prompt
-from training.tokenizer import IM_END
+from task_sets.submission import SOLUTION_FILE
+from training.agent.episodes import observation_ids, render_episode_prompt, wrote
+from training.agent.prompts import render_prompt
+from training.policy.tokenizer import IM_END
 
 Example = tuple[list[int], list[int]]
 

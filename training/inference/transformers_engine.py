@@ -1,55 +1,14 @@
-"""Token-in / token-out inference: prompts are token ids, completions are token ids + logprobs.
-
-`InferenceEngine` is the interface the rollout code depends on; `TransformersEngine` is the
-CPU implementation (batched `model.generate`); a vLLM engine can implement the same protocol.
-
-Behaviour log-probs are taken under the distribution the token was actually SAMPLED from:
-log_softmax of the processed scores, i.e. logits / temperature, then top-p (-inf outside the
-nucleus). The trainer recomputes log_softmax(logits / temperature); the two agree exactly
-when top_p == 1.0, which is what RL sampling should use. With temperature == 0 (greedy) the
-logprobs are those of the untempered distribution, log_softmax(logits).
-"""
+"""TransformersEngine: batched sampling with Hugging Face `generate`, on CPU by default."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from transformers import GenerationConfig
 
-from .model import load_policy
-
-FinishReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 4  # completions per prompt (the GRPO group size)
-    max_new_tokens: int = 128  # response budget; a reference solution is ~30-120 bytes
-    temperature: float = 1.0  # 1.0 = sample from the policy itself (on-policy RL); 0 = greedy
-    top_p: float = 1.0  # keep 1.0 for RL so behaviour and trainer logprobs match
-    seed: int = 0  # same prompts + params + checkpoint -> same completions
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]  # generated ids, including the stop token when finish_reason == "stop"
-    # Behaviour logprob of each token in token_ids; None where the engine cannot say (an HTTP
-    # server that returns text only): such a completion is for evaluation, never for training.
-    logprobs: list[float] | None
-    finish_reason: FinishReason  # "stop": emitted <|im_end|> / <|endoftext|>; "length": hit max_new_tokens
-    text: str  # decode(token_ids), special tokens kept (see prompts.extract_solution)
-
-
-@runtime_checkable
-class InferenceEngine(Protocol):
-    policy_version: str
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """params.n completions for each prompt, in prompt order."""
-        ...
+from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.policy.model import load_policy
 
 
 class TransformersEngine:
@@ -143,18 +102,3 @@ class TransformersEngine:
             tokens, logprobs, reason = tokens[: stop + 1], logprobs[: stop + 1], "stop"
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         return Completion(token_ids=tokens, logprobs=logprobs, finish_reason=reason, text=text)
-
-
-ENGINES = ("transformers", "vllm")
-
-
-def open_engine(kind: str, checkpoint_dir: str | Path, policy_version: str) -> InferenceEngine:
-    """The engine an experiment samples with: "transformers" (CPU, the default) or "vllm" (GPU,
-    `pip install -e '.[gpu]'`). Both load the same checkpoint directory."""
-    if kind == "vllm":
-        from training.vllm_engine import VLLMEngine
-
-        return VLLMEngine(checkpoint_dir, policy_version)
-    if kind != "transformers":
-        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
-    return TransformersEngine(checkpoint_dir, policy_version)

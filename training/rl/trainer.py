@@ -16,7 +16,7 @@ between the policy that sampled and the policy the step saved, on the trained to
 divergence monitor judges. Each optimizer step's own `approx_kl` is measured before it updates.
 
 The step saves its progress after every `save_progress_every` optimizer steps
-(training/resume.py): run again after a crash, it resumes there.
+(training/rl/resume.py): run again after a crash, it resumes there.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .batching import TokenBatch, make_batch, token_logprobs, token_logprobs_and_entropy
-from .checkpoint import read_manifest, save_checkpoint
-from .grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
-from .model import load_policy
-from .resume import ProgressFile, StepProgress, fingerprint
-from .schedule import Schedule, lr_factor
+from training.policy.batching import TokenBatch, make_batch, token_logprobs, token_logprobs_and_entropy
+from training.policy.checkpoint import read_manifest, save_checkpoint
+from training.policy.model import load_policy
+from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
+from training.rl.resume import ProgressFile, StepProgress, fingerprint
+from training.rl.schedule import Schedule, lr_factor
 
 OPTIMIZER_FILE = "optimizer.pt"
 ProgressFn = Callable[[int, int, dict], None]  # (optimizer step, total steps, that step's statistics)
@@ -66,7 +66,7 @@ class GRPOConfig(BaseModel):
     minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
     micro_batch_size: int = Field(16, ge=1, description="samples per forward pass (memory only; the loss is unchanged)")
     estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator "
-                                                               "(training/grpo.py)")
+                                                               "(training/rl/grpo.py)")
     scale_by_std: bool = Field(True, description="GRPO's std normalisation; False: Dr. GRPO's centring only")
     zero_variance_groups: Literal["drop", "keep"] = Field(
         "drop", description="drop: groups whose rewards are all equal leave the batch (DAPO); keep: they stay, "
@@ -81,7 +81,7 @@ class GRPOConfig(BaseModel):
         "log-probs at rollout time and each token weighted by min(pi_trainer / pi_engine, cap); None: off")
     kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty to the frozen reference (the base "
                            "policy); 0: no penalty, and no reference model is loaded")
-    kl_estimator: Literal["k1", "k3"] = Field("k3", description="per-token KL estimator (training/grpo.py)")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="per-token KL estimator (training/rl/grpo.py)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     weight_decay: float = Field(0.0, ge=0, description="no pull towards zero during RL")
     betas: tuple[float, float] = (0.9, 0.99)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig
 
-from training.engine import Completion, FinishReason, SamplingParams
+from training.inference.engine import Completion, FinishReason, SamplingParams
 
 
 class VLLMEngine:

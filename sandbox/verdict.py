@@ -13,7 +13,7 @@ sandbox, by parsing the test files (the harness's `test_names`: top-level `def t
 
 `grade_test_command`: a repository task's own test command (pytest, or a Harbor test.sh that
 starts pytest), run by /bin/sh in /workspace, which holds the repository with the submission
-applied, protected paths restored and hidden tests written in (task_sets/grading.py does that,
+applied, protected paths restored and hidden tests written in (task_sets/submission.py does that,
 before the run). pytest writes a JUnit report into /report (private, writable, fresh); the
 expected tests are the task's node ids. Here the code under test runs inside the test runner's
 process, so it could write the report itself. Our pytest plugin (harness/pytest_session.py)

@@ -19,10 +19,10 @@ import time
 from sandbox import python_ast
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
-from sandbox.grading import GradeResult, RewardStatus, grade, grade_test_command
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import Limits, SandboxSpec
 from sandbox.test_report import Outcome
+from sandbox.verdict import GradeResult, RewardStatus, grade, grade_test_command
 from task_sets.patches import PatchError, apply_patch, changed_paths
 from task_sets.protection import guard
 from task_sets.rewards import DEFAULT, ONE_TURN, Process, RewardFunction

@@ -8,12 +8,14 @@ GPU node as well as beside the orchestrator, and can simply be run again after a
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
 from datastore.store import DatasetStore
-from training.checkpoint import verify_checkpoint
-from training.trainer import GRPOConfig, ProgressFn, train_policy
-from training.trajectory import train_samples
+from sandbox.verdict import RewardStatus
+from training.policy.checkpoint import verify_checkpoint
+from training.rl.trainer import GRPOConfig, ProgressFn, TrainSample, train_policy
 
 
 class TrainJob(BaseModel):
@@ -39,3 +41,22 @@ def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[di
     metrics = train_policy(job.parent_dir, samples, job.out_dir, job.grpo, progress=progress,
                            lineage=job.lineage, reference_dir=job.reference_dir, temperature=job.temperature)
     return metrics, verify_checkpoint(job.out_dir)
+
+
+def train_samples(table: pa.Table) -> list[TrainSample]:
+    """Scored rows as training samples; infrastructure errors, invalid grades and samples
+    without behaviour log-probs (text-only HTTP engines) are masked out."""
+    columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id", "loss_mask"]
+    usable = pc.and_(pc.equal(table["reward_status"], RewardStatus.SCORED.value), pc.is_valid(table["behaviour_logprobs"]))
+    rows = table.filter(usable).select(columns).to_pylist()
+    return [
+        TrainSample(
+            prompt_ids=row["prompt_token_ids"],
+            response_ids=row["response_token_ids"],
+            behaviour_logprobs=row["behaviour_logprobs"],
+            reward=row["reward"],
+            group_id=row["group_id"],
+            loss_mask=row["loss_mask"],
+        )
+        for row in rows
+    ]

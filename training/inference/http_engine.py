@@ -4,8 +4,8 @@ engines.
 
 - `api="completions"` (default): prompts go out as token ids (the completions API takes a list
   of ids as `prompt`).
-- `api="chat"`: for chat-only servers. Prompts are ChatML token ids (what training/prompts.py
-  and training/episodes.py render); they are decoded back into messages, and the server applies
+- `api="chat"`: for chat-only servers. Prompts are ChatML token ids (what training/agent/prompts.py
+  and training/agent/episodes.py render); they are decoded back into messages, and the server applies
   its own model's chat template.
 What comes back is trainable only if the server says exactly which tokens it sampled and their
 log-probs: vLLM and SGLang do on the completions API, with `logprobs` and
@@ -26,8 +26,8 @@ from typing import Literal
 
 import requests
 
-from training.engine import Completion, FinishReason, SamplingParams
-from training.tokenizer import IM_END, IM_START
+from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.policy.tokenizer import IM_END, IM_START
 
 TOKEN_ID_PREFIX = "token_id:"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})

@@ -2,7 +2,7 @@
 
 Any UTF-8 string round-trips exactly (every byte is a token), and the vocabulary is frozen in
 `tokenizer.json` beside this module, so a checkpoint never depends on the data it meets.
-`python -m training.tokenizer` relearns it from the built-in task sets' train splits (only
+`python -m training.sft.vocabulary` relearns it from the built-in task sets' train splits (only
 train text: nothing of a held-out task shapes it).
 
 Why merges, not bare bytes: a word is then one token, so reading a phrase out of the prompt is a
@@ -18,9 +18,8 @@ and by vLLM.
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -109,36 +108,3 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> N
 
 def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def builtin_train_texts() -> Iterator[str]:
-    """What the policy reads and writes on the built-in sets' train splits: the system
-    messages, prompts, reference solutions and starting files."""
-    from task_sets.loader import (  # the vocabulary's source, not a runtime need
-        builtin_task_set_names,
-        load_task_set,
-    )
-    from training.episodes import SYSTEM_MESSAGE as EPISODE_SYSTEM_MESSAGE
-    from training.prompts import SYSTEM_MESSAGE
-
-    yield SYSTEM_MESSAGE
-    yield EPISODE_SYSTEM_MESSAGE
-    for name in builtin_task_set_names():
-        for task in load_task_set(name).train():
-            yield task.prompt
-            yield task.reference_solution
-            yield from task.files.values()
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Relearn the frozen BPE vocabulary from the built-in train splits.")
-    parser.add_argument("--out", type=Path, default=VOCABULARY_FILE)
-    parser.add_argument("--vocab-size", type=int, default=VOCABULARY_SIZE)
-    args = parser.parse_args(argv)
-    tokenizer = learn_vocabulary(builtin_train_texts(), args.vocab_size)
-    tokenizer.save(str(args.out))
-    print(f"wrote {tokenizer.get_vocab_size()} tokens to {args.out}")
-
-
-if __name__ == "__main__":
-    main()

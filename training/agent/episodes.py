@@ -1,7 +1,7 @@
 """Multi-turn episodes: the policy acts in its own sandbox session until it submits or a limit ends it.
 
 Every turn, all live episodes advance together: one batched generation call for every episode
-still running, then each parsed action (training/actions.py) runs in that episode's session,
+still running, then each parsed action (training/agent/actions.py) runs in that episode's session,
 concurrently. The context is one token sequence per episode: the prompt, then for each turn the
 tokens the policy sampled (loss mask 1, with their behaviour log-probs) and the observation the
 environment answered with (loss mask 0), in the chat template's own framing. The tokens trained
@@ -23,13 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from sandbox.base import Session, WorkspacePathError
-from task_sets.grading import SOLUTION_FILE
 from task_sets.patches import make_patch, text_files_from_tar
 from task_sets.schema import RepositoryTask, Task
-from training.actions import USAGE, Malformed, Replace, Run, Submit, Write, parse_action
-from training.engine import Completion, InferenceEngine, SamplingParams
-from training.rollout import Rollout
-from training.tokenizer import IM_END, IM_START
+from task_sets.submission import SOLUTION_FILE
+from training.agent.actions import USAGE, Malformed, Replace, Run, Submit, Write, parse_action
+from training.agent.rollout import Rollout
+from training.inference.engine import Completion, InferenceEngine, SamplingParams
+from training.policy.tokenizer import IM_END, IM_START
 
 OBSERVATION_CHARS = 1200  # of command output shown to the policy per turn
 SYSTEM_MESSAGE = f"You work in a sandboxed repository. {USAGE}"
