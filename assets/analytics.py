@@ -30,7 +30,7 @@ from assets.iteration import (
     ITERATION,
     check_result,
     checkpoint_eval,
-    partition_experiment,
+    this_iteration,
     trajectories,
 )
 from assets.resources import CrucibleResource
@@ -63,12 +63,12 @@ def _check_description(measure: str, limit: str, severity: str) -> str:
 def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """This iteration's rewards per task and overall: pass rate, reward distribution, zero-variance
     groups, infrastructure errors, truncation, tamper flags, sandbox and generation time, tokens."""
-    experiment, iteration = partition_experiment(context, crucible)
-    con = catalog.connect(crucible.storage_root)
-    where = [experiment.name, iteration]
+    iteration = this_iteration(context, crucible)
+    experiment, con = iteration.experiment, catalog.connect(crucible.storage_root)
+    where = [experiment.name, iteration.number]
     found = catalog.records(con, "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?", where)
     if not found:
-        raise Failure(f"no trajectories stored for {experiment.name} iteration {iteration}")
+        raise Failure(f"no trajectories stored for {experiment.name} iteration {iteration.number}")
     [stats] = found
     tasks = catalog.records(con, "SELECT * FROM task_rewards WHERE experiment = ? AND iteration = ? "
                           "ORDER BY pass_rate, task_id", where)
@@ -94,7 +94,7 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
             **{name: MetadataValue.null() if stats[name] is None else stats[name] for name in ITERATION_MEASURES},
             "tasks_table": table_metadata(tasks, TASK_COLUMNS),
             "reward_distribution": MetadataValue.md(png_markdown("reward distribution", reward_histogram_png(
-                rewards, f"{experiment.name} iteration {iteration}: reward per sample"))),
+                rewards, f"{experiment.name} iteration {iteration.number}: reward per sample"))),
             "tamper_flags": table_metadata(flags, ("flag", "samples")),
         },
         check_results=[check_result(v) for v in verdicts],

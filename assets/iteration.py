@@ -1,18 +1,18 @@
-"""One RL iteration as assets, partitioned by `<experiment>-<iteration>`.
+"""One RL iteration as assets, partitioned by `<experiment>-<iteration>`: thin functions over
+training/iteration.py, which holds the rules.
 
-    task_set -> rollouts -> verified_rollouts -> trajectories -> checkpoint -> checkpoint_eval
+    task_set -> rollouts -> verified_rollouts -> trajectories -> iteration_rewards -> checkpoint -> checkpoint_eval
 
 Iteration N samples from checkpoint N-1 (the base policy for N = 1). Dagster has no partition
 mapping for "the previous dynamic partition", so the graph shows only the edge from base_policy;
-checkpoint N-1 is resolved by path and its exact content hash is recorded in the metadata; the sensor only starts N+1 once checkpoint N exists.
+checkpoint N-1 is resolved by path, its exact content hash is recorded in the metadata, and the
+sensor only starts N+1 once checkpoint N exists.
 """
 
 import math
-import random
-import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
+from contextlib import contextmanager
 
 from dagster import (
     AssetCheckResult,
@@ -34,46 +34,33 @@ from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
-from datastore import catalog
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
 from sandbox.verdict import RewardStatus
-from task_sets.loader import TaskSet, load_task_set
-from task_sets.reproducibility import agreement, regrade_sample
-from task_sets.rewards import Process, RewardFunction
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
-from task_sets.submission import grade_solution, sandbox_spec
-from training.agent.dynamic_sampling import Refilled, refill
-from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes
-from training.agent.rollout import Rollout, sample_rollouts
-from training.agent.trajectory import (
-    VerifiedRollout,
-    evaluation_row,
-    trajectory_row,
-)
-from training.evaluation.monitors import (
-    SAMPLE_SIGNALS,
-    TRAINER_SIGNALS,
-    Verdict,
-    blocking_failures,
-    judge,
-    weights_are_finite,
-)
-from training.experiment import ExperimentConfig
-from training.inference.engine import SamplingParams
-from training.inference.engines import open_engine
-from training.policy.checkpoint import CheckpointError, verify_checkpoint
-from training.policy.lineage import lineage
-from training.rl.step import TrainJob
+from training.agent.rollout import Rollout
+from training.agent.trajectory import VerifiedRollout, trajectory_row
+from training.evaluation.monitors import Verdict
+from training.iteration import Iteration, Refused
 from training.rl.trainer import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
 
-def partition_experiment(context: AssetExecutionContext, crucible: CrucibleResource) -> tuple[ExperimentConfig, int]:
-    name, iteration = parse_iteration_key(context.partition_key)
-    return crucible.experiment(name), iteration
+def this_iteration(context: AssetExecutionContext, crucible: CrucibleResource) -> Iteration:
+    """The partition's iteration, with the experiment's stored settings, logging to the run."""
+    name, number = parse_iteration_key(context.partition_key)
+    return Iteration(crucible, crucible.experiment(name), number, log=context.log.info)
+
+
+@contextmanager
+def refusals_fail_the_run() -> Iterator[None]:
+    """An iteration the rules refuse fails its run with their one sentence, not a traceback."""
+    try:
+        yield
+    except Refused as refusal:
+        raise Failure(str(refusal)) from None
 
 
 def check_result(verdict: Verdict) -> AssetCheckResult:
@@ -81,57 +68,6 @@ def check_result(verdict: Verdict) -> AssetCheckResult:
     return AssetCheckResult(check_name=verdict.check, passed=verdict.passed, description=verdict.message,
                             severity=AssetCheckSeverity.ERROR if verdict.severity == "error" else AssetCheckSeverity.WARN,
                             metadata={"detail": verdict.message})
-
-
-def _policy(crucible: CrucibleResource, experiment: str, iteration: int) -> tuple[Path, str]:
-    """The checkpoint iteration `iteration` samples from, verified, and its content hash."""
-    policy_dir = crucible.checkpoint_dir(experiment, iteration - 1)
-    try:
-        content_hash = verify_checkpoint(policy_dir)["content_hash"]
-    except CheckpointError as error:
-        raise Failure(
-            f"iteration {iteration} samples from checkpoint {iteration - 1}, which is not usable: "
-            f"{error}. Materialize iteration {iteration - 1} (or base_policy) first."
-        ) from None
-    store = crucible.store()
-    if iteration > 1 and store.has_partition("checkpoints", experiment, iteration - 1):
-        [record] = store.read_partition("checkpoints", experiment, iteration - 1).to_pylist()
-        if record["blocked"] and record["content_hash"] == content_hash:
-            failed = [m for m in record["monitor_messages"] if ": error: " in m]
-            raise Failure(f"iteration {iteration} would sample from checkpoint {iteration - 1}, which failed its "
-                          f"stability checks ({'; '.join(failed)}). Change the settings and materialize "
-                          f"iteration {iteration - 1} again.")
-    return policy_dir, content_hash
-
-
-def _grade_all(
-    context: AssetExecutionContext, crucible: CrucibleResource, work: list[tuple[TaskBase, Rollout]],
-    reward: RewardFunction,
-) -> list[VerifiedRollout]:
-    """Grade every (task, rollout) in its own fresh sandbox session, through the sandbox pool
-    (admission by CPU slots, retries of infrastructure failures on a fresh sandbox), and score
-    it with the task set's reward function."""
-
-    def verify(sandbox, item: tuple[TaskBase, Rollout]) -> VerifiedRollout:
-        task, rollout = item
-        started = time.perf_counter()
-        process = Process(turns=max(1, len(rollout.turns)), tokens=rollout.sampled_tokens)
-        grade = grade_solution(task, rollout.solution, sandbox, reward, process)
-        return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started,
-                               queue_s=started - handed_over)
-
-    step = max(1, len(work) // 5)
-    verified = []
-    handed_over = time.perf_counter()
-    with crucible.sandbox_pool(is_infra_failure=lambda v: v.grade.reward_status is RewardStatus.INFRA_ERROR) as pool:
-        results = pool.map(lambda item: sandbox_spec(item[0]), verify, work)
-        for done, result in enumerate(results, start=1):
-            verified.append(result)
-            if done % step == 0 or done == len(work):
-                context.log.info(f"graded {done}/{len(work)}")
-    if pool.retries or pool.quarantined:
-        context.log.warning(f"sandbox pool: {pool.retries} retries, quarantined: {pool.quarantined}")
-    return verified
 
 
 @asset(
@@ -144,17 +80,14 @@ def task_set(
 ) -> Iterator[Output[list[TaskBase]] | AssetCheckResult]:
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
-    experiment, iteration = partition_experiment(context, crucible)
-    full_set = load_task_set(experiment.task_set)
-    tasks = full_set.train()
-    if experiment.tasks_per_iteration and experiment.tasks_per_iteration < len(tasks):
-        tasks = random.Random(experiment.seed * 100_003 + iteration).sample(tasks, experiment.tasks_per_iteration)
-    by_difficulty = {d: sum(t.difficulty == d for t in tasks) for d in ("easy", "medium", "hard")}
-    crucible.store().write_partition("tasks", experiment.name, iteration,
-                                     rows_to_table("tasks", _task_rows(full_set, {task.id for task in tasks})))
-    yield Output(tasks, metadata={"tasks": len(tasks), **{f"tasks/{d}": n for d, n in by_difficulty.items()}})
-    split = separation(full_set)
-    sampled = {task.id for task in tasks}
+    iteration = this_iteration(context, crucible)
+    tasks = iteration.sample_tasks()
+    crucible.store().write_partition("tasks", iteration.experiment.name, iteration.number,
+                                     rows_to_table("tasks", iteration.task_rows(tasks)))
+    by_difficulty = Counter(task.difficulty for task in tasks)
+    yield Output(tasks, metadata={"tasks": len(tasks),
+                                  **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")}})
+    split, sampled = separation(iteration.task_set), {task.id for task in tasks}
     not_train = sorted(task.id for task in tasks if task.split != "train")
     leaked = sorted({train_id for train_id, _ in split.exact_duplicates} & sampled)
     yield AssetCheckResult(
@@ -166,44 +99,17 @@ def task_set(
     )
 
 
-def _task_rows(full_set: TaskSet, sampled: set[str]) -> list[dict]:
-    """The `tasks` dataset: every task of the set, train and eval, as this iteration saw it."""
-    return [{"task_id": task.id, "task_version": task.version, "task_set": full_set.name,
-             "task_set_version": full_set.version, "kind": task.kind, "split": task.split,
-             "difficulty": task.difficulty, "family": task.family, "domain": task.domain, "prompt": task.prompt,
-             "starting_files": sorted(task.files), "network": task.network, "wall_s": task.limits.wall_s,
-             "sampled": task.id in sampled} for task in full_set]
-
-
-def _sample(context, crucible: CrucibleResource, experiment: ExperimentConfig, engine, tasks, params,
-            group_prefix: str) -> list[Rollout]:
-    if experiment.max_turns == 1:
-        return sample_rollouts(engine, engine.tokenizer, tasks, params, group_prefix,
-                               progress=lambda done, total: context.log.info(f"sampled {done}/{total} tasks"))
-    limits = EpisodeLimits(max_turns=experiment.max_turns, max_tokens=experiment.episode_max_tokens,
-                           command_timeout_s=experiment.command_timeout_s)
-    episodes = run_episodes(engine, engine.tokenizer, tasks, params, limits, crucible.open_session, group_prefix,
-                            progress=lambda turn, turns: context.log.info(f"episodes: turn {turn}/{turns} done"))
-    return [as_rollout(episode, engine.tokenizer) for episode in episodes]
-
-
-def _rollout_params(experiment: ExperimentConfig, iteration: int) -> SamplingParams:
-    return SamplingParams(n=experiment.samples_per_task, max_new_tokens=experiment.max_new_tokens,
-                          temperature=experiment.temperature, seed=experiment.seed * 100_003 + iteration)
-
-
 @asset(**ITERATION, deps=[base_policy], kinds={"pytorch"})
 def rollouts(
     context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase]
 ) -> Output[list[Rollout]]:
     """K samples per task from the previous iteration's checkpoint, with behaviour log-probs:
     single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns."""
-    experiment, iteration = partition_experiment(context, crucible)
-    with timed_stage(crucible.store(), experiment.name, iteration, "rollouts"):
-        policy_dir, policy_version = _policy(crucible, experiment.name, iteration)
-        engine = open_engine(experiment.engine, policy_dir, policy_version)
-        samples = _sample(context, crucible, experiment, engine, task_set, _rollout_params(experiment, iteration),
-                          context.partition_key)
+    iteration = this_iteration(context, crucible)
+    with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
+                                              "rollouts"):
+        policy_dir, policy_version = iteration.policy()
+        samples = iteration.sample(iteration.engine(), task_set, iteration.rollout_params(), context.partition_key)
     tokens = sum(r.sampled_tokens for r in samples)
     seconds = sum(r.generate_s for r in samples)
     return Output(
@@ -235,32 +141,26 @@ def verified_rollouts(
 ) -> Iterator[Output[list[VerifiedRollout]] | AssetCheckResult]:
     """Every sample graded in a fresh sandbox against its task's hidden tests; a sample of them
     graded again to check that verdicts are reproducible (asset check `verdicts_reproducible`)."""
-    experiment, iteration = partition_experiment(context, crucible)
-    tasks = {task.id: task for task in task_set}
-    work = [(tasks[r.task_id], r) for r in rollouts]
-    full_set = load_task_set(experiment.task_set)
-    reward = full_set.reward
-    with timed_stage(crucible.store(), experiment.name, iteration, "verified_rollouts"):
-        verified = _grade_all(context, crucible, work, reward)
-        refilled = _refill(context, crucible, experiment, iteration, full_set, task_set, verified)
-        verified = refilled.graded
-        sample = regrade_sample(len(work), experiment.regrade_fraction, experiment.seed * 100_003 + iteration)
-        again = _grade_all(context, crucible, [work[i] for i in sample], reward) if sample else []
-    repeat = agreement([work[i][0].id for i in sample], [verified[i].grade for i in sample], [v.grade for v in again])
+    iteration = this_iteration(context, crucible)
+    with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
+                                              "verified_rollouts"):
+        verification = iteration.verify(task_set, rollouts, context.partition_key)
+    graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
+    statuses = Counter(v.grade.reward_status for v in graded.graded)
     yield Output(
-        verified,
+        graded.graded,
         metadata={
-            "samples": len(verified),
-            "groups": refilled.groups,
-            "informative_groups": refilled.informative,
-            "refill_rounds": refilled.rounds,
-            "infra_errors": sum(v.grade.reward_status is RewardStatus.INFRA_ERROR for v in verified),
-            "invalid": sum(v.grade.reward_status is RewardStatus.INVALID for v in verified),
+            "samples": len(graded.graded),
+            "groups": graded.groups,
+            "informative_groups": graded.informative,
+            "refill_rounds": graded.rounds,
+            "infra_errors": statuses[RewardStatus.INFRA_ERROR],
+            "invalid": statuses[RewardStatus.INVALID],
             "regraded": repeat.sampled,
             "regrade_agreement": repeat.rate,
-            "reward_function": reward.version,
+            "reward_function": iteration.task_set.reward.version,
         },
     )
     yield AssetCheckResult(
@@ -272,42 +172,16 @@ def verified_rollouts(
     )
 
 
-def _refill(context, crucible: CrucibleResource, experiment: ExperimentConfig, iteration: int, full_set,
-            sampled: list[TaskBase], verified: list[VerifiedRollout]) -> Refilled[VerifiedRollout]:
-    """Dynamic sampling: more train tasks, from the same policy, while too few groups have a
-    reward spread (training/agent/dynamic_sampling.py)."""
-    taken = {task.id for task in sampled}
-    reserve = [task for task in full_set.train() if task.id not in taken]
-    random.Random(experiment.seed * 100_003 + iteration).shuffle(reserve)
-    engine = None
-
-    def sample_and_grade(tasks: list[TaskBase], round_: int) -> list[VerifiedRollout]:
-        nonlocal engine
-        context.log.info(f"dynamic sampling round {round_}: {len(tasks)} more tasks")
-        if engine is None:
-            engine = open_engine(experiment.engine, *_policy(crucible, experiment.name, iteration))
-        samples = _sample(context, crucible, experiment, engine, tasks, _rollout_params(experiment, iteration),
-                          f"{context.partition_key}/refill{round_}")
-        by_id = {task.id: task for task in tasks}
-        return _grade_all(context, crucible, [(by_id[s.task_id], s) for s in samples], full_set.reward)
-
-    def group_reward(v: VerifiedRollout) -> tuple[str, float] | None:
-        return (v.rollout.group_id, v.grade.reward) if v.grade.reward_status is RewardStatus.SCORED else None
-
-    target = len(sampled) if experiment.refill_rounds else 0
-    return refill(verified, reserve, sample_and_grade, group_reward, target, experiment.refill_rounds)
-
-
 @asset(**ITERATION, kinds={"parquet"})
 def trajectories(
     context: AssetExecutionContext, crucible: CrucibleResource, verified_rollouts: list[VerifiedRollout]
 ) -> MaterializeResult:
     """The iteration's samples as one atomically written Parquet partition."""
-    experiment, iteration = partition_experiment(context, crucible)
+    name, number = parse_iteration_key(context.partition_key)
     store = crucible.store()
-    with timed_stage(store, experiment.name, iteration, "trajectories"):
+    with timed_stage(store, name, number, "trajectories"):
         table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
-        path = store.write_partition("trajectories", experiment.name, iteration, table)
+        path = store.write_partition("trajectories", name, number, table)
     return MaterializeResult(
         metadata={"path": MetadataValue.path(store.uri_of(path)), "rows": table.num_rows}
     )
@@ -337,75 +211,31 @@ def checkpoint(
     """The training step on this iteration's trajectories, from the policy that sampled them, in
     a process of its own (assets/train_process.py, through Dagster Pipes); then the stability
     monitors, as asset checks, on the new checkpoint."""
-    experiment, iteration = partition_experiment(context, crucible)
-    store = crucible.store()
-    with timed_stage(store, experiment.name, iteration, "checkpoint"):
-        parent_dir, parent_hash = _policy(crucible, experiment.name, iteration)
-        out_dir = crucible.checkpoint_dir(experiment.name, iteration)
-        # The exact files (datastore/store.py never rewrites one): what lineage names is what is read.
-        trajectory_files = store.partition_files("trajectories", experiment.name, iteration)
-        settings = experiment.model_dump(mode="json")
-        job = TrainJob(
-            parent_dir=str(parent_dir), out_dir=str(out_dir), storage_root=crucible.storage_root,
-            trajectory_files=trajectory_files,
-            grpo=experiment.grpo, temperature=experiment.temperature,
-            reference_dir=str(crucible.base_policy_dir()) if experiment.grpo.kl_coef else None,
-            lineage=lineage(parent_dir, parent_hash, trajectory_files,
-                            load_task_set(experiment.task_set).version, settings),
-        )
+    iteration = this_iteration(context, crucible)
+    name, number, store = iteration.experiment.name, iteration.number, crucible.store()
+    with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint"):
+        job = iteration.train_job()
         invocation = pipes_subprocess_client.run(
             command=[*crucible.train_launcher_command(), "-m", "assets.train_process"],
             context=context, extras={"job": job.model_dump(mode="json")},
         )
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
         reported = invocation.get_materialize_result().metadata or {}
-        manifest = verify_checkpoint(out_dir)
-        signals = _signals(manifest["metrics"], _iteration_rewards(crucible, experiment.name, iteration))
-        verdicts = judge(signals, _history(store, experiment.name, iteration), weights_are_finite(out_dir),
-                         experiment.monitors)
-        row = {
-            "path": str(out_dir), "content_hash": manifest["content_hash"],
-            "parent_path": str(parent_dir), "parent_hash": parent_hash,
-            "trajectories": trajectory_files, "task_set_version": job.lineage["task_set_version"],
-            "config_hash": job.lineage["config_hash"], "code_version": job.lineage["code_version"],
-            "global_step": manifest["global_step"], **signals,
-            "train_tokens": manifest["metrics"]["tokens"], "tokens_per_s": manifest["metrics"]["tokens_per_s"],
-            "blocked": bool(blocking_failures(verdicts)),
-            "monitor_messages": [f"{v.check}: {'ok' if v.passed else v.severity}: {v.message}" for v in verdicts],
-        }
-        store.write_partition("checkpoints", experiment.name, iteration, rows_to_table("checkpoints", [row]))
-        step_rows = [{**{name: m[name] for name in TRAINING_STEPS.names}, "tokens": int(m["tokens"])} for m in steps]
-        store.write_partition("training_steps", experiment.name, iteration, rows_to_table("training_steps", step_rows))
+        record = iteration.judge_step(job)
+        store.write_partition("checkpoints", name, number, rows_to_table("checkpoints", [record.row]))
+        step_rows = [{**{key: m[key] for key in TRAINING_STEPS.names}, "tokens": int(m["tokens"])} for m in steps]
+        store.write_partition("training_steps", name, number, rows_to_table("training_steps", step_rows))
     return MaterializeResult(
         metadata={
             **reported,
-            "path": MetadataValue.path(str(out_dir)),
-            "parent_hash": parent_hash,
+            "path": MetadataValue.path(job.out_dir),
+            "parent_hash": job.lineage["parent"]["content_hash"],
             "lineage": MetadataValue.json({k: v for k, v in job.lineage.items() if k != "settings"}),
-            "signals": MetadataValue.md(markdown_table([signals], tuple(signals))),
+            "signals": MetadataValue.md(markdown_table([record.signals], tuple(record.signals))),
             "steps": MetadataValue.md(markdown_table(step_rows, STEP_STATS) if step_rows else "no optimizer step"),
         },
-        check_results=[check_result(v) for v in verdicts],
+        check_results=[check_result(v) for v in record.verdicts],
     )
-
-
-def _iteration_rewards(crucible: CrucibleResource, experiment: str, iteration: int) -> dict:
-    [row] = catalog.records(catalog.connect(crucible.storage_root),
-                            "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?",
-                            [experiment, iteration])
-    return row
-
-
-def _signals(metrics: dict, rewards: dict) -> dict[str, float]:
-    """This iteration's health signals (monitors.SIGNALS): the trainer's, and the samples' from
-    their `iteration_rewards` row (datastore/metrics.py)."""
-    return {**{key: float(metrics[key]) for key in TRAINER_SIGNALS}, **{key: rewards[key] for key in SAMPLE_SIGNALS}}
-
-
-def _history(store, experiment: str, iteration: int) -> list[dict]:
-    """The signals of the experiment's earlier iterations, oldest first."""
-    return [store.read_partition("checkpoints", experiment, earlier).to_pylist()[0]
-            for earlier in range(1, iteration) if store.has_partition("checkpoints", experiment, earlier)]
 
 
 @asset(**ITERATION, deps=[checkpoint])
@@ -413,18 +243,12 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     """Pass rate of the new checkpoint on the held-out split, with its standard error, against
     the base policy's on the same tasks (evaluated once per experiment and stored as iteration 0),
     and the curve across iterations."""
-    experiment, iteration = partition_experiment(context, crucible)
-    store = crucible.store()
-    with timed_stage(store, experiment.name, iteration, "checkpoint_eval"):
-        if not store.has_partition("evaluations", experiment.name, 0):
-            context.log.info("evaluating the base policy first (iteration 0), the baseline of every iteration")
-            _evaluate(context, crucible, experiment, 0)
-        rows = _evaluate(context, crucible, experiment, iteration)
-    curve = catalog.records(catalog.connect(crucible.storage_root), "SELECT * FROM held_out WHERE experiment = ? "
-                            "AND iteration <= ? ORDER BY iteration", [experiment.name, iteration])
-    if curve[-1]["iteration"] != iteration:
-        raise Failure(f"no held-out sample of iteration {iteration} was scored ({len(rows)} evaluated): see the "
-                      "evaluations' reward_status")
+    iteration = this_iteration(context, crucible)
+    with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
+                                              "checkpoint_eval"):
+        iteration.evaluate()
+    with refusals_fail_the_run():
+        curve = iteration.held_out_curve()
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
     context.log.info(f"held-out pass rate {now['pass_rate']:.3f} ± {now['stderr']:.3f} "
                      f"({now['improvement']:+.3f} over the base policy, {gain:+.1f} standard errors)")
@@ -436,24 +260,6 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
             "improvement_in_stderrs": gain if math.isfinite(gain) else MetadataValue.text(
                 f"{gain} (every task moved by the same amount)"),
             "curve": MetadataValue.md(png_markdown("held-out pass rate", eval_curve_png(
-                experiment.name, [(p["iteration"], p["pass_rate"], p["stderr"]) for p in curve]))),
+                iteration.experiment.name, [(p["iteration"], p["pass_rate"], p["stderr"]) for p in curve]))),
         }
     )
-
-
-def _evaluate(context, crucible: CrucibleResource, experiment: ExperimentConfig, iteration: int) -> list[dict]:
-    """Checkpoint `iteration` (0: the base policy) on the held-out tasks: greedily, or
-    `eval_samples` samples per task at the rollout temperature; stored as that evaluations partition."""
-    policy_dir = crucible.checkpoint_dir(experiment.name, iteration)
-    engine = open_engine(experiment.engine, policy_dir, verify_checkpoint(policy_dir)["content_hash"])
-    full_set = load_task_set(experiment.task_set)
-    tasks = full_set.eval()[: experiment.eval_tasks]
-    greedy = experiment.eval_samples == 1
-    params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
-                            temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)
-    samples = _sample(context, crucible, experiment, engine, tasks, params, f"{experiment.name}/eval/{iteration}")
-    by_id = {task.id: task for task in tasks}
-    graded = _grade_all(context, crucible, [(by_id[s.task_id], s) for s in samples], full_set.reward)
-    rows = [evaluation_row(v) for v in graded]
-    crucible.store().write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
-    return rows

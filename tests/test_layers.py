@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 # training/__init__.py's order: each subpackage may import those before it, never those after.
-TRAINING_ORDER = ("policy", "inference", "agent", "rl", "sft", "evaluation", "experiment")
+TRAINING_ORDER = ("policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "iteration")
 NO_DAGSTER = ("sandbox", "task_sets", "training", "datastore")
 
 

@@ -11,9 +11,9 @@ import dataclasses
 import os
 
 import pytest
-from dagster import AssetCheckKey, AssetKey, DagsterInstance, Failure, PipesSubprocessClient, materialize
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, PipesSubprocessClient, materialize
 
-from assets.iteration import STABILITY_CHECKS, _policy, checkpoint
+from assets.iteration import STABILITY_CHECKS, checkpoint
 from assets.resources import CrucibleResource
 from datastore import catalog
 from datastore.store import rows_to_table
@@ -25,6 +25,7 @@ from training.evaluation.monitors import SAMPLE_SIGNALS, MonitorConfig
 from training.experiment import ExperimentConfig
 from training.inference.engine import SamplingParams
 from training.inference.transformers_engine import TransformersEngine
+from training.iteration import Iteration, Refused
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
 from training.policy.tokenizer import build_tokenizer
@@ -144,5 +145,5 @@ def test_a_diverged_step_blocks_the_next_iteration(crucible, diverged):
     assert not checks["training_not_diverged"].passed and checks["training_finite"].passed
     [row] = crucible.store().read_partition("checkpoints", "diverges", 1).to_pylist()
     assert row["blocked"]
-    with pytest.raises(Failure, match="failed its stability checks \\(training_not_diverged: error"):
-        _policy(crucible, "diverges", 2)
+    with pytest.raises(Refused, match="failed its stability checks \\(training_not_diverged: error"):
+        Iteration(crucible, crucible.experiment("diverges"), 2).policy()

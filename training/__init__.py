@@ -8,6 +8,7 @@
     rl/          GRPO-family advantages and losses, the trainer, its schedule and resume, the step job
     evaluation/  the stability and sample monitors
     experiment   ExperimentConfig: every setting of an experiment
+    iteration    one RL iteration's rules, which the Dagster assets call
 
 Imports point down that list (policy is the bottom; experiment may use them all).
 """

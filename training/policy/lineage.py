@@ -26,7 +26,7 @@ def config_hash(settings: dict) -> str:
 def code_version() -> str:
     """`crucible <version>+src.<hash of the source that trains and grades>`: unlike a git commit
     it exists in an installed wheel too, and it changes whenever that code does."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the folder holding training/, sandbox/, …
     digest = hashlib.sha256()
     for package in _SOURCE_PACKAGES:
         for path in sorted((root / package).rglob("*.py")):

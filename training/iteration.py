@@ -1,0 +1,299 @@
+"""One RL iteration's rules, without Dagster: the assets (assets/iteration.py) load their inputs,
+call these, and attach metadata.
+
+- Iteration N samples from checkpoint N-1 (the base policy for N = 1), verified by its content
+  hash; a checkpoint whose blocking stability checks failed is refused (`policy`).
+- Every random choice of an iteration comes from one seed (`seed`): which train tasks it
+  samples, the rollouts, the order of dynamic sampling's reserve, the re-graded share.
+- Every sample is graded in a fresh sandbox through the sandbox pool (`grade`); dynamic sampling
+  refills the batch while too few groups carry a learning signal, and a share of the
+  submissions is graded twice to measure how reproducible verdicts are (`verify`).
+- After the training step, its health signals are the trainer's metrics beside the iteration's
+  sample metrics (datastore/metrics.py), judged against the experiment's monitors
+  (`judge_step`), and stored as the `checkpoints` row.
+- Held-out evaluation covers the base policy (iteration 0) first, once per experiment
+  (`evaluate`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Protocol
+
+from datastore import catalog
+from datastore.store import DatasetStore, rows_to_table
+from sandbox.base import Session
+from sandbox.pool import SandboxPool
+from sandbox.verdict import RewardStatus
+from task_sets.loader import TaskSet, load_task_set
+from task_sets.reproducibility import Agreement, agreement, regrade_sample
+from task_sets.rewards import Process
+from task_sets.schema import Task, TaskBase
+from task_sets.submission import grade_solution, sandbox_spec
+from training.agent.dynamic_sampling import Refilled, refill
+from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes
+from training.agent.rollout import Rollout, sample_rollouts
+from training.agent.trajectory import VerifiedRollout, evaluation_row
+from training.evaluation.monitors import (
+    SAMPLE_SIGNALS,
+    TRAINER_SIGNALS,
+    Verdict,
+    blocking_failures,
+    judge,
+    weights_are_finite,
+)
+from training.experiment import ExperimentConfig
+from training.inference.engine import InferenceEngine, SamplingParams
+from training.inference.engines import open_engine
+from training.policy.checkpoint import CheckpointError, verify_checkpoint
+from training.policy.lineage import lineage
+from training.rl.step import TrainJob
+
+SEED_STRIDE = 100_003  # a prime: experiments' seeds never collide for the first 100k iterations
+
+
+class Refused(Exception):
+    """The iteration cannot go on; the message says why in one sentence, and what to do."""
+
+
+class Environment(Protocol):
+    """Where an experiment's data and checkpoints live and how its code is sandboxed (the
+    `crucible` resource is one)."""
+
+    storage_root: str
+
+    def store(self) -> DatasetStore: ...
+    def sandbox_pool(self, is_infra_failure: Callable[[object], bool]) -> SandboxPool: ...
+    def open_session(self, task: Task) -> Session: ...
+    def checkpoint_dir(self, experiment: str, iteration: int) -> Path: ...
+    def base_policy_dir(self) -> Path: ...
+
+
+@dataclass(frozen=True)
+class Verification:
+    graded: Refilled[VerifiedRollout]
+    regraded: Agreement
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the training step left: its health signals, the monitors' verdicts on them, and the
+    `checkpoints` row."""
+
+    signals: dict[str, float]
+    verdicts: list[Verdict]
+    row: dict
+
+
+@dataclass
+class Iteration:
+    env: Environment
+    experiment: ExperimentConfig
+    number: int
+    log: Callable[[str], None] = print
+
+    @property
+    def seed(self) -> int:
+        return self.experiment.seed * SEED_STRIDE + self.number
+
+    @cached_property
+    def task_set(self) -> TaskSet:
+        return load_task_set(self.experiment.task_set)
+
+    def sample_tasks(self) -> list[TaskBase]:
+        """The train tasks this iteration samples: a seeded subset when the experiment asks for one."""
+        tasks = self.task_set.train()
+        wanted = self.experiment.tasks_per_iteration
+        return random.Random(self.seed).sample(tasks, wanted) if wanted and wanted < len(tasks) else tasks
+
+    def task_rows(self, sampled: list[TaskBase]) -> list[dict]:
+        """The `tasks` dataset: every task of the set, train and eval, as this iteration saw it."""
+        chosen = {task.id for task in sampled}
+        return [{"task_id": task.id, "task_version": task.version, "task_set": self.task_set.name,
+                 "task_set_version": self.task_set.version, "kind": task.kind, "split": task.split,
+                 "difficulty": task.difficulty, "family": task.family, "domain": task.domain, "prompt": task.prompt,
+                 "starting_files": sorted(task.files), "network": task.network, "wall_s": task.limits.wall_s,
+                 "sampled": task.id in chosen} for task in self.task_set]
+
+    def policy(self) -> tuple[Path, str]:
+        """The checkpoint this iteration samples from, verified, and its content hash."""
+        experiment, number = self.experiment.name, self.number
+        policy_dir = self.env.checkpoint_dir(experiment, number - 1)
+        try:
+            content_hash = verify_checkpoint(policy_dir)["content_hash"]
+        except CheckpointError as error:
+            raise Refused(f"iteration {number} samples from checkpoint {number - 1}, which is not usable: {error}. "
+                          f"Materialize iteration {number - 1} (or base_policy) first.") from None
+        store = self.env.store()
+        if number > 1 and store.has_partition("checkpoints", experiment, number - 1):
+            [record] = store.read_partition("checkpoints", experiment, number - 1).to_pylist()
+            if record["blocked"] and record["content_hash"] == content_hash:
+                failed = [m for m in record["monitor_messages"] if ": error: " in m]
+                raise Refused(f"iteration {number} would sample from checkpoint {number - 1}, which failed its "
+                              f"stability checks ({'; '.join(failed)}). Change the settings and materialize "
+                              f"iteration {number - 1} again.")
+        return policy_dir, content_hash
+
+    def engine(self) -> InferenceEngine:
+        return open_engine(self.experiment.engine, *self.policy())
+
+    def rollout_params(self) -> SamplingParams:
+        return SamplingParams(n=self.experiment.samples_per_task, max_new_tokens=self.experiment.max_new_tokens,
+                              temperature=self.experiment.temperature, seed=self.seed)
+
+    def sample(self, engine: InferenceEngine, tasks: list[TaskBase], params: SamplingParams,
+               group_prefix: str) -> list[Rollout]:
+        """Single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns."""
+        experiment = self.experiment
+        if experiment.max_turns == 1:
+            return sample_rollouts(engine, engine.tokenizer, tasks, params, group_prefix,
+                                   progress=lambda done, total: self.log(f"sampled {done}/{total} tasks"))
+        limits = EpisodeLimits(max_turns=experiment.max_turns, max_tokens=experiment.episode_max_tokens,
+                               command_timeout_s=experiment.command_timeout_s)
+        episodes = run_episodes(engine, engine.tokenizer, tasks, params, limits, self.env.open_session, group_prefix,
+                                progress=lambda turn, turns: self.log(f"episodes: turn {turn}/{turns} done"))
+        return [as_rollout(episode, engine.tokenizer) for episode in episodes]
+
+    def grade(self, work: list[tuple[TaskBase, Rollout]]) -> list[VerifiedRollout]:
+        """Every (task, rollout) graded in its own fresh sandbox through the sandbox pool
+        (admission by CPU slots, retries of infrastructure failures on a fresh sandbox), scored
+        with the task set's reward function."""
+        reward = self.task_set.reward
+        handed_over = time.perf_counter()
+
+        def verify(sandbox, item: tuple[TaskBase, Rollout]) -> VerifiedRollout:
+            task, rollout = item
+            started = time.perf_counter()
+            process = Process(turns=max(1, len(rollout.turns)), tokens=rollout.sampled_tokens)
+            grade = grade_solution(task, rollout.solution, sandbox, reward, process)
+            return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started,
+                                   queue_s=started - handed_over)
+
+        step, verified = max(1, len(work) // 5), []
+        with self.env.sandbox_pool(is_infra_failure=lambda v: v.grade.reward_status is RewardStatus.INFRA_ERROR
+                                   ) as pool:
+            for done, result in enumerate(pool.map(lambda item: sandbox_spec(item[0]), verify, work), start=1):
+                verified.append(result)
+                if done % step == 0 or done == len(work):
+                    self.log(f"graded {done}/{len(work)}")
+        if pool.retries or pool.quarantined:
+            self.log(f"sandbox pool: {pool.retries} retries, quarantined: {pool.quarantined}")
+        return verified
+
+    def verify(self, sampled: list[TaskBase], rollouts: list[Rollout], group_prefix: str) -> Verification:
+        """Grade every rollout, refill while too few groups carry a signal, and grade a seeded
+        share of the first batch again."""
+        tasks = {task.id: task for task in sampled}
+        work = [(tasks[r.task_id], r) for r in rollouts]
+        graded = self._refill(sampled, self.grade(work), group_prefix)
+        again = regrade_sample(len(work), self.experiment.regrade_fraction, self.seed)
+        second = self.grade([work[i] for i in again]) if again else []
+        regraded = agreement([work[i][0].id for i in again], [graded.graded[i].grade for i in again],
+                             [v.grade for v in second])
+        return Verification(graded, regraded)
+
+    def _refill(self, sampled: list[TaskBase], verified: list[VerifiedRollout],
+                group_prefix: str) -> Refilled[VerifiedRollout]:
+        """Dynamic sampling: more train tasks, from the same policy, while too few groups have a
+        reward spread (training/agent/dynamic_sampling.py)."""
+        taken = {task.id for task in sampled}
+        reserve = [task for task in self.task_set.train() if task.id not in taken]
+        random.Random(self.seed).shuffle(reserve)
+        engines: list[InferenceEngine] = []  # opened on the first refill round only
+
+        def sample_and_grade(tasks: list[TaskBase], round_: int) -> list[VerifiedRollout]:
+            self.log(f"dynamic sampling round {round_}: {len(tasks)} more tasks")
+            engines[:] = engines or [self.engine()]
+            samples = self.sample(engines[0], tasks, self.rollout_params(), f"{group_prefix}/refill{round_}")
+            by_id = {task.id: task for task in tasks}
+            return self.grade([(by_id[s.task_id], s) for s in samples])
+
+        def group_reward(v: VerifiedRollout) -> tuple[str, float] | None:
+            return (v.rollout.group_id, v.grade.reward) if v.grade.reward_status is RewardStatus.SCORED else None
+
+        target = len(sampled) if self.experiment.refill_rounds else 0
+        return refill(verified, reserve, sample_and_grade, group_reward, target, self.experiment.refill_rounds)
+
+    def train_job(self) -> TrainJob:
+        """The training step on this iteration's stored trajectories, from the policy that sampled them."""
+        parent_dir, parent_hash = self.policy()
+        store, experiment = self.env.store(), self.experiment
+        # The exact files (datastore/store.py never rewrites one): what lineage names is what is read.
+        trajectory_files = store.partition_files("trajectories", experiment.name, self.number)
+        return TrainJob(
+            parent_dir=str(parent_dir), out_dir=str(self.env.checkpoint_dir(experiment.name, self.number)),
+            storage_root=self.env.storage_root, trajectory_files=trajectory_files, grpo=experiment.grpo,
+            temperature=experiment.temperature,
+            reference_dir=str(self.env.base_policy_dir()) if experiment.grpo.kl_coef else None,
+            lineage=lineage(parent_dir, parent_hash, trajectory_files, self.task_set.version,
+                            experiment.model_dump(mode="json")),
+        )
+
+    def judge_step(self, job: TrainJob) -> StepRecord:
+        """The step's health signals (the trainer's metrics beside the iteration's
+        `iteration_rewards` row), the monitors' verdicts, and the `checkpoints` row."""
+        manifest = verify_checkpoint(job.out_dir)
+        [rewards] = catalog.records(catalog.connect(self.env.storage_root),
+                                    "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?",
+                                    [self.experiment.name, self.number])
+        metrics = manifest["metrics"]
+        signals = {**{key: float(metrics[key]) for key in TRAINER_SIGNALS},
+                   **{key: rewards[key] for key in SAMPLE_SIGNALS}}
+        verdicts = judge(signals, self._history(), weights_are_finite(job.out_dir), self.experiment.monitors)
+        parent = job.lineage["parent"]
+        row = {
+            "path": job.out_dir, "content_hash": manifest["content_hash"],
+            "parent_path": parent["path"], "parent_hash": parent["content_hash"],
+            "trajectories": job.trajectory_files, "task_set_version": job.lineage["task_set_version"],
+            "config_hash": job.lineage["config_hash"], "code_version": job.lineage["code_version"],
+            "global_step": manifest["global_step"], **signals,
+            "train_tokens": metrics["tokens"], "tokens_per_s": metrics["tokens_per_s"],
+            "blocked": bool(blocking_failures(verdicts)),
+            "monitor_messages": [f"{v.check}: {'ok' if v.passed else v.severity}: {v.message}" for v in verdicts],
+        }
+        return StepRecord(signals, verdicts, row)
+
+    def _history(self) -> list[dict]:
+        """The signals of the experiment's earlier iterations, oldest first."""
+        store, name = self.env.store(), self.experiment.name
+        return [store.read_partition("checkpoints", name, earlier).to_pylist()[0]
+                for earlier in range(1, self.number) if store.has_partition("checkpoints", name, earlier)]
+
+    def evaluate(self) -> list[dict]:
+        """This iteration's checkpoint on the held-out split, after the base policy's (iteration 0)
+        when the experiment has none yet; each stored as its `evaluations` partition."""
+        if not self.env.store().has_partition("evaluations", self.experiment.name, 0):
+            self.log("evaluating the base policy first (iteration 0), the baseline of every iteration")
+            self._evaluate(0)
+        return self._evaluate(self.number)
+
+    def _evaluate(self, iteration: int) -> list[dict]:
+        """Checkpoint `iteration` on the held-out tasks: greedily, or `eval_samples` samples per
+        task at the rollout temperature."""
+        experiment = self.experiment
+        policy_dir = self.env.checkpoint_dir(experiment.name, iteration)
+        engine = open_engine(experiment.engine, policy_dir, verify_checkpoint(policy_dir)["content_hash"])
+        tasks = self.task_set.eval()[: experiment.eval_tasks]
+        greedy = experiment.eval_samples == 1
+        params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
+                                temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)
+        samples = self.sample(engine, tasks, params, f"{experiment.name}/eval/{iteration}")
+        by_id = {task.id: task for task in tasks}
+        rows = [evaluation_row(v) for v in self.grade([(by_id[s.task_id], s) for s in samples])]
+        self.env.store().write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
+        return rows
+
+    def held_out_curve(self) -> list[dict]:
+        """The `held_out` rows of iterations 0..this one (datastore/metrics.py); refused when this
+        iteration's evaluation has no scored sample."""
+        curve = catalog.records(catalog.connect(self.env.storage_root), "SELECT * FROM held_out WHERE experiment = ? "
+                                "AND iteration <= ? ORDER BY iteration", [self.experiment.name, self.number])
+        if not curve or curve[-1]["iteration"] != self.number:
+            raise Refused(f"no held-out sample of iteration {self.number} was scored: see the reward_status of its "
+                          "evaluations")
+        return curve
