@@ -24,9 +24,9 @@ class BasePolicyConfig(Config):
 
     task_set: str = "compose"
     seed: int = 0
-    hidden_size: int = PolicyConfig.hidden_size
-    num_layers: int = PolicyConfig.num_layers
-    sft_steps: int = SFTConfig.steps
+    hidden_size: int = PolicyConfig.model_fields["hidden_size"].default
+    num_layers: int = PolicyConfig.model_fields["num_layers"].default
+    sft_steps: int = SFTConfig.model_fields["steps"].default
     # Multi-turn experiments (max_turns > 1) need a policy that writes actions: turn this on.
     episode_demonstrations: bool = False
 

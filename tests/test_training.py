@@ -168,7 +168,7 @@ def test_base_policy_is_standard_hf_dir_and_seeded(base_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     assert tokenizer.encode(TEXTS[0], add_special_tokens=False) == build_tokenizer().encode(TEXTS[0], add_special_tokens=False)
     same = verify_checkpoint(build_base_policy(tmp_path / "again", TINY))
-    other = verify_checkpoint(build_base_policy(tmp_path / "other", PolicyConfig(**{**TINY.__dict__, "seed": 1})))
+    other = verify_checkpoint(build_base_policy(tmp_path / "other", TINY.model_copy(update={"seed": 1})))
     manifest = verify_checkpoint(base_dir)
     assert same["files"]["model.safetensors"] == manifest["files"]["model.safetensors"]
     assert other["files"]["model.safetensors"] != manifest["files"]["model.safetensors"]

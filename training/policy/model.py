@@ -7,10 +7,10 @@ and vLLM serves the same directory.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -23,19 +23,26 @@ from training.policy.checkpoint import save_checkpoint, verify_checkpoint
 from training.policy.tokenizer import EOS_TOKEN, IM_END, build_tokenizer
 
 
-@dataclass(frozen=True)
-class PolicyConfig:
-    hidden_size: int = 256  # 3.43M parameters in total
-    num_layers: int = 4  # enough depth for induction heads (copying constants from the prompt)
-    num_heads: int = 4  # head_dim 64
-    num_kv_heads: int = 4  # plain multi-head attention (no GQA at this size)
-    intermediate_size: int = 688  # ~8/3 * hidden, rounded to a multiple of 16 (Llama's SwiGLU ratio)
-    vocab_size: int = 1024  # the BPE vocabulary (training/policy/tokenizer.py), a multiple of 64
-    max_position_embeddings: int = 1024  # prompt + response budget
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = True  # saves 262k params (1024 x 256); vLLM handles tied Llama heads
-    initializer_range: float = 0.02
-    seed: int = 0  # weights are a pure function of (config, seed)
+class PolicyConfig(BaseModel):
+    """The built-in model's architecture (a small Llama)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden_size: int = Field(256, ge=8, description="3.43M parameters in total at the default")
+    num_layers: int = Field(4, ge=1, description="enough depth for induction heads (copying constants from the "
+                            "prompt)")
+    num_heads: int = Field(4, ge=1, description="attention heads (head_dim 64 at the default)")
+    num_kv_heads: int = Field(4, ge=1, description="plain multi-head attention: no GQA at this size")
+    intermediate_size: int = Field(688, ge=8, description="~8/3 of hidden, rounded to a multiple of 16 "
+                                   "(Llama's SwiGLU ratio)")
+    vocab_size: int = Field(1024, ge=1, description="covers the BPE vocabulary (training/policy/tokenizer.py); a "
+                            "multiple of 64")
+    max_position_embeddings: int = Field(1024, ge=16, description="prompt + response budget")
+    rope_theta: float = Field(10000.0, gt=0)
+    tie_word_embeddings: bool = Field(True, description="saves 262k parameters (1024 x 256); vLLM handles tied "
+                                      "Llama heads")
+    initializer_range: float = Field(0.02, gt=0)
+    seed: int = Field(0, description="weights are a pure function of (config, seed)")
 
 
 def llama_config(config: PolicyConfig) -> LlamaConfig:
@@ -76,7 +83,7 @@ def build_base_policy(out_dir: str | Path, config: PolicyConfig = PolicyConfig()
         torch.manual_seed(config.seed)
         model = LlamaForCausalLM(llama_config(config))
     model.generation_config = generation_config(tokenizer)
-    manifest = {"kind": "base", "policy_config": asdict(config), "num_parameters": count_parameters(model)}
+    manifest = {"kind": "base", "policy_config": config.model_dump(mode="json"), "num_parameters": count_parameters(model)}
     return save_checkpoint(model, tokenizer, out_dir, manifest)
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from training.policy.batching import make_batch, token_logprobs
 from training.policy.checkpoint import save_checkpoint
@@ -30,21 +30,27 @@ from training.rl.schedule import lr_factor
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
 
 
-@dataclass(frozen=True)
-class SFTConfig:
-    steps: int = 200  # 3.2k examples (~4 epochs of compose's train split): ~80 s on 2 cores
-    lr: float = 3e-3  # small (3M) from-scratch model: high peak LR with warm-up + cosine is stable
-    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
-    warmup_steps: int = 30
-    batch_size: int = 16  # examples per optimizer step
-    weight_decay: float = 0.01
+class SFTConfig(BaseModel):
+    """The warm-up's settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int = Field(200, ge=1, description="optimizer steps: 200 is 3.2k examples (~4 epochs of compose's "
+                       "train split), ~80 s on 2 cores")
+    lr: float = Field(3e-3, gt=0, description="peak learning rate; a small (3M) from-scratch model is stable at "
+                      "a high peak with warm-up and cosine decay")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor, as a share of lr")
+    warmup_steps: int = Field(30, ge=0, description="steps of linear warm-up")
+    batch_size: int = Field(16, ge=1, description="examples per optimizer step")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = (0.9, 0.95)
-    max_grad_norm: float = 1.0
-    max_len: int = 1024  # examples longer than this (prompt + response) are skipped
-    group_by_length: bool = True  # batch similar lengths together: less padding
-    prompt_loss_weight: float = 0.0  # 0 = prompt targets masked (labels -100); >0 also models the prompt
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    max_len: int = Field(1024, ge=2, description="examples longer than this (prompt + response) are skipped")
+    group_by_length: bool = Field(True, description="batch similar lengths together: less padding")
+    prompt_loss_weight: float = Field(0.0, ge=0, description="0: prompt targets masked; more also models the prompt")
     seed: int = 0
-    threads: int | None = 2  # training is compute-bound: 2 threads ~1.7x faster than 1 here
+    threads: int | None = Field(2, ge=1, description="training is compute-bound: 2 threads ~1.7x faster than 1 "
+                                "on the 2-core machine")
 
 
 def supervised_warmup(
@@ -105,7 +111,7 @@ def supervised_warmup(
     manifest = {
         "kind": "sft",
         "parent": str(policy_dir),
-        "sft_config": asdict(config),
+        "sft_config": config.model_dump(mode="json"),
         "metrics": {k: v for k, v in metrics.items() if k != "loss_curve"},
     }
     save_checkpoint(model, tokenizer, out_dir, manifest)
