@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, SkipReason, build_sensor_context
 
@@ -13,16 +17,40 @@ from pipelines.sensors import advance_iteration
 from training.experiment import ExperimentConfig
 
 
-def test_definitions_snapshot():
+SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
+
+
+def definitions_snapshot() -> dict:
+    """Everything about the code location that a review should see change: every asset (its
+    dependencies, partitions, group, kinds, retry policy, checks with their blocking flag), every
+    job (its assets, executor, partitions, tags), every sensor and schedule."""
     graph = defs.resolve_asset_graph()
-    assert sorted(key.to_user_string() for key in graph.get_all_asset_keys()) == [
-        "base_policy", "checkpoint", "checkpoint_eval", "iteration_rewards", "reward_analytics", "rollouts",
-        "task_set", "trajectories", "verified_rollouts",
-    ]
-    assert sorted(job.name for job in defs.resolve_all_job_defs() if not job.name.startswith("__")) == [
-        "base_policy_job", "iteration", "reward_analytics_job",
-    ]
-    assert [sensor.name for sensor in defs.sensors] == ["advance_iteration"]
+    assets = {}
+    for key in sorted(graph.get_all_asset_keys()):
+        node, retry = graph.get(key), defs.resolve_assets_def(key).op.retry_policy
+        assets[key.to_user_string()] = {
+            "deps": sorted(parent.to_user_string() for parent in node.parent_keys),
+            "partitions": str(node.partitions_def) if node.partitions_def else None,
+            "group": node.group_name, "kinds": sorted(node.kinds),
+            "retries": retry.max_retries if retry else 0,
+            "checks": {check.name: {"blocking": graph.get_check_spec(check).blocking} for check in
+                       sorted(node.check_keys, key=lambda check: check.name)},
+        }
+    jobs = {job.name: {"assets": sorted(key.to_user_string() for key in job.asset_layer.executable_asset_keys),
+                       "executor": job.executor_def.name,
+                       "partitions": str(job.partitions_def) if job.partitions_def else None,
+                       "tags": dict(job.tags)}
+            for job in sorted(defs.resolve_all_job_defs(), key=lambda job: job.name) if not job.name.startswith("__")}
+    sensors = {sensor.name: {"job": sensor.job_name, "default_status": sensor.default_status.value,
+                             "minimum_interval_s": sensor.minimum_interval_seconds} for sensor in defs.sensors}
+    schedules = {schedule.name: {"job": schedule.job_name, "cron": schedule.cron_schedule}
+                 for schedule in defs.schedules or []}
+    return {"assets": assets, "jobs": jobs, "sensors": sensors, "schedules": schedules}
+
+
+def test_the_definitions_match_their_reviewed_snapshot():
+    """Regenerate after an intended change: python tests/test_pipeline_definitions.py."""
+    assert definitions_snapshot() == json.loads(SNAPSHOT.read_text())
 
 
 def test_iteration_assets_are_partitioned_by_iteration():
@@ -79,3 +107,9 @@ def test_sensor_stops_at_the_experiment_iteration_limit(instance, crucible):
     for key in ("exp-0001", "exp-0002"):
         instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition=key))
     assert isinstance(_evaluate(instance, crucible), SkipReason)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    SNAPSHOT.write_text(json.dumps(definitions_snapshot(), indent=2, sort_keys=True) + "\n")
+    print(f"wrote {SNAPSHOT}")
