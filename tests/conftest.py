@@ -45,12 +45,22 @@ def unavailable(backend: str) -> str | None:
 
 def require(backend: str) -> None:
     reason = unavailable(backend)
-    if reason is None:
-        return
+    if reason is not None:
+        skip_unless_required(backend, reason)
+
+
+def skip_unless_required(backend: str, reason: str) -> None:
+    """Skip, loudly, what this host cannot test of `backend`; fail where the backend is required."""
     if backend in REQUIRED:
         pytest.fail(f"the {backend} sandbox backend is required here (CRUCIBLE_REQUIRE_BACKENDS) but: {reason}")
     _skipped[backend] = reason
     pytest.skip(f"{backend} sandbox backend unavailable: {reason}")
+
+
+@pytest.fixture
+def local_backend() -> None:
+    """For tests that run the local sandbox directly."""
+    require("local")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -127,33 +127,39 @@ def test_a_file_no_manifest_names_is_invisible(storage_root):
     assert store.read_partition("trajectories", "exp", 1).num_rows == 1
 
 
-def _write_forever(root: str, environment: dict[str, str]) -> None:
+def _write_and_die_before_publishing(root: str, environment: dict[str, str], publishing) -> None:
+    """A writer whose data file is complete and whose manifest is never published: it stops,
+    to be killed, exactly where a crash would leave debris."""
     os.environ.update(environment)
-    store = DatasetStore(root)
-    rows = [trajectory_row(f"t/{i}", i) for i in range(20_000)]
-    while True:
-        store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
+
+    def hang(self, path, manifest):
+        publishing.set()
+        time.sleep(3600)
+
+    DatasetStore._publish = hang
+    rows = [trajectory_row(f"t/{i}", i) for i in range(1000)]
+    DatasetStore(root).write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
 
 
-def test_killed_writer_leaves_previous_partition_intact(storage_root):
+def test_a_writer_killed_before_its_manifest_leaves_the_previous_version_and_invisible_debris(storage_root):
     store = DatasetStore(storage_root)
     write_trajectories(store, 1, [0.5])
     before = partition_listing(store)
-    writer = multiprocessing.get_context("spawn").Process(
-        target=_write_forever, args=(storage_root, {k: v for k, v in os.environ.items() if k.startswith("AWS_")}))
+    context = multiprocessing.get_context("spawn")
+    publishing = context.Event()
+    writer = context.Process(target=_write_and_die_before_publishing, args=(
+        storage_root, {k: v for k, v in os.environ.items() if k.startswith("AWS_")}, publishing))
     writer.start()
-    deadline = time.monotonic() + 120
-    while partition_listing(store) == before and time.monotonic() < deadline:  # a write is under way
-        time.sleep(0.005)
-    assert writer.is_alive() and partition_listing(store) != before, "the writer never wrote"
+    assert publishing.wait(120), "the writer never reached its manifest"
     os.kill(writer.pid, signal.SIGKILL)
     writer.join()
-    table = store.read_partition("trajectories", "exp", 1)
-    assert table.num_rows in (1, 20_000)  # the old partition or a complete new one, never a part
-    assert catalog.connect(storage_root).execute("SELECT count(*) FROM trajectories").fetchone()[0] == table.num_rows
+    debris = sorted(set(partition_listing(store)) - set(before))
+    assert len(debris) == 1 and debris[0].endswith(".parquet")  # the new data file, complete, named by nothing
+    assert store.read_partition("trajectories", "exp", 1).num_rows == 1  # the previous version
+    assert catalog.connect(storage_root).execute("SELECT count(*) FROM trajectories").fetchone() == (1,)
     # The next write, once the debris is past retention, sweeps it.
     write_trajectories(DatasetStore(storage_root, retention_s=0), 1, [1.0])
-    assert len(partition_listing(store)) == 2
+    assert debris[0] not in partition_listing(store) and len(partition_listing(store)) == 2
 
 
 def test_a_store_that_cannot_be_reached_says_why_in_one_line(s3_root, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -13,15 +12,13 @@ import pytest
 
 from sandbox.base import Mount
 from sandbox.harness.bundle import harness_files
-from sandbox.local import BWRAP, LocalSandbox
+from sandbox.local import LocalSandbox
 from sandbox.result import ExecStatus
 from sandbox.spec import Limits, SandboxSpec
 from sandbox.test_report import ReportError, parse_junit, read_report
 from sandbox.verdict import grade
 
-needs_sandbox = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.access(BWRAP, os.X_OK), reason="LocalSandbox needs root and bubblewrap"
-)
+needs_sandbox = pytest.mark.usefixtures("local_backend")
 
 TESTS = {
     "test_task.py": textwrap.dedent(

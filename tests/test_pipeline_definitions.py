@@ -16,7 +16,6 @@ from pipelines.jobs import ITERATION_ASSETS
 from pipelines.sensors import advance_iteration
 from training.experiment import ExperimentConfig
 
-
 SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require, residue
+from conftest import require, residue, skip_unless_required
 
 from sandbox.base import Mount, SandboxUnavailable, WorkspacePathError
 from sandbox.result import ExecStatus
@@ -535,7 +535,7 @@ def test_a_host_without_cgroup_limits_is_refused_unless_weak_isolation_is_allowe
     require("local")
     mounts = Path("/proc/self/mounts").read_text()
     if " /sys/fs/cgroup/memory cgroup " not in mounts or " /sys/fs/cgroup/pids cgroup " not in mounts:
-        pytest.skip("this check hides cgroup v1 hierarchies, and this host has none")
+        skip_unless_required("local", "this check hides cgroup v1 hierarchies, and this host has none")
     hide = ("mount -o remount,bind,ro /sys/fs/cgroup/memory && mount -o remount,bind,ro /sys/fs/cgroup/pids"
             f' && exec {sys.executable} -c "$0"')
     done = subprocess.run(["unshare", "--mount", "sh", "-c", hide, WEAK_HOST], capture_output=True, text=True,
