@@ -19,7 +19,7 @@ from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.schema import Task
 from task_sets.submission import sandbox_spec
 from training.agent.episodes import starting_files
-from training.experiment import ExperimentConfig
+from training.experiment import ExperimentConfig, experiment_from
 
 
 class CrucibleResource(ConfigurableResource):
@@ -67,7 +67,7 @@ class CrucibleResource(ConfigurableResource):
         if not fs.exists(fs_path):
             return ExperimentConfig(name=name)
         with fs.open(fs_path) as f:
-            return ExperimentConfig.model_validate(json.load(f))
+            return experiment_from(json.load(f), path)
 
     def save_experiment(self, config: ExperimentConfig) -> None:
         fs, fs_path = fsspec.core.url_to_fs(self._experiment_path(config.name))

@@ -66,8 +66,11 @@ def command_run(args: argparse.Namespace) -> int:
         except ExperimentFileError as error:
             raise UserError(str(error)) from None
     name = settings.name if settings else args.experiment
-    runner = ExperimentRunner.for_experiment(name, settings, iterations=args.iterations,
-                                             samples_per_task=args.samples_per_task)
+    try:
+        runner = ExperimentRunner.for_experiment(name, settings, iterations=args.iterations,
+                                                 samples_per_task=args.samples_per_task)
+    except ExperimentFileError as error:  # the experiment's stored settings no longer validate
+        raise UserError(f"{error}\n(stored by an older Crucible? start a new experiment, or `make clean`)") from None
     runner.run()
     print_summary(runner.crucible.storage_root, name)
     storage = runner.crucible.storage_root

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,3 +88,15 @@ def test_a_trainer_temperature_equal_to_the_sampling_one_is_accepted(tmp_path):
     path = tmp_path / "exp.toml"
     path.write_text('name = "a"\ntemperature = 0.8\n[grpo]\ntemperature = 0.8\n')
     assert load_experiment_file(path).temperature == 0.8
+
+
+def test_stored_settings_that_no_longer_validate_stop_the_run_with_their_reason(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data")}
+    (tmp_path / "data" / "experiments").mkdir(parents=True)
+    stored = ExperimentConfig(name="old").model_dump(mode="json")
+    stored["grpo"]["temperature"] = 1.0  # what settings stored before the one temperature held
+    (tmp_path / "data" / "experiments" / "old.json").write_text(json.dumps(stored))
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "old"],
+                            env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "old.json: grpo.temperature (1.0) differs from temperature (0.6)" in result.stderr

@@ -105,13 +105,19 @@ def load_experiment_file(path: str | Path) -> ExperimentConfig:
             raise ExperimentFileError(f"{path}: unknown format {path.suffix!r} (use .toml, .yaml or .json)")
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
         raise ExperimentFileError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
+    return experiment_from(document, str(path))
+
+
+def experiment_from(document: object, source: str) -> ExperimentConfig:
+    """Settings read from `source` (a file, or the stored settings of an experiment), validated;
+    every problem is reported as `source: field 'name': reason`."""
     if not isinstance(document, dict):
-        raise ExperimentFileError(f"{path}: expected a table of settings at the top level")
+        raise ExperimentFileError(f"{source}: expected a table of settings at the top level")
     try:
         return ExperimentConfig.model_validate(document)
     except ValidationError as error:
-        problems = [f"{path}: " + (f"field '{'.'.join(str(p) for p in e['loc'])}': " if e["loc"] else "") + e["msg"]
-                    for e in error.errors()]
+        problems = [f"{source}: " + (f"field '{'.'.join(str(p) for p in e['loc'])}': " if e["loc"] else "")
+                    + e["msg"] for e in error.errors()]
         raise ExperimentFileError("\n".join(problems)) from None
 
 
