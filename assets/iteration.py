@@ -42,6 +42,7 @@ from task_sets.separation import separation
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
+from training.experiment import ExperimentFileError
 from training.iteration import Iteration, Refused
 from training.rl.trainer import STEP_STATS
 
@@ -51,7 +52,11 @@ ITERATION = dict(partitions_def=iterations, group_name="iteration")
 def this_iteration(context: AssetExecutionContext, crucible: CrucibleResource) -> Iteration:
     """The partition's iteration, with the experiment's stored settings, logging to the run."""
     name, number = parse_iteration_key(context.partition_key)
-    return Iteration(crucible, crucible.experiment(name), number, log=context.log.info)
+    try:
+        settings = crucible.experiment(name)
+    except ExperimentFileError as error:
+        raise Failure(str(error)) from None
+    return Iteration(crucible, settings, number, log=context.log.info)
 
 
 @contextmanager
@@ -108,15 +113,15 @@ def rollouts(
     iteration = this_iteration(context, crucible)
     with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
                                               "rollouts"):
-        policy_dir, policy_version = iteration.policy()
-        samples = iteration.sample(iteration.engine(), task_set, iteration.rollout_params(), context.partition_key)
+        engine = iteration.engine()
+        samples = iteration.sample(engine, task_set, iteration.rollout_params(), context.partition_key)
     tokens = sum(r.sampled_tokens for r in samples)
     seconds = sum(r.generate_s for r in samples)
     return Output(
         samples,
         metadata={
-            "policy": MetadataValue.path(str(policy_dir)),
-            "policy_version": policy_version,
+            "policy": MetadataValue.path(str(crucible.checkpoint_dir(iteration.experiment.name, iteration.number - 1))),
+            "policy_version": engine.policy_version,
             "samples": len(samples),
             "generated_tokens": tokens,
             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
@@ -246,7 +251,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     iteration = this_iteration(context, crucible)
     with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
                                               "checkpoint_eval"):
-        iteration.evaluate()
+        evaluated = iteration.evaluate()
     with refusals_fail_the_run():
         curve = iteration.held_out_curve()
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
@@ -255,7 +260,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     return MaterializeResult(
         metadata={
             "eval_pass_rate": now["pass_rate"], "eval_stderr": now["stderr"], "eval_tasks": now["tasks"],
-            "eval_samples": now["samples"], "base_pass_rate": curve[0]["pass_rate"],
+            "eval_samples": len(evaluated), "eval_samples_scored": now["samples"], "base_pass_rate": curve[0]["pass_rate"],
             "improvement": now["improvement"], "improvement_stderr": now["improvement_stderr"],
             "improvement_in_stderrs": gain if math.isfinite(gain) else MetadataValue.text(
                 f"{gain} (every task moved by the same amount)"),

@@ -11,6 +11,7 @@ materialization's metadata. It imports dagster_pipes only, never dagster.
 from __future__ import annotations
 
 from dagster_pipes import PipesContext, open_dagster_pipes
+from transformers.utils import logging as transformers_logging
 
 from training.rl.step import TrainJob, run_train_job
 
@@ -18,6 +19,7 @@ STEP_MESSAGE = "train_step"
 
 
 def main() -> None:
+    transformers_logging.disable_progress_bar()  # the step reports its own progress, step by step
     with open_dagster_pipes() as pipes:
         job = TrainJob.model_validate(pipes.get_extra("job"))
         metrics, manifest = run_train_job(job, progress=lambda *step: _report_step(pipes, *step))

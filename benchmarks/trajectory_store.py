@@ -141,7 +141,7 @@ def trajectory_table(rows: int, seed: int) -> pa.Table:
         "tamper_flags": pa.array([[]] * rows, pa.list_(pa.string())),
         "exec_status": pa.array(["OK"] * rows),
         "timings": pa.StructArray.from_arrays(
-            [pa.array(rng.exponential(s, rows)) for s in (0.01, 0.2, 0.05, 0.1, 0.15)], fields=list(TIMINGS)),
+            [pa.array(rng.exponential(s, rows)) for s in (0.2, 0.01, 0.1, 0.15)], fields=list(TIMINGS)),
         "prompt_tokens": pa.array(prompt_lengths.astype(np.int32)),
         "response_tokens": pa.array(response_lengths.astype(np.int32)),
         "finish_reason": pa.array(np.where(response_lengths > 95, "length", "stop").astype(object)),

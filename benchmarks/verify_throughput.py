@@ -53,7 +53,7 @@ def crucible_verdicts(workers: int, limit: int) -> tuple[list[bool], float]:
     with SandboxPool(LocalSandbox, PoolConfig(cpu_slots=workers)) as pool:
         futures = [pool.submit(sandbox_spec(t), partial(grade_solution, t, s)) for t, s in jobs]
         grades = [f.result() for f in futures]
-    return [g.reward == 1.0 for g in grades], time.perf_counter() - started
+    return [g.passed for g in grades], time.perf_counter() - started
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ fail just because an experiment has not reached a stage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import duckdb
@@ -58,9 +58,12 @@ DERIVED_VIEWS = {
 VIEWS = (*DATASETS, *DERIVED_VIEWS)
 
 
-def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False,
+            pinned: Mapping[str, list[str]] | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with one view per dataset under `root_uri`, over the files its
-    manifests name (datastore/store.py); `snapshot` copies the data into tables instead."""
+    manifests name (datastore/store.py); `snapshot` copies the data into tables instead.
+    `pinned` datasets read exactly the files given (one version, such as the trajectory files a
+    training step read) instead of what their manifests name now."""
     store = DatasetStore(root_uri)
     store.check()
     con = duckdb.connect(database)
@@ -71,13 +74,16 @@ def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False) -
         con.register_filesystem(store.fs)
     kind = "TABLE" if snapshot else "VIEW"
     for name, schema in DATASETS.items():
-        parts = store.published(name)
-        files = [uri for part in parts for uri in part.files]
-        if files:
-            listed = ", ".join(_sql_string(uri) for uri in files)
+        if pinned and name in pinned:
+            files, mixed = pinned[name], False
+        else:
+            parts = store.published(name)
+            files = [uri for part in parts for uri in part.files]
             # Matching columns by name costs a footer read per file at every bind (slow on S3):
             # only when the manifests say that schema versions differ.
             mixed = len({part.schema_version for part in parts}) > 1
+        if files:
+            listed = ", ".join(_sql_string(uri) for uri in files)
             source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = {str(mixed).lower()})"
         else:
             con.register(f"_empty_{name}", schema.empty_table())

@@ -87,7 +87,7 @@ METRIC_VIEWS = {
             FROM paired GROUP BY experiment, iteration
         )
         SELECT *,
-               -- +-inf when every task moved by the same non-zero amount
+               -- +-inf when every paired task moved by the same non-zero amount (one paired task included)
                CASE WHEN improvement_stderr > 0 THEN improvement / improvement_stderr
                     WHEN improvement = 0 THEN 0.0
                     ELSE sign(improvement) * 'inf'::DOUBLE END AS improvement_in_stderrs

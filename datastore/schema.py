@@ -48,7 +48,7 @@ PASSED_DOC = ("scored, no tamper flag, not killed, a report, and every expected 
 TIMINGS = pa.struct(
     [
         ("generate_s", pa.float64()),  # the sample's share of its batch's generation
-        ("queue_s", pa.float64()),  # from handing the sample to the sandbox pool until its grading began
+        ("queue_s", pa.float64()),  # from the sandbox pool taking the sample until the grading that counted began
         ("exec_s", pa.float64()),  # the grading command in the sandbox
         ("verify_s", pa.float64()),  # the whole grading: sandbox set-up, tests, report parsing
     ]

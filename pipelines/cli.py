@@ -164,15 +164,16 @@ def command_curve(args: argparse.Namespace) -> int:
     rows = catalog.records(catalog.connect(environment.storage_root()),
                            "SELECT * FROM held_out WHERE experiment = ? ORDER BY iteration", [args.experiment])
     if not rows or rows[0]["iteration"] != 0:
-        raise UserError(f"experiment {args.experiment!r} has no evaluation of its base policy (iteration 0) "
+        raise UserError(f"experiment {args.experiment!r} has no scored evaluation of its base policy (iteration 0) "
                         f"under {environment.storage_root()}: run it first")
     table = Table(title=f"{args.experiment}: held-out pass rate (iteration 0 = base policy)")
     for header in ("iteration", "pass rate", "stderr", "vs base", "paired stderr", "in stderrs"):
         table.add_column(header, justify="right")
     for row in rows:
         table.add_row(str(row["iteration"]), f"{row['pass_rate']:.3f}", f"{row['stderr']:.3f}",
-                      f"{row['improvement']:+.3f}", f"{row['improvement_stderr']:.3f}",
-                      "" if row["iteration"] == 0 else f"{row['improvement_in_stderrs']:+.1f}")
+                      _cell(row["improvement"], "+.3f"),
+                      _cell(row["improvement_stderr"] if row["paired_tasks"] else None, ".3f"),
+                      "" if row["iteration"] == 0 else _cell(row["improvement_in_stderrs"], "+.1f"))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_bytes(eval_curve_png(args.experiment, [(r["iteration"], r["pass_rate"], r["stderr"])
                                                                 for r in rows]))

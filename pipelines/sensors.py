@@ -13,6 +13,7 @@ from dagster import (
 from assets.partitions import iteration_key, iterations, parse_iteration_key
 from assets.resources import CrucibleResource
 from pipelines.jobs import iteration_job
+from training.experiment import ExperimentFileError
 
 
 def latest_iterations(partition_keys: list[str]) -> dict[str, int]:
@@ -24,6 +25,16 @@ def latest_iterations(partition_keys: list[str]) -> dict[str, int]:
     return latest
 
 
+def _limit(context: SensorEvaluationContext, crucible: CrucibleResource, experiment: str) -> int:
+    """The experiment's `iterations` setting; 0 (not advanced, the rest still are) when its stored
+    settings no longer validate."""
+    try:
+        return crucible.experiment(experiment).iterations
+    except ExperimentFileError as error:
+        context.log.warning(f"not advancing {experiment!r}: {error}")
+        return 0
+
+
 # Stopped by default: `crucible run` drives iterations itself; turn this on in the UI to let an
 # experiment continue on its own up to its `iterations` setting.
 @sensor(job=iteration_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.STOPPED)
@@ -33,8 +44,7 @@ def advance_iteration(context: SensorEvaluationContext, crucible: CrucibleResour
     next_keys = [
         iteration_key(experiment, iteration + 1)
         for experiment, iteration in latest_iterations(existing).items()
-        if iteration_key(experiment, iteration) in trained
-        and iteration < crucible.experiment(experiment).iterations
+        if iteration_key(experiment, iteration) in trained and iteration < _limit(context, crucible, experiment)
     ]
     if not next_keys:
         return SkipReason("no experiment has a new checkpoint below its iteration limit")

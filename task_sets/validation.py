@@ -87,14 +87,14 @@ def _judge(task: Task, references: list[GradeResult], wrongs: dict[str, GradeRes
     infra = [g for g in [*references, *wrongs.values()] if g.reward_status is RewardStatus.INFRA_ERROR]
     if infra:
         return TaskReport(task.id, "unjudgeable", (f"infrastructure error: {infra[0].exec.error}",))
-    passes = sum(g.reward == 1.0 for g in references)
+    passes = sum(g.passed for g in references)
     flaky_tests = _varying_tests(references)
     if passes == 0:
         return TaskReport(task.id, "broken", (_first_failure(references[0]),))
     if passes < len(references) or flaky_tests:
         reason = f"reference passed {passes} of {len(references)} times"
         return TaskReport(task.id, "flaky", (reason,), flaky_tests)
-    lax = [name for name, grade in wrongs.items() if grade.reward == 1.0]
+    lax = [name for name, grade in wrongs.items() if grade.passed]
     if lax:
         return TaskReport(task.id, "lax", tuple(f"{name} passes every test" for name in lax))
     return TaskReport(task.id, "ok")

@@ -54,5 +54,5 @@ def test_an_iteration_refuses_a_checkpoint_that_does_not_exist_and_says_what_to_
 
 
 def test_an_evaluation_with_nothing_scored_is_refused(crucible):
-    with pytest.raises(Refused, match="no held-out sample of iteration 1 was scored"):
+    with pytest.raises(Refused, match=r"the base policy's held-out evaluation \(iteration 0\) has no scored sample"):
         iteration(crucible, 1).held_out_curve()

@@ -83,3 +83,18 @@ def test_a_group_carries_a_learning_signal_only_with_two_scored_rewards_that_dif
     DatasetStore(str(tmp_path)).write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
     [stats] = catalog.records(catalog.connect(str(tmp_path)), "SELECT * FROM iteration_rewards")
     assert (stats["groups"], stats["zero_variance_groups"], stats["zero_variance_fraction"]) == (4, 3, 0.75)
+
+
+def test_pinned_files_are_measured_as_they_were_when_a_step_read_them(tmp_path):
+    store = DatasetStore(str(tmp_path))
+
+    def write(rewards: list[float]) -> None:
+        rows = [trajectory_row(f"t/{i}", i, r) for i, r in enumerate(rewards)]
+        store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
+
+    write([1.0, 0.0])
+    trained_on = store.partition_files("trajectories", "exp", 1)
+    write([1.0, 1.0, 1.0])  # a re-run replaced the partition while the step was training
+    query = "SELECT samples, pass_rate FROM iteration_rewards"
+    assert catalog.connect(str(tmp_path)).execute(query).fetchall() == [(3, 1.0)]
+    assert catalog.connect(str(tmp_path), pinned={"trajectories": trained_on}).execute(query).fetchall() == [(2, 0.5)]

@@ -39,7 +39,7 @@ def test_the_grade_is_not_passed_though_every_hidden_test_passed(verified):
     grade = verified.grade
     assert set(grade.outcomes.values()) == {"passed"} and grade.reward_components["all_passed"] == 1.0
     assert grade.tamper_flags == ("runner_config_added",) and grade.reward == 0.0
-    assert not grade.passed and not verified.passed
+    assert not grade.passed
 
 
 def test_the_trajectory_and_evaluation_rows_store_it_as_not_passed(verified):

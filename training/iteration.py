@@ -5,6 +5,7 @@ call these, and attach metadata.
   hash; a checkpoint whose blocking stability checks failed is refused (`policy`).
 - Every random choice of an iteration comes from one seed (`seed`): which train tasks it
   samples, the rollouts, the order of dynamic sampling's reserve, the re-graded share.
+  Evaluation samples with the experiment's seed alone, so every checkpoint meets the same draws.
 - Every sample is graded in a fresh sandbox through the sandbox pool (`grade`); dynamic sampling
   refills the batch while too few groups carry a learning signal, and a share of the
   submissions is graded twice to measure how reproducible verdicts are (`verify`).
@@ -235,12 +236,13 @@ class Iteration:
         )
 
     def judge_step(self, job: TrainJob) -> StepRecord:
-        """The step's health signals (the trainer's metrics beside the iteration's
-        `iteration_rewards` row), the monitors' verdicts, and the `checkpoints` row."""
+        """The step's health signals (the trainer's metrics beside the `iteration_rewards` row of
+        exactly the trajectory files it trained on), the monitors' verdicts, and the
+        `checkpoints` row."""
         manifest = verify_checkpoint(job.out_dir)
-        [rewards] = catalog.records(catalog.connect(self.env.storage_root),
-                                    "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?",
-                                    [self.experiment.name, self.number])
+        trained_on = catalog.connect(self.env.storage_root, pinned={"trajectories": job.trajectory_files})
+        [rewards] = catalog.records(trained_on, "SELECT * FROM iteration_rewards WHERE experiment = ? AND "
+                                    "iteration = ?", [self.experiment.name, self.number])
         metrics = manifest["metrics"]
         signals = {**{key: float(metrics[key]) for key in TRAINER_SIGNALS},
                    **{key: rewards[key] for key in SAMPLE_SIGNALS}}
@@ -289,11 +291,16 @@ class Iteration:
         return rows
 
     def held_out_curve(self) -> list[dict]:
-        """The `held_out` rows of iterations 0..this one (datastore/metrics.py); refused when this
-        iteration's evaluation has no scored sample."""
+        """The `held_out` rows of iterations 0..this one (datastore/metrics.py), the base policy's
+        first; refused unless both it and this iteration have scored samples of a shared task."""
         curve = catalog.records(catalog.connect(self.env.storage_root), "SELECT * FROM held_out WHERE experiment = ? "
                                 "AND iteration <= ? ORDER BY iteration", [self.experiment.name, self.number])
-        if not curve or curve[-1]["iteration"] != self.number:
+        if not curve or curve[0]["iteration"] != 0:
+            raise Refused("the base policy's held-out evaluation (iteration 0) has no scored sample: see the "
+                          "reward_status of its evaluations, fix the sandbox, and rewrite that partition")
+        if curve[-1]["iteration"] != self.number:
             raise Refused(f"no held-out sample of iteration {self.number} was scored: see the reward_status of its "
                           "evaluations")
+        if not curve[-1]["paired_tasks"]:
+            raise Refused(f"iteration {self.number} and the base policy have no scored held-out task in common")
         return curve

@@ -15,11 +15,7 @@ class VerifiedRollout:
     task: Task
     grade: GradeResult
     verify_s: float  # grading wall time: sandbox set-up, tests, report parsing
-    queue_s: float = 0.0  # from handing it to the sandbox pool until its grading began
-
-    @property
-    def passed(self) -> bool:
-        return self.grade.passed
+    queue_s: float = 0.0  # from handing it to the sandbox pool until the grading that counted began
 
 
 def trajectory_row(verified: VerifiedRollout) -> dict:

@@ -9,7 +9,7 @@ Before the step, the samples' reward analytics (`judge_samples`):
   `max_zero_variance_fraction` (little learning signal: the tasks are too easy or too hard).
 
 After the step (`judge`):
-Each iteration records its health signals (KL, entropy, clip fraction, response length, share of
+Each iteration records its health signals (KL, entropy, clip fraction, sampled tokens, share of
 zero-variance groups, gradient norm, reward mean and spread, tamper rate). Judged against the
 experiment's thresholds and the earlier iterations:
 - errors (the next iteration refuses to start): non-finite loss, gradients or weights; a step

@@ -50,8 +50,8 @@ class GRPOConfig(BaseModel):
 
     # Measured on the default 3.4M model and compose (held-out pass at temperature 0.6 after
     # 2 iterations of 64 tasks x 8): lr 2e-4 with 8 warm-up steps, minibatches of 128 and 4
-    # epochs took it from 0.19 to 0.28 (0.34 after 4), at a step KL of ~0.02; 5e-4 drifted (KL
-    # 0.08) and gained less; 1e-3 collapsed; 1e-4 over minibatches of 32 gained 0.03 in 6.
+    # epochs took it from 0.19 to 0.28 (0.34 after 4), at a mean per-step KL (mean_step_kl, before
+    # final_kl was measured) of ~0.02; 5e-4 drifted (0.08) and gained less; 1e-3 collapsed; 1e-4 over minibatches of 32 gained 0.03 in 6.
     # Adam moves every weight by ~lr per step whatever the gradient, so fresh moments want the
     # warm-up, and large minibatches give each of those steps a direction worth taking. Models
     # of 1B+ parameters want 1e-6..1e-5.
@@ -180,7 +180,8 @@ def train_policy(
     if config.lora_rank:
         model = model.merge_and_unload()  # the checkpoint stays a plain model any engine loads
     manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + len(minibatches),
-                "grpo_config": config.model_dump(mode="json"), "metrics": metrics, "lineage": lineage or {}}
+                "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
+                "lineage": lineage or {}}
     model.eval()
     save_checkpoint(model, tokenizer, out_dir, manifest, extra=_optimizer_writer(optimizer, config))
     resume.clear()
