@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dagster import Definitions, PipesSubprocessClient
+import warnings
+
+from dagster import Definitions, PipesSubprocessClient, PreviewWarning
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.iteration import (
@@ -18,6 +20,11 @@ from pipelines.jobs import analytics_job, base_policy_job, iteration_job
 from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iteration
+
+# Dagster's own Pipes client calls one of its preview functions on every training step: a warning
+# about Dagster's internals that its users can do nothing about.
+warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected_writer_count`",
+                        category=PreviewWarning)
 
 defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
