@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance, materialize
 
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
@@ -124,24 +124,28 @@ def _run_instance(environment) -> Iterator[DagsterInstance]:
         del os.environ["DAGSTER_HOME"]
 
 
-def _latest_materialization(environment, asset: str):
+def _latest_materialization(environment, asset: str, partition: str = "tiny-0001"):
+    """The asset's latest materialization of `partition` (other experiments run here too)."""
     with _run_instance(environment) as instance:
-        return instance.get_latest_materialization_event(AssetKey(asset))
+        [record] = instance.fetch_materializations(
+            AssetRecordsFilter(AssetKey(asset), asset_partitions=[partition]), limit=1).records
+        return record.event_log_entry
 
 
 def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, environment):
     with _run_instance(environment) as instance:
         for asset in ITERATION_ASSETS:
-            assert instance.get_materialized_partitions(AssetKey(asset)) == {"tiny-0001"}, asset
+            assert "tiny-0001" in instance.get_materialized_partitions(AssetKey(asset)), asset
         assert instance.get_latest_materialization_event(AssetKey("reward_analytics"))
 
 
-def _latest_check(environment, asset: str, check: str):
-    """The latest evaluation of an asset check, read from the run's instance."""
+def _latest_check(environment, asset: str, check: str, partition: str = "tiny-0001"):
+    """The latest evaluation of an asset check on `partition`, read from the run's instance."""
     with _run_instance(environment) as instance:
         key = AssetCheckKey(AssetKey(asset), check)
-        [execution] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
-        return execution.event.dagster_event.event_specific_data
+        history = instance.event_log_storage.get_asset_check_execution_history(key, limit=50)
+        return next(evaluation for execution in history
+                    if (evaluation := execution.event.dagster_event.event_specific_data).partition == partition)
 
 
 def test_a_regraded_sample_checks_that_verdicts_are_reproducible(finished_run, environment):
@@ -188,7 +192,8 @@ def test_checkpoint_records_its_lineage(finished_run, workdir, store):
 
 
 def test_sql_answers_over_the_stored_iteration(finished_run, environment, store):
-    result = crucible_cli(environment, "sql", "SELECT iteration, count(*) AS n FROM trajectories GROUP BY 1 ORDER BY 1")
+    result = crucible_cli(environment, "sql", "SELECT iteration, count(*) AS n FROM trajectories "
+                                              "WHERE experiment = 'tiny' GROUP BY 1 ORDER BY 1")
     assert result.returncode == 0, result.stderr
     rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in result.stdout.splitlines() if "│" in line]
     stored = store.read_partition("trajectories", "tiny", 1).num_rows

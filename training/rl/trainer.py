@@ -146,7 +146,7 @@ def train_policy(
     model, tokenizer = load_policy(policy_dir)
     pad_id = tokenizer.pad_token_id
     advantages = _advantages(batch, config)
-    forward = _Forward(pad_id, config.micro_batch_size, temperature)
+    forward = Forward(pad_id, config.micro_batch_size, temperature)
     rollout_logprobs = forward.logprobs(model, batch) if config.tis_cap and batch else None
     reference_logprobs = forward.logprobs(load_policy(reference_dir)[0], batch) if config.kl_coef and batch else None
     if config.lora_rank:
@@ -259,7 +259,7 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
-class _Forward:
+class Forward:
     """How samples go through the model: micro-batches of `micro_batch_size`, log-probs at the
     sampling temperature."""
 
@@ -296,7 +296,7 @@ class _Forward:
         return out
 
 
-def _final_kl(model, samples: list[TrainSample], forward: _Forward,
+def _final_kl(model, samples: list[TrainSample], forward: Forward,
               rollout_logprobs: list[list[float]] | None) -> float:
     """KL between the policy that sampled and `model` (the step's result) on the trained tokens
     of `samples`, against the log-probs the ratio used (the engine's, or with truncated IS the
@@ -314,7 +314,7 @@ def _flat(rows: Iterable[list]) -> torch.Tensor:
     return torch.tensor([value for row in rows for value in row])
 
 
-def _step(model, optimizer, samples, advantages, rows, forward: _Forward, config: GRPOConfig,
+def _step(model, optimizer, samples, advantages, rows, forward: Forward, config: GRPOConfig,
           rollout_logprobs: list[list[float]] | None, reference_logprobs: list[list[float]] | None,
           ) -> dict[str, float]:
     """One optimizer step on the samples `rows`; returns token-weighted sums of the stats."""
