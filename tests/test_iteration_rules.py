@@ -1,14 +1,21 @@
 """training/iteration.py, without Dagster: which tasks an iteration samples, which checkpoint it
-may sample from, and what it refuses."""
+may sample from, train from and evaluate, and what it refuses."""
 
 from __future__ import annotations
 
 import pytest
 
+from test_datastore import trajectory_row
+
 from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
 from training.experiment import ExperimentConfig
 from training.iteration import Iteration, Refused
+from training.policy.checkpoint import verify_checkpoint
+from training.policy.model import PolicyConfig, build_base_policy
+
+TINY = PolicyConfig(hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=32,
+                    max_position_embeddings=64)
 
 
 @pytest.fixture
@@ -56,3 +63,45 @@ def test_an_iteration_refuses_a_checkpoint_that_does_not_exist_and_says_what_to_
 def test_an_evaluation_with_nothing_scored_is_refused(crucible):
     with pytest.raises(Refused, match=r"the base policy's held-out evaluation \(iteration 0\) has no scored sample"):
         iteration(crucible, 1).held_out_curve()
+
+
+def _checkpoint(crucible: CrucibleResource, iteration: int, recorded_hash: str | None = None) -> str:
+    """A real checkpoint where iteration `iteration` keeps it; with `recorded_hash`, the
+    `checkpoints` row its training step would have written says that hash."""
+    content_hash = verify_checkpoint(build_base_policy(crucible.checkpoint_dir("exp", iteration), TINY))["content_hash"]
+    if recorded_hash is not None:
+        row = {name: None for name in rows_to_table("checkpoints", []).schema.names}
+        row.update(path="p", content_hash=recorded_hash, blocked=False, monitor_messages=[], trajectories=[])
+        crucible.store().write_partition("checkpoints", "exp", iteration, rows_to_table("checkpoints", [row]))
+    return content_hash
+
+
+def test_an_iteration_refuses_a_checkpoint_other_than_the_one_its_training_step_recorded(crucible):
+    on_disk = _checkpoint(crucible, 1, recorded_hash="f" * 64)  # replaced by another run after its step
+    with pytest.raises(Refused, match=f"checkpoint 1 on disk is {on_disk[:12]}, not ffffffffffff that iteration 1's "
+                                      "training step recorded .* iteration 2 would sample from it"):
+        iteration(crucible, 2).policy()
+
+
+def test_an_iteration_refuses_a_checkpoint_its_training_step_never_recorded(crucible):
+    _checkpoint(crucible, 1)
+    with pytest.raises(Refused, match="checkpoint 1 has no record of the training step that made it"):
+        iteration(crucible, 2).policy()
+
+
+def test_training_refuses_trajectories_another_policy_sampled(crucible):
+    base = _checkpoint(crucible, 0)
+    rows = [{**trajectory_row(f"t/{i}", i), "policy_version": "0123456789abcdef"} for i in range(2)]
+    crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
+    with pytest.raises(Refused, match=f"iteration 1's trajectories were sampled by 0123456789ab, not by checkpoint 0 "
+                                      f"as it is now \\({base[:12]}\\): materialize iteration 1 again"):
+        iteration(crucible, 1).train_job()
+    rows = [{**row, "policy_version": base} for row in rows]
+    crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
+    assert iteration(crucible, 1).train_job().lineage["parent"]["content_hash"] == base
+
+
+def test_evaluation_refuses_a_checkpoint_replaced_after_its_training_step(crucible):
+    _checkpoint(crucible, 1, recorded_hash="e" * 64)
+    with pytest.raises(Refused, match="checkpoint 1 on disk is .* not eeeeeeeeeeee .* it would be evaluated"):
+        iteration(crucible, 1).evaluate()

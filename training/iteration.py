@@ -2,7 +2,10 @@
 call these, and attach metadata.
 
 - Iteration N samples from checkpoint N-1 (the base policy for N = 1), verified by its content
-  hash; a checkpoint whose blocking stability checks failed is refused (`policy`).
+  hash. Refused: a checkpoint whose blocking stability checks failed, and one that is not what
+  iteration N-1's training step recorded (another run replaced it) (`policy`). The training
+  step refuses trajectories another policy sampled (`train_job`), and the evaluation a
+  checkpoint other than the one its training step recorded (`evaluate`).
 - Every random choice of an iteration comes from one seed (`seed`): which train tasks it
   samples, the rollouts, the order of dynamic sampling's reserve, the re-graded share.
   Evaluation samples with the experiment's seed alone, so every checkpoint meets the same draws.
@@ -123,22 +126,41 @@ class Iteration:
 
     def policy(self) -> tuple[Path, str]:
         """The checkpoint this iteration samples from, verified, and its content hash."""
-        experiment, number = self.experiment.name, self.number
-        policy_dir = self.env.checkpoint_dir(experiment, number - 1)
-        try:
-            content_hash = verify_checkpoint(policy_dir)["content_hash"]
-        except CheckpointError as error:
-            raise Refused(f"iteration {number} samples from checkpoint {number - 1}, which is not usable: {error}. "
-                          f"Materialize iteration {number - 1} (or base_policy) first.") from None
-        store = self.env.store()
-        if number > 1 and store.has_partition("checkpoints", experiment, number - 1):
-            [record] = store.read_partition("checkpoints", experiment, number - 1).to_pylist()
-            if record["blocked"] and record["content_hash"] == content_hash:
-                failed = [m for m in record["monitor_messages"] if ": error: " in m]
-                raise Refused(f"iteration {number} would sample from checkpoint {number - 1}, which failed its "
-                              f"stability checks ({'; '.join(failed)}). Change the settings and materialize "
-                              f"iteration {number - 1} again.")
+        number = self.number
+        policy_dir, content_hash = self._checkpoint(number - 1, f"iteration {number} samples from")
+        record = self._trained(number - 1, content_hash, f"iteration {number} would sample from it")
+        if record and record["blocked"]:
+            failed = [m for m in record["monitor_messages"] if ": error: " in m]
+            raise Refused(f"iteration {number} would sample from checkpoint {number - 1}, which failed its "
+                          f"stability checks ({'; '.join(failed)}). Change the settings and materialize "
+                          f"iteration {number - 1} again.")
         return policy_dir, content_hash
+
+    def _checkpoint(self, iteration: int, use: str) -> tuple[Path, str]:
+        """Checkpoint `iteration` (0: the base policy), verified, and its content hash."""
+        directory = self.env.checkpoint_dir(self.experiment.name, iteration)
+        try:
+            return directory, verify_checkpoint(directory)["content_hash"]
+        except CheckpointError as error:
+            raise Refused(f"{use} checkpoint {iteration}, which is not usable: {error}. Materialize iteration "
+                          f"{iteration} (or base_policy) first.") from None
+
+    def _trained(self, iteration: int, content_hash: str, use: str) -> dict | None:
+        """The `checkpoints` row of `iteration`'s training step (None for the base policy),
+        refused unless it names the checkpoint `content_hash` that is on disk now."""
+        if iteration == 0:
+            return None
+        store, experiment = self.env.store(), self.experiment.name
+        if not store.has_partition("checkpoints", experiment, iteration):
+            raise Refused(f"checkpoint {iteration} has no record of the training step that made it (its "
+                          f"stability checks never ran), and {use}: materialize iteration {iteration}'s checkpoint "
+                          "again.")
+        [record] = store.read_partition("checkpoints", experiment, iteration).to_pylist()
+        if record["content_hash"] != content_hash:
+            raise Refused(f"checkpoint {iteration} on disk is {content_hash[:12]}, not {record['content_hash'][:12]} "
+                          f"that iteration {iteration}'s training step recorded (another run replaced it), and {use}: "
+                          f"materialize iteration {iteration}'s checkpoint again.")
+        return record
 
     def engine(self) -> InferenceEngine:
         return open_engine(self.experiment.engine, *self.policy())
@@ -226,6 +248,13 @@ class Iteration:
         store, experiment = self.env.store(), self.experiment
         # The exact files (datastore/store.py never rewrites one): what lineage names is what is read.
         trajectory_files = store.partition_files("trajectories", experiment.name, self.number)
+        samplers = catalog.connect(self.env.storage_root, pinned={"trajectories": trajectory_files}).execute(
+            "SELECT DISTINCT policy_version FROM trajectories ORDER BY 1").fetchall()
+        if [version for (version,) in samplers] != [parent_hash]:
+            sampled = ", ".join(str(version)[:12] for (version,) in samplers)
+            raise Refused(f"iteration {self.number}'s trajectories were sampled by {sampled}, not by checkpoint "
+                          f"{self.number - 1} as it is now ({parent_hash[:12]}): materialize iteration {self.number} "
+                          "again from its rollouts.")
         return TrainJob(
             parent_dir=str(parent_dir), out_dir=str(self.env.checkpoint_dir(experiment.name, self.number)),
             storage_root=self.env.storage_root, trajectory_files=trajectory_files, grpo=experiment.grpo,
@@ -269,6 +298,8 @@ class Iteration:
     def evaluate(self) -> list[dict]:
         """This iteration's checkpoint on the held-out split, after the base policy's (iteration 0)
         when the experiment has none yet; each stored as its `evaluations` partition."""
+        _, content_hash = self._checkpoint(self.number, f"iteration {self.number} evaluates")
+        self._trained(self.number, content_hash, "it would be evaluated")
         if not self.env.store().has_partition("evaluations", self.experiment.name, 0):
             self.log("evaluating the base policy first (iteration 0), the baseline of every iteration")
             self._evaluate(0)
