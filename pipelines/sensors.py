@@ -16,11 +16,16 @@ from pipelines.jobs import iteration_job
 from training.experiment import ExperimentFileError
 
 
-def latest_iterations(partition_keys: list[str]) -> dict[str, int]:
-    """Highest iteration of every experiment among the partition keys."""
+def latest_iterations(context: SensorEvaluationContext, partition_keys: list[str]) -> dict[str, int]:
+    """Highest iteration of every experiment among the partition keys; a malformed key (added by
+    hand in the UI) is reported in the tick's log and skipped, never failing every tick."""
     latest: dict[str, int] = {}
     for key in partition_keys:
-        experiment, iteration = parse_iteration_key(key)
+        try:
+            experiment, iteration = parse_iteration_key(key)
+        except ValueError as error:
+            context.log.warning(f"skipped: {error}")
+            continue
         latest[experiment] = max(iteration, latest.get(experiment, 0))
     return latest
 
@@ -43,7 +48,7 @@ def advance_iteration(context: SensorEvaluationContext, crucible: CrucibleResour
     trained = context.instance.get_materialized_partitions(AssetKey("checkpoint"))
     next_keys = [
         iteration_key(experiment, iteration + 1)
-        for experiment, iteration in latest_iterations(existing).items()
+        for experiment, iteration in latest_iterations(context, existing).items()
         if iteration_key(experiment, iteration) in trained and iteration < _limit(context, crucible, experiment)
     ]
     if not next_keys:

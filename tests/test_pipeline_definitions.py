@@ -108,6 +108,13 @@ def test_sensor_stops_at_the_experiment_iteration_limit(instance, crucible):
     assert isinstance(_evaluate(instance, crucible), SkipReason)
 
 
+def test_a_malformed_partition_key_is_skipped_and_the_sensor_still_advances(instance, crucible):
+    instance.add_dynamic_partitions(iterations.name, ["exp-0001", "tinyc-7"])  # the second added by hand
+    instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition="exp-0001"))
+    result = _evaluate(instance, crucible)
+    assert [request.partition_key for request in result.run_requests] == ["exp-0002"]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent.parent))
     SNAPSHOT.write_text(json.dumps(definitions_snapshot(), indent=2, sort_keys=True) + "\n")
