@@ -182,11 +182,12 @@ def trajectories(
     context: AssetExecutionContext, crucible: CrucibleResource, verified_rollouts: list[VerifiedRollout]
 ) -> MaterializeResult:
     """The iteration's samples as one atomically written Parquet partition."""
-    name, number = parse_iteration_key(context.partition_key)
-    store = crucible.store()
+    iteration = this_iteration(context, crucible)
+    name, number, store = iteration.experiment.name, iteration.number, crucible.store()
     with timed_stage(store, name, number, "trajectories"):
         table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
-        path = store.write_partition("trajectories", name, number, table)
+        # A re-run replaces the partition, but never deletes what a checkpoint's lineage names.
+        path = store.write_partition("trajectories", name, number, table, keep=iteration.trained_on())
     return MaterializeResult(
         metadata={"path": MetadataValue.path(store.uri_of(path)), "rows": table.num_rows}
     )

@@ -132,9 +132,12 @@ class DatasetStore:
         return self.fs.unstrip_protocol(path)
 
     def write_partition(
-        self, dataset: str, experiment: str, iteration: int, table: pa.Table, part: str = "data"
+        self, dataset: str, experiment: str, iteration: int, table: pa.Table, part: str = "data",
+        keep: Iterable[str] = (),
     ) -> str:
-        """Replace one partition (or one part of it) atomically; returns the new data file's URI."""
+        """Replace one partition (or one part of it) atomically; returns the new data file's URI.
+        The files in `keep` (URIs another record names, such as the trajectories a checkpoint
+        trained on) stay listed as superseded and are never swept."""
         expected = DATASETS[dataset]
         if not table.schema.equals(expected):
             raise SchemaError(f"{dataset}: table schema differs from schema v{SCHEMA_VERSION}")
@@ -153,7 +156,9 @@ class DatasetStore:
         path = self.manifest_path(dataset, experiment, iteration, part)
         now = time.time()
         superseded = self._superseded(path, now)
-        expired = {entry["file"] for entry in superseded if now - entry["at"] >= self.retention_s}
+        kept = {uri.rsplit("/", 1)[-1] for uri in keep}
+        expired = {entry["file"] for entry in superseded
+                   if now - entry["at"] >= self.retention_s and entry["file"] not in kept}
         manifest = {"format": MANIFEST_FORMAT, "dataset": dataset, "schema_version": SCHEMA_VERSION,
                     "files": [name], "rows": table.num_rows,
                     "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

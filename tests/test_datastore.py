@@ -276,3 +276,15 @@ def test_a_status_outside_its_closed_set_is_refused_and_nothing_is_written(tmp_p
     with pytest.raises(SchemaError, match=f"column {column}"):
         store.write_partition("trajectories", "exp", 1, table)
     assert not store.has_partition("trajectories", "exp", 1) and not list(tmp_path.rglob("*.parquet"))
+
+
+def test_a_replaced_version_that_lineage_names_is_never_swept(storage_root):
+    store = DatasetStore(storage_root, retention_s=0)
+    write_trajectories(store, 1, [1.0])
+    [trained_on] = store.partition_files("trajectories", "exp", 1)
+    for rewards in ([0.5], [0.0]):  # two re-runs, each past the retention time
+        store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", [
+            trajectory_row("t/0", 0, rewards[0])]), keep=[trained_on])
+    assert store.read_files("trajectories", [trained_on])["reward"].to_pylist() == [1.0]
+    assert store.read_partition("trajectories", "exp", 1)["reward"].to_pylist() == [0.0]
+    assert len([name for name in partition_listing(store) if name.endswith(".parquet")]) == 2  # the 0.5 one swept

@@ -4,7 +4,6 @@ may sample from, train from and evaluate, and what it refuses."""
 from __future__ import annotations
 
 import pytest
-
 from test_datastore import trajectory_row
 
 from assets.resources import CrucibleResource
@@ -105,3 +104,11 @@ def test_evaluation_refuses_a_checkpoint_replaced_after_its_training_step(crucib
     _checkpoint(crucible, 1, recorded_hash="e" * 64)
     with pytest.raises(Refused, match="checkpoint 1 on disk is .* not eeeeeeeeeeee .* it would be evaluated"):
         iteration(crucible, 1).evaluate()
+
+
+def test_a_rerun_keeps_the_trajectory_files_its_checkpoint_trained_on(crucible):
+    assert iteration(crucible, 1).trained_on() == []  # not trained yet: nothing to keep
+    row = {name: None for name in rows_to_table("checkpoints", []).schema.names}
+    row.update(path="p", trajectories=["file:///data/trajectories/experiment=exp/iteration=1/data-1.parquet"])
+    crucible.store().write_partition("checkpoints", "exp", 1, rows_to_table("checkpoints", [row]))
+    assert iteration(crucible, 1).trained_on() == row["trajectories"]

@@ -242,6 +242,14 @@ class Iteration:
         target = len(sampled) if self.experiment.refill_rounds else 0
         return refill(verified, reserve, sample_and_grade, group_reward, target, self.experiment.refill_rounds)
 
+    def trained_on(self) -> list[str]:
+        """The trajectory files this iteration's checkpoint was trained on, by its lineage ([]
+        before its training step): a re-run of the iteration's sampling must keep them."""
+        store, name = self.env.store(), self.experiment.name
+        if not store.has_partition("checkpoints", name, self.number):
+            return []
+        return store.read_partition("checkpoints", name, self.number)["trajectories"].to_pylist()[0]
+
     def train_job(self) -> TrainJob:
         """The training step on this iteration's stored trajectories, from the policy that sampled them."""
         parent_dir, parent_hash = self.policy()
