@@ -185,6 +185,7 @@ def command_curve(args: argparse.Namespace) -> int:
 def command_ui(args: argparse.Namespace) -> int:
     prepare_instance()
     _use_storage(args.storage)
+    environment.pin_locations()  # dagster dev runs from the project folder; the data is this folder's
     # dagster dev started from a background shell would otherwise inherit ignored SIGINT/SIGTERM
     # and outlive its caller.
     signal.signal(signal.SIGINT, signal.SIG_DFL)

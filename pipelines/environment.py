@@ -27,6 +27,14 @@ def checkpoint_root() -> str:
     return _local_or_uri(os.environ.get("CRUCIBLE_CHECKPOINT_ROOT", str(DEFAULT_HOME / "checkpoints")))
 
 
+def pin_locations() -> None:
+    """Fix the storage and checkpoint roots as absolute paths in the environment, so that a
+    process started from another folder (`dagster dev` runs from the project, its run workers,
+    the training step) uses the ones this working directory means."""
+    os.environ["CRUCIBLE_STORAGE_ROOT"] = storage_root()
+    os.environ["CRUCIBLE_CHECKPOINT_ROOT"] = checkpoint_root()
+
+
 def sandbox_backend() -> str:
     return os.environ.get("CRUCIBLE_SANDBOX", "local")
 

@@ -11,8 +11,10 @@ from dagster import AssetKey, AssetMaterialization, DagsterInstance, SkipReason,
 
 from assets.partitions import iteration_key, iterations, parse_iteration_key
 from assets.resources import CrucibleResource
+from pipelines import environment
 from pipelines.definitions import defs
 from pipelines.jobs import ITERATION_ASSETS
+from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iteration
 from training.experiment import ExperimentConfig
 
@@ -113,6 +115,20 @@ def test_a_malformed_partition_key_is_skipped_and_the_sensor_still_advances(inst
     instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition="exp-0001"))
     result = _evaluate(instance, crucible)
     assert [request.partition_key for request in result.run_requests] == ["exp-0002"]
+
+
+def test_locations_pinned_in_one_folder_hold_after_moving_to_another(tmp_path, monkeypatch):
+    """`crucible ui` pins them, then starts dagster dev from the project folder (problem 7 of
+    issue 16: the UI showed one folder's runs and wrote another folder's data)."""
+    for name in ("CRUCIBLE_STORAGE_ROOT", "CRUCIBLE_CHECKPOINT_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    environment.pin_locations()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert environment.storage_root() == str(tmp_path / ".crucible" / "data")
+    assert environment.checkpoint_root() == str(tmp_path / ".crucible" / "checkpoints")
+    assert crucible_resource().storage_root == str(tmp_path / ".crucible" / "data")
 
 
 if __name__ == "__main__":
