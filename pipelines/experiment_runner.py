@@ -24,15 +24,18 @@ console = Console(stderr=True)
 
 class ExperimentRunner:
     def __init__(self, instance: DagsterInstance, defs: Definitions, crucible: CrucibleResource,
-                 config: ExperimentConfig):
+                 config: ExperimentConfig, through: int | None = None):
         self.instance, self.defs, self.crucible, self.config = instance, defs, crucible, config
+        self.through = through or config.iterations  # this run's last iteration
 
     @classmethod
     def for_experiment(cls, name: str, settings: ExperimentConfig | None = None,
                        **overrides: int | None) -> ExperimentRunner:
         """Stored settings of `name` (or `settings` from an experiment file, or the defaults),
         updated with the overrides that are set. An experiment that has run keeps its settings:
-        a file that changes more than `iterations` is refused."""
+        a file that changes more than `iterations` is refused. An `iterations` override is how far
+        this run goes: it raises the stored limit (which the sensor and UI launches follow), and
+        never lowers it."""
         from pipelines.definitions import (
             defs,  # after the caller has chosen the environment
         )
@@ -45,21 +48,24 @@ class ExperimentRunner:
                 raise UserError(f"experiment {name!r} already ran with other settings ({', '.join(changed)} "
                                 "differ): give the file a new `name`, or change only `iterations`")
             stored = settings
+        through = overrides.pop("iterations", None)
+        if through is not None:
+            overrides["iterations"] = max(through, stored.iterations) if crucible.experiment_exists(name) else through
         config = ExperimentConfig.model_validate(
             {**stored.model_dump(), **{key: value for key, value in overrides.items() if value is not None}}
         )
         crucible.save_experiment(config)
-        return cls(DagsterInstance.get(), defs, crucible, config)
+        return cls(DagsterInstance.get(), defs, crucible, config, through)
 
     def run(self) -> None:
         self._ensure_base_policy()
         evaluated = self.instance.get_materialized_partitions(AssetKey("checkpoint_eval"))
-        for iteration in range(1, self.config.iterations + 1):
+        for iteration in range(1, self.through + 1):
             key = iteration_key(self.config.name, iteration)
             if key in evaluated:
                 console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
                 continue
-            console.rule(f"iteration {iteration}/{self.config.iterations}  ({key})")
+            console.rule(f"iteration {iteration}/{self.through}  ({key})")
             self.instance.add_dynamic_partitions(iterations.name, [key])
             self._execute("iteration", partition_key=key)
         self._execute("reward_analytics_job")

@@ -100,3 +100,17 @@ def test_stored_settings_that_no_longer_validate_stop_the_run_with_their_reason(
                             env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "old.json: grpo.temperature (1.0) differs from temperature (0.6)" in result.stderr
+
+
+def test_running_fewer_iterations_never_lowers_the_stored_limit(tmp_path, monkeypatch):
+    """Issue 16, problem 5: `crucible run --iterations 1` once lowered the limit for good."""
+    from pipelines.experiment_runner import ExperimentRunner
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.setenv("CRUCIBLE_STORAGE_ROOT", str(tmp_path / "data"))
+    (tmp_path / "dagster").mkdir()
+    ExperimentRunner.for_experiment("exp", ExperimentConfig(name="exp", iterations=10))
+    once = ExperimentRunner.for_experiment("exp", iterations=1)
+    assert once.through == 1 and once.crucible.experiment("exp").iterations == 10
+    longer = ExperimentRunner.for_experiment("exp", iterations=15)
+    assert longer.through == 15 and longer.crucible.experiment("exp").iterations == 15
