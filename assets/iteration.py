@@ -52,6 +52,10 @@ ITERATION = dict(partitions_def=iterations, group_name="iteration")
 def this_iteration(context: AssetExecutionContext, crucible: CrucibleResource) -> Iteration:
     """The partition's iteration, with the experiment's stored settings, logging to the run."""
     name, number = parse_iteration_key(context.partition_key)
+    if not crucible.experiment_exists(name):
+        raise Failure(f"experiment {name!r} has no stored settings, so its iterations would run on guessed ones: "
+                      f"create it first with `crucible run --config FILE` (or `crucible run --experiment {name}` "
+                      "for the defaults)")
     try:
         settings = crucible.experiment(name)
     except ExperimentFileError as error:

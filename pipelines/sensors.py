@@ -31,8 +31,11 @@ def latest_iterations(context: SensorEvaluationContext, partition_keys: list[str
 
 
 def _limit(context: SensorEvaluationContext, crucible: CrucibleResource, experiment: str) -> int:
-    """The experiment's `iterations` setting; 0 (not advanced, the rest still are) when its stored
-    settings no longer validate."""
+    """The experiment's `iterations` setting; 0 (not advanced, the rest still are) when it has no
+    stored settings or they no longer validate."""
+    if not crucible.experiment_exists(experiment):
+        context.log.warning(f"not advancing {experiment!r}: it has no stored settings")
+        return 0
     try:
         return crucible.experiment(experiment).iterations
     except ExperimentFileError as error:

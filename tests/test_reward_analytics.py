@@ -96,6 +96,17 @@ def test_metadata_monitors_and_sql_read_the_same_numbers(crucible):
     assert view["pass_rate"] == pytest.approx(5 / 7)  # 7 scored: t/0's 3 honest passes, t/1's 2 of 3
 
 
+def test_an_iteration_of_an_experiment_never_created_fails_instead_of_guessing_its_settings(crucible):
+    """Issue 16, problem 5: a partition added in the UI for a new experiment ran on defaults."""
+    crucible.store().write_partition("trajectories", "guessed", 1, rows_to_table("trajectories", _samples()))
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("iterations", ["guessed-0001"])
+        result = materialize([iteration_rewards], partition_key="guessed-0001", instance=instance,
+                             resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    assert "experiment 'guessed' has no stored settings" in failure.step_failure_data.error.message
+
+
 def test_infrastructure_errors_above_the_limit_keep_the_training_step_from_running(crucible):
     key = _store(crucible, 1, infra_errors=2)  # 2 of 8 samples: 25%, over the 20% limit
     with DagsterInstance.get() as instance:
