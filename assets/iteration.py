@@ -54,12 +54,12 @@ def this_iteration(context: AssetExecutionContext, crucible: CrucibleResource) -
     name, number = parse_iteration_key(context.partition_key)
     if not crucible.experiment_exists(name):
         raise Failure(f"experiment {name!r} has no stored settings, so its iterations would run on guessed ones: "
-                      f"create it first with `crucible run --config FILE` (or `crucible run --experiment {name}` "
-                      "for the defaults)")
+                      f"`crucible run --config FILE` (or `crucible run --experiment {name}` for the defaults) stores "
+                      "them, with the same --storage as this instance, and runs it", allow_retries=False)
     try:
         settings = crucible.experiment(name)
     except ExperimentFileError as error:
-        raise Failure(str(error)) from None
+        raise Failure(str(error), allow_retries=False) from None
     return Iteration(crucible, settings, number, log=context.log.info)
 
 
@@ -68,8 +68,8 @@ def refusals_fail_the_run() -> Iterator[None]:
     """An iteration the rules refuse fails its run with their one sentence, not a traceback."""
     try:
         yield
-    except Refused as refusal:
-        raise Failure(str(refusal)) from None
+    except Refused as refusal:  # the same inputs are refused again: no retry
+        raise Failure(str(refusal), allow_retries=False) from None
 
 
 def check_result(verdict: Verdict) -> AssetCheckResult:

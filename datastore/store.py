@@ -13,7 +13,8 @@ it mid-read. Re-writing an iteration replaces its manifest, so nothing is counte
 
 A file no manifest names is invisible. A replaced version is listed in the new manifest as
 `superseded`, with the time it was replaced, and deleted by a later write of that part once
-`retention_s` has passed since then: time enough for any reader still on it to finish. Debris
+`retention_s` has passed since then: time enough for any reader still on it to finish. A
+writer can keep a replaced version for good (`keep`: the trajectories a checkpoint trained on). Debris
 of a write killed half-way, which no manifest ever named, is deleted once it is that old.
 
 Most datasets have a single part, `data`; `stages` has one part per stage, written by the asset
@@ -176,9 +177,9 @@ class DatasetStore:
     def read_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> pa.Table:
         return self.read_files(dataset, self.partition_files(dataset, experiment, iteration, part))
 
-    def read_files(self, dataset: str, uris: list[str]) -> pa.Table:
+    def read_files(self, dataset: str, uris: list[str], columns: list[str] | None = None) -> pa.Table:
         paths = [self.fs._strip_protocol(uri) for uri in uris]
-        return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset])
+        return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset], columns=columns)
 
     def has_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> bool:
         self._forget_listings(self.partition_dir(dataset, experiment, iteration))

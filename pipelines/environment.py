@@ -1,5 +1,7 @@
 """Where this environment keeps things, from environment variables (light: no torch, no dagster).
 
+CRUCIBLE_TASK_SETS        the imported task-set library (task_sets/loader.py; default ./.crucible/task_sets)
+
 CRUCIBLE_STORAGE_ROOT     any fsspec URI for datasets (default ./.crucible/data)
 CRUCIBLE_CHECKPOINT_ROOT  local directory for checkpoints (default ./.crucible/checkpoints)
 CRUCIBLE_SANDBOX          sandbox backend (default local)
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from task_sets.loader import LIBRARY_ENV, library_dir
 
 DEFAULT_HOME = Path(".crucible")
 
@@ -28,11 +32,13 @@ def checkpoint_root() -> str:
 
 
 def pin_locations() -> None:
-    """Fix the storage and checkpoint roots as absolute paths in the environment, so that a
+    """Fix the storage and checkpoint roots and the task-set library as absolute paths in the
+    environment, so that a
     process started from another folder (`dagster dev` runs from the project, its run workers,
     the training step) uses the ones this working directory means."""
     os.environ["CRUCIBLE_STORAGE_ROOT"] = storage_root()
     os.environ["CRUCIBLE_CHECKPOINT_ROOT"] = checkpoint_root()
+    os.environ[LIBRARY_ENV] = str(library_dir().resolve())
 
 
 def sandbox_backend() -> str:

@@ -42,6 +42,7 @@ class ExperimentRunner:
 
         crucible = crucible_resource()
         stored = crucible.experiment(name)
+        limit = stored.iterations if crucible.experiment_exists(name) else 0  # never lowered
         if settings is not None:
             changed = differing_settings(stored, settings) if crucible.experiment_exists(name) else []
             if changed:
@@ -49,10 +50,12 @@ class ExperimentRunner:
                                 "differ): give the file a new `name`, or change only `iterations`")
             stored = settings
         through = overrides.pop("iterations", None)
-        if through is not None:
-            overrides["iterations"] = max(through, stored.iterations) if crucible.experiment_exists(name) else through
+        if through is not None and through < 1:
+            raise UserError(f"--iterations {through}: give 1 or more")
+        through = through or stored.iterations
         config = ExperimentConfig.model_validate(
-            {**stored.model_dump(), **{key: value for key, value in overrides.items() if value is not None}}
+            {**stored.model_dump(), **{key: value for key, value in overrides.items() if value is not None},
+             "iterations": max(through, limit)}
         )
         crucible.save_experiment(config)
         return cls(DagsterInstance.get(), defs, crucible, config, through)

@@ -104,6 +104,7 @@ def test_stored_settings_that_no_longer_validate_stop_the_run_with_their_reason(
 
 def test_running_fewer_iterations_never_lowers_the_stored_limit(tmp_path, monkeypatch):
     """Issue 16, problem 5: `crucible run --iterations 1` once lowered the limit for good."""
+    from pipelines.errors import UserError
     from pipelines.experiment_runner import ExperimentRunner
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
@@ -114,3 +115,7 @@ def test_running_fewer_iterations_never_lowers_the_stored_limit(tmp_path, monkey
     assert once.through == 1 and once.crucible.experiment("exp").iterations == 10
     longer = ExperimentRunner.for_experiment("exp", iterations=15)
     assert longer.through == 15 and longer.crucible.experiment("exp").iterations == 15
+    again = ExperimentRunner.for_experiment("exp", ExperimentConfig(name="exp", iterations=10))  # the file, again
+    assert again.through == 10 and again.crucible.experiment("exp").iterations == 15
+    with pytest.raises(UserError, match="--iterations 0: give 1 or more"):
+        ExperimentRunner.for_experiment("exp", iterations=0)

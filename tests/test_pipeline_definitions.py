@@ -16,6 +16,7 @@ from pipelines.definitions import defs
 from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iteration
+from task_sets.loader import library_dir
 from training.experiment import ExperimentConfig
 
 SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
@@ -120,7 +121,7 @@ def test_a_malformed_partition_key_is_skipped_and_the_sensor_still_advances(inst
 def test_locations_pinned_in_one_folder_hold_after_moving_to_another(tmp_path, monkeypatch):
     """`crucible ui` pins them, then starts dagster dev from the project folder (problem 7 of
     issue 16: the UI showed one folder's runs and wrote another folder's data)."""
-    for name in ("CRUCIBLE_STORAGE_ROOT", "CRUCIBLE_CHECKPOINT_ROOT"):
+    for name in ("CRUCIBLE_STORAGE_ROOT", "CRUCIBLE_CHECKPOINT_ROOT", "CRUCIBLE_TASK_SETS"):
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -129,6 +130,7 @@ def test_locations_pinned_in_one_folder_hold_after_moving_to_another(tmp_path, m
     assert environment.storage_root() == str(tmp_path / ".crucible" / "data")
     assert environment.checkpoint_root() == str(tmp_path / ".crucible" / "checkpoints")
     assert crucible_resource().storage_root == str(tmp_path / ".crucible" / "data")
+    assert library_dir() == tmp_path / ".crucible" / "task_sets"
 
 
 if __name__ == "__main__":

@@ -157,9 +157,9 @@ class Iteration:
                           "again.")
         [record] = store.read_partition("checkpoints", experiment, iteration).to_pylist()
         if record["content_hash"] != content_hash:
-            raise Refused(f"checkpoint {iteration} on disk is {content_hash[:12]}, not {record['content_hash'][:12]} "
-                          f"that iteration {iteration}'s training step recorded (another run replaced it), and {use}: "
-                          f"materialize iteration {iteration}'s checkpoint again.")
+            raise Refused(f"checkpoint {iteration} on disk is {content_hash[:12]}, not {str(record['content_hash'])[:12]} "
+                          f"that iteration {iteration}'s training step recorded (another run, or a failed attempt, "
+                          f"replaced it), and {use}: materialize iteration {iteration}'s checkpoint again.")
         return record
 
     def engine(self) -> InferenceEngine:
@@ -248,7 +248,7 @@ class Iteration:
         store, name = self.env.store(), self.experiment.name
         if not store.has_partition("checkpoints", name, self.number):
             return []
-        return store.read_partition("checkpoints", name, self.number)["trajectories"].to_pylist()[0]
+        return store.read_partition("checkpoints", name, self.number)["trajectories"].to_pylist()[0] or []
 
     def train_job(self) -> TrainJob:
         """The training step on this iteration's stored trajectories, from the policy that sampled them."""
@@ -256,10 +256,10 @@ class Iteration:
         store, experiment = self.env.store(), self.experiment
         # The exact files (datastore/store.py never rewrites one): what lineage names is what is read.
         trajectory_files = store.partition_files("trajectories", experiment.name, self.number)
-        samplers = catalog.connect(self.env.storage_root, pinned={"trajectories": trajectory_files}).execute(
-            "SELECT DISTINCT policy_version FROM trajectories ORDER BY 1").fetchall()
-        if [version for (version,) in samplers] != [parent_hash]:
-            sampled = ", ".join(str(version)[:12] for (version,) in samplers)
+        samplers = sorted(set(store.read_files("trajectories", trajectory_files, ["policy_version"])
+                              ["policy_version"].to_pylist()), key=str)
+        if samplers != [parent_hash]:
+            sampled = ", ".join(str(version)[:12] for version in samplers)
             raise Refused(f"iteration {self.number}'s trajectories were sampled by {sampled}, not by checkpoint "
                           f"{self.number - 1} as it is now ({parent_hash[:12]}): materialize iteration {self.number} "
                           "again from its rollouts.")
@@ -311,14 +311,18 @@ class Iteration:
         if not self.env.store().has_partition("evaluations", self.experiment.name, 0):
             self.log("evaluating the base policy first (iteration 0), the baseline of every iteration")
             self._evaluate(0)
-        return self._evaluate(self.number)
+        return self._evaluate(self.number, content_hash)
 
-    def _evaluate(self, iteration: int) -> list[dict]:
-        """Checkpoint `iteration` on the held-out tasks: greedily, or `eval_samples` samples per
-        task at the rollout temperature."""
+    def _evaluate(self, iteration: int, expected_hash: str | None = None) -> list[dict]:
+        """Checkpoint `iteration` on the held-out tasks (refused unless it still is
+        `expected_hash`): greedily, or `eval_samples` samples per task at the rollout temperature."""
         experiment = self.experiment
-        policy_dir = self.env.checkpoint_dir(experiment.name, iteration)
-        engine = open_engine(experiment.engine, policy_dir, verify_checkpoint(policy_dir)["content_hash"])
+        policy_dir, content_hash = self._checkpoint(iteration, f"iteration {self.number} evaluates")
+        if expected_hash not in (None, content_hash):
+            raise Refused(f"checkpoint {iteration} changed while the base policy was evaluated (now "
+                          f"{content_hash[:12]}, checked {expected_hash[:12]}): materialize iteration {iteration}'s "
+                          "evaluation again.")
+        engine = open_engine(experiment.engine, policy_dir, content_hash)
         tasks = self.task_set.eval()[: experiment.eval_tasks]
         greedy = experiment.eval_samples == 1
         params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
