@@ -33,7 +33,7 @@ class Completion:
     # Behaviour logprob of each token in token_ids; None where the engine cannot say (an HTTP
     # server that returns text only): such a completion is for evaluation, never for training.
     logprobs: list[float] | None
-    finish_reason: FinishReason  # "stop": emitted <|im_end|> / <|endoftext|>; "length": hit max_new_tokens
+    finish_reason: FinishReason  # "stop": emitted one of the engine's stop tokens; "length": hit max_new_tokens
     text: str  # decode(token_ids), special tokens kept (see prompts.extract_solution)
 
 
