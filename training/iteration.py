@@ -227,12 +227,13 @@ class Iteration:
         taken = {task.id for task in sampled}
         reserve = [task for task in self.task_set.train() if task.id not in taken]
         random.Random(self.seed).shuffle(reserve)
-        engines: list[InferenceEngine] = []  # opened on the first refill round only
+        engine: InferenceEngine | None = None  # opened on the first refill round only
 
         def sample_and_grade(tasks: list[TaskBase], round_: int) -> list[VerifiedRollout]:
+            nonlocal engine
             self.log(f"dynamic sampling round {round_}: {len(tasks)} more tasks")
-            engines[:] = engines or [self.engine()]
-            samples = self.sample(engines[0], tasks, self.rollout_params(), f"{group_prefix}/refill{round_}")
+            engine = engine or self.engine()
+            samples = self.sample(engine, tasks, self.rollout_params(), f"{group_prefix}/refill{round_}")
             by_id = {task.id: task for task in tasks}
             return self.grade([(by_id[s.task_id], s) for s in samples])
 
