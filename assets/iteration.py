@@ -1,12 +1,13 @@
-"""One RL iteration as assets, partitioned by `<experiment>-<iteration>`: thin functions over
-training/iteration.py, which holds the rules.
+"""One RL iteration as assets, partitioned by experiment and iteration number (assets/partitions.py):
+thin functions over training/iteration.py, which holds the rules.
 
-    task_set -> rollouts -> verified_rollouts -> trajectories -> iteration_rewards -> checkpoint -> checkpoint_eval
+    base_policy[experiment] -> task_set -> rollouts -> verified_rollouts -> trajectories -> iteration_rewards
+                                           -> checkpoint -> checkpoint_eval
 
-Iteration N samples from checkpoint N-1 (the base policy for N = 1). Dagster has no partition
-mapping for "the previous dynamic partition", so the graph shows only the edge from base_policy;
-checkpoint N-1 is resolved by path, its exact content hash is recorded in the metadata, and the
-sensor only starts N+1 once checkpoint N exists.
+Iteration N samples from checkpoint N-1 (the experiment's base policy for N = 1). Dagster maps a
+partition to an earlier one only on a time dimension, so that edge is not drawn: the data path
+checks it instead (training/iteration.py refuses a checkpoint whose lineage does not hold), and the
+run queue runs one iteration of an experiment at a time (pipelines/dagster.yaml).
 """
 
 import math
@@ -30,7 +31,7 @@ from dagster import (
 
 from assets.charts import eval_curve_png, markdown_table, png_markdown
 from assets.partitions import iterations, parse_iteration_key
-from assets.policy import base_policy
+from assets.policy import base_policy, stored_experiment
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
@@ -42,7 +43,6 @@ from task_sets.separation import separation
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
-from training.experiment import ExperimentFileError
 from training.iteration import Iteration, Refused
 from training.rl.trainer import STEP_STATS
 
@@ -51,16 +51,11 @@ ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
 def this_iteration(context: AssetExecutionContext, crucible: CrucibleResource) -> Iteration:
     """The partition's iteration, with the experiment's stored settings, logging to the run."""
-    name, number = parse_iteration_key(context.partition_key)
-    if not crucible.experiment_exists(name):
-        raise Failure(f"experiment {name!r} has no stored settings, so its iterations would run on guessed ones: "
-                      f"`crucible run --config FILE` (or `crucible run --experiment {name}` for the defaults) stores "
-                      "them, with the same --storage as this instance, and runs it", allow_retries=False)
     try:
-        settings = crucible.experiment(name)
-    except ExperimentFileError as error:
+        name, number = parse_iteration_key(context.partition_key)
+    except ValueError as error:
         raise Failure(str(error), allow_retries=False) from None
-    return Iteration(crucible, settings, number, log=context.log.info)
+    return Iteration(crucible, stored_experiment(crucible, name), number, log=context.log.info)
 
 
 @contextmanager
@@ -118,7 +113,7 @@ def rollouts(
     with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
                                               "rollouts"):
         engine = iteration.engine()
-        samples = iteration.sample(engine, task_set, iteration.rollout_params(), context.partition_key)
+        samples = iteration.sample(engine, task_set, iteration.rollout_params(), iteration.group_prefix)
     tokens = sum(r.sampled_tokens for r in samples)
     seconds = sum(r.generate_s for r in samples)
     return Output(
@@ -153,7 +148,7 @@ def verified_rollouts(
     iteration = this_iteration(context, crucible)
     with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
                                               "verified_rollouts"):
-        verification = iteration.verify(task_set, rollouts, context.partition_key)
+        verification = iteration.verify(task_set, rollouts, iteration.group_prefix)
     graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")

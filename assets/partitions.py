@@ -1,24 +1,53 @@
-"""One dynamic partition per experiment iteration, keyed `<experiment>-<iteration:04d>`."""
+"""The partition scheme: experiments are a dimension Dagster knows, iterations another.
+
+    experiments   one partition per experiment (its base policy is partitioned by it)
+    iterations    experiment x iteration number: the key `default|0003` is experiment `default`'s
+                  third iteration, and its runs carry the tags `dagster/partition/experiment` and
+                  `dagster/partition/iteration`, which the UI filters by and the run queue limits by
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-from dagster import DynamicPartitionsDefinition
+from dagster import DagsterInstance, DynamicPartitionsDefinition, MultiPartitionKey, MultiPartitionsDefinition
 
-iterations = DynamicPartitionsDefinition(name="iterations")
+experiments = DynamicPartitionsDefinition(name="experiments")
+# Not "iterations": instances from before experiments were a dimension hold `<experiment>-<NNNN>` keys there.
+iteration_numbers = DynamicPartitionsDefinition(name="iteration_numbers")
+iterations = MultiPartitionsDefinition({"experiment": experiments, "iteration": iteration_numbers})
 
-_KEY = re.compile(r"^(?P<experiment>[a-z0-9][a-z0-9_\-]*)-(?P<iteration>\d{4})$")
+_NUMBER = re.compile(r"^\d{4}$")
 
 
-def iteration_key(experiment: str, iteration: int) -> str:
-    return f"{experiment}-{iteration:04d}"
+def iteration_key(experiment: str, iteration: int) -> MultiPartitionKey:
+    return MultiPartitionKey({"experiment": experiment, "iteration": f"{iteration:04d}"})
 
 
-def parse_iteration_key(key: str) -> tuple[str, int]:
-    match = _KEY.match(key)
-    if not match:
-        raise ValueError(
-            f"partition key {key!r} is not '<experiment>-<iteration>' (for example 'default-0001')"
-        )
-    return match["experiment"], int(match["iteration"])
+def parse_iteration_key(key: str | MultiPartitionKey) -> tuple[str, int]:
+    """(experiment, iteration number) of an `iterations` key; a ValueError names a malformed one."""
+    dimensions = key.keys_by_dimension if isinstance(key, MultiPartitionKey) else dict(
+        zip(("experiment", "iteration"), str(key).split("|")) if str(key).count("|") == 1 else {})
+    number = dimensions.get("iteration", "")
+    if not dimensions.get("experiment") or not _NUMBER.match(number):
+        raise ValueError(f"partition key {str(key)!r} is not '<experiment>|<iteration>' with a four-digit "
+                         "iteration (for example 'default|0001')")
+    return dimensions["experiment"], int(number)
+
+
+def experiment_of_run(tags: Mapping[str, str]) -> str | None:
+    """The experiment a run's partition belongs to (an iteration or a base policy), from the tags
+    Dagster gives partitioned runs; None for a run of no partition (the analytics)."""
+    if "dagster/partition/experiment" in tags:
+        return tags["dagster/partition/experiment"]
+    partition = tags.get("dagster/partition")
+    return partition if partition and "|" not in partition else None
+
+
+def add_iteration(instance: DagsterInstance, experiment: str, iteration: int) -> MultiPartitionKey:
+    """Make sure both dimensions hold the iteration's keys, and return its partition key."""
+    for definition, key in ((experiments, experiment), (iteration_numbers, f"{iteration:04d}")):
+        if not instance.has_dynamic_partition(definition.name, key):
+            instance.add_dynamic_partitions(definition.name, [key])
+    return iteration_key(experiment, iteration)

@@ -1,17 +1,14 @@
-"""base_policy: the default model, built locally and warmed up on reference solutions."""
+"""base_policy[experiment]: the built-in model, built locally and warmed up on reference solutions,
+one per experiment, as its settings (`ExperimentConfig.base`) describe it."""
 
 import tempfile
 
-from dagster import (
-    AssetExecutionContext,
-    Config,
-    MaterializeResult,
-    MetadataValue,
-    asset,
-)
+from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
+from assets.partitions import experiments
 from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
+from training.experiment import ExperimentConfig, ExperimentFileError
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
 from training.policy.tokenizer import build_tokenizer
@@ -19,29 +16,30 @@ from training.sft.demonstrations import warmup_examples
 from training.sft.warmup import SFTConfig, supervised_warmup
 
 
-class BasePolicyConfig(Config):
-    """Defaults build the 3.43M-parameter default model; tests shrink it."""
+def stored_experiment(crucible: CrucibleResource, name: str) -> ExperimentConfig:
+    """The experiment's stored settings; a run of one that has none fails with how to create it."""
+    if not crucible.experiment_exists(name):
+        raise Failure(f"experiment {name!r} has no stored settings, so its runs would use guessed ones: "
+                      f"`crucible run --config FILE` (or `crucible run --experiment {name}` for the defaults) stores "
+                      "them, with the same --storage as this instance, and runs it", allow_retries=False)
+    try:
+        return crucible.experiment(name)
+    except ExperimentFileError as error:
+        raise Failure(str(error), allow_retries=False) from None
 
-    task_set: str = "compose"
-    seed: int = 0
-    hidden_size: int = PolicyConfig.model_fields["hidden_size"].default
-    num_layers: int = PolicyConfig.model_fields["num_layers"].default
-    sft_steps: int = SFTConfig.model_fields["steps"].default
-    # Multi-turn experiments (max_turns > 1) need a policy that writes actions: turn this on.
-    episode_demonstrations: bool = False
 
-
-@asset(group_name="policy", kinds={"pytorch"})
-def base_policy(
-    context: AssetExecutionContext, config: BasePolicyConfig, crucible: CrucibleResource
-) -> MaterializeResult:
-    """A small Llama built from a config (nothing is downloaded), fine-tuned on the train split's
-    reference solutions as single replies (and, with `episode_demonstrations`, as episodes of
-    actions too), so that RL starts from a policy that sometimes succeeds."""
-    task_set = load_task_set(config.task_set)
-    examples = warmup_examples(build_tokenizer(), task_set.train(), episodes=config.episode_demonstrations)
-    sft_config = SFTConfig(seed=config.seed, steps=config.sft_steps)
-    policy_config = PolicyConfig(seed=config.seed, hidden_size=config.hidden_size, num_layers=config.num_layers)
+@asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"})
+def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
+    """A small Llama built from the experiment's `base` settings (nothing is downloaded),
+    fine-tuned on its task set's train references as single replies (and, with
+    `episode_demonstrations`, as episodes of actions too), so that RL starts from a policy that
+    sometimes succeeds. Rebuilding one experiment's base policy never touches another's."""
+    experiment = stored_experiment(crucible, context.partition_key)
+    settings, out_dir = experiment.base, crucible.base_policy_dir(experiment.name)
+    task_set = load_task_set(experiment.task_set)
+    examples = warmup_examples(build_tokenizer(), task_set.train(), episodes=settings.episode_demonstrations)
+    sft_config = SFTConfig(seed=experiment.seed, steps=settings.sft_steps)
+    policy_config = PolicyConfig(seed=experiment.seed, hidden_size=settings.hidden_size, num_layers=settings.num_layers)
 
     def report(step: int, total: int, loss: float) -> None:
         if step == total or step % max(1, total // 10) == 0:
@@ -49,11 +47,11 @@ def base_policy(
 
     with tempfile.TemporaryDirectory() as scratch:
         initial = build_base_policy(f"{scratch}/init", policy_config)
-        metrics = supervised_warmup(initial, examples, crucible.base_policy_dir(), sft_config, report)
-    manifest = verify_checkpoint(crucible.base_policy_dir())
+        metrics = supervised_warmup(initial, examples, out_dir, sft_config, report)
+    manifest = verify_checkpoint(out_dir)
     return MaterializeResult(
         metadata={
-            "path": MetadataValue.path(str(crucible.base_policy_dir())),
+            "path": MetadataValue.path(str(out_dir)),
             "content_hash": manifest["content_hash"],
             "task_set_version": task_set.version,
             "examples": len(examples),

@@ -6,11 +6,12 @@ import json
 import shlex
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import fsspec
-from dagster import ConfigurableResource
-from pydantic import Field
+from dagster import ConfigurableResource, Failure, InitResourceContext
+from pydantic import Field, PrivateAttr
 
 from datastore.store import DatasetStore
 from sandbox.backends import BACKENDS, open_sandbox
@@ -19,7 +20,9 @@ from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.schema import Task
 from task_sets.submission import sandbox_spec
 from training.agent.episodes import starting_files
+from assets.partitions import experiment_of_run
 from training.experiment import ExperimentConfig, experiment_from
+from training.policy.writer_lock import ExperimentBusy, writer_lock
 
 
 class CrucibleResource(ConfigurableResource):
@@ -31,6 +34,23 @@ class CrucibleResource(ConfigurableResource):
     grading_workers: int = 2
     train_launcher: str = Field("", description="what runs the training step's module (`-m assets.train_process`"
                                 " follows): empty is this Python; e.g. 'torchrun --nproc-per-node 1'")
+    _lock: ExitStack = PrivateAttr(default_factory=ExitStack)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        """A run of an experiment's assets holds the experiment's writer lock while it runs (see
+        training/policy/writer_lock.py): another run of it, from anywhere, fails at once."""
+        experiment = experiment_of_run(context.run.tags) if context.run else None
+        if experiment is None:
+            return
+        purpose = f"Dagster run {context.run.run_id}"
+        try:
+            self._lock.enter_context(writer_lock(self.experiment_dir(experiment), purpose))
+        except ExperimentBusy as busy:
+            raise Failure(f"experiment {experiment!r} is being written by {busy}; this run would write the same "
+                          "checkpoints: launch it again once that one has finished", allow_retries=False) from None
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        self._lock.close()
 
     def train_launcher_command(self) -> list[str]:
         return shlex.split(self.train_launcher) or [sys.executable]
@@ -53,8 +73,16 @@ class CrucibleResource(ConfigurableResource):
         """A fresh sandbox session for an episode on `task`, holding its starting files."""
         return open_sandbox(self.sandbox_backend, sandbox_spec(task)).session(starting_files(task))
 
+    def _experiments_dir(self) -> str:
+        return f"{self.storage_root.rstrip('/')}/experiments"
+
     def _experiment_path(self, name: str) -> str:
-        return f"{self.storage_root.rstrip('/')}/experiments/{name}.json"
+        return f"{self._experiments_dir()}/{name}.json"
+
+    def experiment_names(self) -> list[str]:
+        """Every experiment with stored settings."""
+        fs, fs_path = fsspec.core.url_to_fs(self._experiments_dir())
+        return sorted(path.rsplit("/", 1)[1].removesuffix(".json") for path in fs.glob(f"{fs_path}/*.json"))
 
     def experiment_exists(self, name: str) -> bool:
         fs, fs_path = fsspec.core.url_to_fs(self._experiment_path(name))
@@ -75,11 +103,15 @@ class CrucibleResource(ConfigurableResource):
         with fs.open(fs_path, "w") as f:
             f.write(config.model_dump_json(indent=2))
 
-    def base_policy_dir(self) -> Path:
-        return Path(self.checkpoint_root) / "base"
+    def experiment_dir(self, experiment: str) -> Path:
+        """The experiment's checkpoints, its base policy's included."""
+        return Path(self.checkpoint_root) / f"experiment={experiment}"
+
+    def base_policy_dir(self, experiment: str) -> Path:
+        return self.experiment_dir(experiment) / "base"
 
     def checkpoint_dir(self, experiment: str, iteration: int) -> Path:
         """Policy after `iteration` training steps; iteration 0 is the base policy."""
         if iteration == 0:
-            return self.base_policy_dir()
-        return Path(self.checkpoint_root) / f"experiment={experiment}" / f"iteration={iteration}"
+            return self.base_policy_dir(experiment)
+        return self.experiment_dir(experiment) / f"iteration={iteration}"

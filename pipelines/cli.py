@@ -83,6 +83,33 @@ def command_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_continue(args: argparse.Namespace) -> int:
+    """Switch continuous training of one experiment on (or off): what the advance_iterations
+    sensor, once switched on in the UI, follows."""
+    _use_storage(args.storage)
+    from pipelines.resources import crucible_resource
+    from training.experiment import ExperimentFileError
+
+    crucible = crucible_resource()
+    if not crucible.experiment_exists(args.experiment):
+        raise UserError(f"experiment {args.experiment!r} has no stored settings: create it with `crucible run "
+                        "--config FILE` first")
+    try:
+        stored = crucible.experiment(args.experiment)
+    except ExperimentFileError as error:
+        raise UserError(str(error)) from None
+    updates = {"continuous": not args.off}
+    if args.plateau_patience is not None:
+        updates["plateau_patience"] = args.plateau_patience or None
+    crucible.save_experiment(stored.model_validate({**stored.model_dump(), **updates}))
+    patience = updates.get("plateau_patience", stored.plateau_patience)
+    until = f"up to iteration {stored.iterations}" + (f" or {patience} iterations without a gain" if patience else "")
+    state = "off" if args.off else f"on, {until}"
+    console.print(f"continuous training of {args.experiment!r}: {state} (the advance_iterations sensor, when "
+                  "switched on in the UI, follows it)")
+    return 0
+
+
 SUMMARY_QUERY = """
     SELECT iteration, tasks, samples, pass_rate, reward_mean, generated_tokens,
            rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval,
@@ -230,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--samples-per-task", type=int, default=None, help="GRPO group size")
     run.add_argument("--storage", help="storage root: a directory or any fsspec URI (s3://…)")
     run.set_defaults(handler=command_run)
+
+    resume = commands.add_parser("continue", help="let the advance_iterations sensor continue one experiment")
+    resume.add_argument("experiment", help="a stored experiment's name")
+    resume.add_argument("--off", action="store_true", help="stop continuing it")
+    resume.add_argument("--plateau-patience", type=int, default=None, metavar="N",
+                        help="stop after N iterations without a better held-out pass rate (0: never)")
+    resume.add_argument("--storage", help="storage root (default ./.crucible/data)")
+    resume.set_defaults(handler=command_continue)
 
     sql = commands.add_parser("sql", help="query trajectories and summaries with DuckDB")
     sql.add_argument("query", nargs="?", help="a DuckDB query over the views (see --export-db for none)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from dagster import Definitions, PipesSubprocessClient, PreviewWarning
+from dagster import Definitions, PipesSubprocessClient, PreviewWarning, in_process_executor
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.iteration import (
@@ -19,7 +19,7 @@ from assets.policy import base_policy
 from pipelines.jobs import analytics_job, base_policy_job, iteration_job
 from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource
-from pipelines.sensors import advance_iteration
+from pipelines.sensors import advance_iterations
 
 # Dagster's own Pipes client calls one of its preview functions on every training step: a warning
 # about Dagster's internals that its users can do nothing about.
@@ -30,7 +30,11 @@ defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
             checkpoint_eval, reward_analytics],
     jobs=[iteration_job, base_policy_job, analytics_job],
-    sensors=[advance_iteration],
+    sensors=[advance_iterations],
     resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient()},
     loggers={"console": progress_console},
+    # One executor for every launch, the UI's asset graph included: an iteration's steps form a
+    # chain and each loads torch, so a process per step would only add start-up time (and a run's
+    # resources, its experiment's writer lock among them, live as long as the run).
+    executor=in_process_executor,
 )

@@ -2,24 +2,40 @@
 
 The runs execute in this process (no daemon, no server) but are recorded in the instance, so
 the UI shows them; an iteration whose evaluation is already materialized is skipped, which makes
-`crucible run` resumable and idempotent.
+`crucible run` resumable and idempotent. They do not pass through the instance's run queue, so
+they take the lock every run of the experiment takes (training/policy/writer_lock.py): a second
+`crucible run` of the experiment waits for the first, and a UI launch meanwhile fails at once.
 """
 
 from __future__ import annotations
 
 import time
 
+from typing import TYPE_CHECKING
+
 from dagster import AssetKey, DagsterInstance, Definitions
 from rich.console import Console
 
-from assets.partitions import iteration_key, iterations
+from assets.partitions import add_iteration, experiments
 from assets.resources import CrucibleResource
 from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
 from training.experiment import ExperimentConfig, differing_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
+from training.policy.writer_lock import writer_lock
+
+if TYPE_CHECKING:
+    from dagster._utils.error import SerializableErrorInfo
 
 console = Console(stderr=True)
+
+
+def innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
+    """The error at the bottom of a chain: Dagster wraps what a resource or an asset raised
+    ("Error executing resource_fn …"), and that is the sentence that says what happened."""
+    while error.cause is not None:
+        error = error.cause
+    return error
 
 
 class ExperimentRunner:
@@ -58,32 +74,47 @@ class ExperimentRunner:
              "iterations": max(through, limit)}
         )
         crucible.save_experiment(config)
-        return cls(DagsterInstance.get(), defs, crucible, config, through)
+        instance = DagsterInstance.get()
+        if not instance.has_dynamic_partition(experiments.name, name):
+            instance.add_dynamic_partitions(experiments.name, [name])
+        return cls(instance, defs, crucible, config, through)
 
     def run(self) -> None:
-        self._ensure_base_policy()
-        evaluated = self.instance.get_materialized_partitions(AssetKey("checkpoint_eval"))
-        for iteration in range(1, self.through + 1):
-            key = iteration_key(self.config.name, iteration)
-            if key in evaluated:
-                console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
-                continue
-            console.rule(f"iteration {iteration}/{self.through}  ({key})")
-            self.instance.add_dynamic_partitions(iterations.name, [key])
-            self._execute("iteration", partition_key=key)
+        """Base policy, then each iteration not yet evaluated, holding the experiment's writer lock
+        throughout: another `crucible run` of it waits, and a Dagster run of it fails at once."""
+        self._refuse_old_instance()
+        name = self.config.name
+        with writer_lock(self.crucible.experiment_dir(name), f"crucible run --experiment {name}",
+                         wait=lambda holder: console.print(f"[yellow]experiment {name!r} is being written by "
+                                                           f"{holder}: waiting for it to finish[/yellow]")):
+            self._ensure_base_policy()
+            evaluated = self.instance.get_materialized_partitions(AssetKey("checkpoint_eval"))
+            for iteration in range(1, self.through + 1):
+                key = add_iteration(self.instance, name, iteration)
+                if key in evaluated:
+                    console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
+                    continue
+                console.rule(f"iteration {iteration}/{self.through}  ({key})")
+                self._execute("iteration", partition_key=key)
         self._execute("reward_analytics_job")
+
+    def _refuse_old_instance(self) -> None:
+        if self.instance.get_dynamic_partitions("iterations"):
+            raise UserError(f"the Dagster instance in {self.instance.root_directory} records iterations under the "
+                            "old '<experiment>-<NNNN>' partition keys, from before experiments were a partition "
+                            "dimension: `make clean` (or another DAGSTER_HOME) starts a new one")
 
     def _ensure_base_policy(self) -> None:
         if not self._base_policy_ready():
-            console.rule("base policy: build the model and warm it up on reference solutions")
-            self._execute("base_policy_job")
+            console.rule(f"base policy of {self.config.name!r}: build the model and warm it up on reference solutions")
+            self._execute("base_policy_job", partition_key=self.config.name)
 
     def _base_policy_ready(self) -> bool:
         """Materialized in this instance and intact on disk (a half-deleted one is rebuilt)."""
-        if not self.instance.get_latest_materialization_event(AssetKey("base_policy")):
+        if self.config.name not in self.instance.get_materialized_partitions(AssetKey("base_policy")):
             return False
         try:
-            verify_checkpoint(self.crucible.base_policy_dir())
+            verify_checkpoint(self.crucible.base_policy_dir(self.config.name))
         except CheckpointError:
             return False
         return True
@@ -95,12 +126,11 @@ class ExperimentRunner:
             partition_key=partition_key,
             # Dagster instantiates a job's own loggers only when the run config names them.
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
-            tags={"crucible/experiment": self.config.name},
             raise_on_error=False,
         )
         if not result.success:
             failures = [
-                event.step_failure_data.error.message.strip()
+                innermost(event.step_failure_data.error).message.strip()
                 for event in result.all_events
                 if event.is_step_failure and event.step_failure_data.error
             ]

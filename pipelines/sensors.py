@@ -1,24 +1,33 @@
-"""Continuous training: start iteration N+1 once checkpoint N exists."""
+"""Continuous training: the next iteration of each experiment that asks for it, once its last one
+is evaluated, until a stopping rule (training/continuation.py) says no."""
+
+from __future__ import annotations
 
 from dagster import (
     AssetKey,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
     sensor,
 )
 
-from assets.partitions import iteration_key, iterations, parse_iteration_key
+from assets.partitions import experiments, iteration_key, iteration_numbers, parse_iteration_key
 from assets.resources import CrucibleResource
+from datastore import catalog
 from pipelines.jobs import iteration_job
+from training.continuation import reason_to_stop
 from training.experiment import ExperimentFileError
 
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
-def latest_iterations(context: SensorEvaluationContext, partition_keys: list[str]) -> dict[str, int]:
-    """Highest iteration of every experiment among the partition keys; a malformed key (added by
-    hand in the UI) is reported in the tick's log and skipped, never failing every tick."""
+
+def latest_evaluated(context: SensorEvaluationContext, partition_keys: set[str]) -> dict[str, int]:
+    """Highest evaluated iteration of every experiment; a malformed key (added by hand in the UI)
+    is reported in the tick's log and skipped, never failing every tick."""
     latest: dict[str, int] = {}
     for key in partition_keys:
         try:
@@ -30,33 +39,44 @@ def latest_iterations(context: SensorEvaluationContext, partition_keys: list[str
     return latest
 
 
-def _limit(context: SensorEvaluationContext, crucible: CrucibleResource, experiment: str) -> int:
-    """The experiment's `iterations` setting; 0 (not advanced, the rest still are) when it has no
-    stored settings or they no longer validate."""
-    if not crucible.experiment_exists(experiment):
-        context.log.warning(f"not advancing {experiment!r}: it has no stored settings")
-        return 0
+def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name: str, last: int) -> str | None:
+    """Why experiment `name` gets no iteration after `last` now, or None to start it."""
     try:
-        return crucible.experiment(experiment).iterations
+        experiment = crucible.experiment(name)
     except ExperimentFileError as error:
-        context.log.warning(f"not advancing {experiment!r}: {error}")
-        return 0
+        return f"its stored settings no longer validate: {error}"
+    if not experiment.continuous:
+        return "continuous training is off (`crucible continue NAME` switches it on)"
+    if context.instance.get_run_records(RunsFilter(tags={"dagster/partition/experiment": name},
+                                                   statuses=IN_FLIGHT), limit=1):
+        return "a run of it is queued or in progress"
+    if last == 0 and name not in context.instance.get_materialized_partitions(AssetKey("base_policy")):
+        return "it has no base policy yet: materialize base_policy for it"
+    store = crucible.store()
+    blocked = last > 0 and store.has_partition("checkpoints", name, last) and bool(
+        store.read_partition("checkpoints", name, last)["blocked"].to_pylist()[0])
+    rows = catalog.records(catalog.connect(crucible.storage_root), "SELECT iteration, pass_rate FROM held_out "
+                           "WHERE experiment = ? ORDER BY iteration", [name])
+    return reason_to_stop(experiment, last, blocked, [(row["iteration"], row["pass_rate"]) for row in rows])
 
 
-# Stopped by default: `crucible run` drives iterations itself; turn this on in the UI to let an
-# experiment continue on its own up to its `iterations` setting.
+# Stopped by default: `crucible run` drives iterations itself. Switched on in the UI, it continues
+# the experiments stored with `continuous = true` (`crucible continue NAME`), and only those.
 @sensor(job=iteration_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.STOPPED)
-def advance_iteration(context: SensorEvaluationContext, crucible: CrucibleResource):
-    existing = context.instance.get_dynamic_partitions(iterations.name)
-    trained = context.instance.get_materialized_partitions(AssetKey("checkpoint"))
-    next_keys = [
-        iteration_key(experiment, iteration + 1)
-        for experiment, iteration in latest_iterations(context, existing).items()
-        if iteration_key(experiment, iteration) in trained and iteration < _limit(context, crucible, experiment)
-    ]
-    if not next_keys:
-        return SkipReason("no experiment has a new checkpoint below its iteration limit")
-    return SensorResult(
-        run_requests=[RunRequest(run_key=key, partition_key=key) for key in next_keys],
-        dynamic_partitions_requests=[iterations.build_add_request(next_keys)],
-    )
+def advance_iterations(context: SensorEvaluationContext, crucible: CrucibleResource):
+    evaluated = latest_evaluated(context, context.instance.get_materialized_partitions(AssetKey("checkpoint_eval")))
+    requests, reasons = [], []
+    for name in crucible.experiment_names():
+        last = evaluated.get(name, 0)
+        reason = _why_not(context, crucible, name, last)
+        if reason:
+            reasons.append(f"{name}: {reason}")
+            continue
+        key = iteration_key(name, last + 1)
+        requests.append(RunRequest(run_key=str(key), partition_key=key))  # a run key is used once: no re-launch
+    if not requests:
+        return SkipReason("; ".join(reasons) or "no experiment is stored")
+    numbers = sorted({parse_iteration_key(request.partition_key)[1] for request in requests})
+    names = sorted({parse_iteration_key(request.partition_key)[0] for request in requests})
+    return SensorResult(run_requests=requests, dynamic_partitions_requests=[
+        experiments.build_add_request(names), iteration_numbers.build_add_request([f"{n:04d}" for n in numbers])])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance, materialize
 
+from assets.partitions import experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from datastore import catalog
@@ -26,14 +27,14 @@ from pipelines.cli import prepare_instance
 from pipelines.jobs import ITERATION_ASSETS
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
-from training.experiment import ExperimentConfig
+from training.experiment import BasePolicySettings, ExperimentConfig
 from training.policy.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.slow
 
 # Six compose tasks to learn, three held out: 80 warm-up steps of a tiny model leave it right about
 # half the time, so that groups differ in reward and the training step has something to learn.
-TINY_SFT = {"hidden_size": 64, "num_layers": 2, "sft_steps": 80}
+TINY_BASE = BasePolicySettings(hidden_size=64, num_layers=2, sft_steps=80)
 
 
 @pytest.fixture(scope="module", params=("local", "s3"))
@@ -93,13 +94,13 @@ def finished_run(workdir, environment, mini_set) -> subprocess.CompletedProcess:
         )
         crucible.save_experiment(
             ExperimentConfig(name="tiny", task_set=str(mini_set), tasks_per_iteration=4, samples_per_task=2,
-                             max_new_tokens=24, eval_tasks=3, eval_samples=2, refill_rounds=1,
+                             max_new_tokens=24, eval_tasks=3, eval_samples=2, refill_rounds=1, base=TINY_BASE,
                              max_turns=1)  # single-turn here; test_an_experiment_with_turns runs episodes
         )
-        base = {"ops": {"base_policy": {"config": {**TINY_SFT, "task_set": str(mini_set)}}}}
         with DagsterInstance.get() as instance:
-            result = materialize([base_policy], instance=instance, resources={"crucible": crucible},
-                                 run_config=base)
+            instance.add_dynamic_partitions(experiments.name, ["tiny"])
+            result = materialize([base_policy], partition_key="tiny", instance=instance,
+                                 resources={"crucible": crucible})
             assert result.success
     finally:
         del os.environ["DAGSTER_HOME"]
@@ -124,7 +125,7 @@ def _run_instance(environment) -> Iterator[DagsterInstance]:
         del os.environ["DAGSTER_HOME"]
 
 
-def _latest_materialization(environment, asset: str, partition: str = "tiny-0001"):
+def _latest_materialization(environment, asset: str, partition: str = "tiny|0001"):
     """The asset's latest materialization of `partition` (other experiments run here too)."""
     with _run_instance(environment) as instance:
         [record] = instance.fetch_materializations(
@@ -135,11 +136,11 @@ def _latest_materialization(environment, asset: str, partition: str = "tiny-0001
 def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, environment):
     with _run_instance(environment) as instance:
         for asset in ITERATION_ASSETS:
-            assert "tiny-0001" in instance.get_materialized_partitions(AssetKey(asset)), asset
+            assert "tiny|0001" in instance.get_materialized_partitions(AssetKey(asset)), asset
         assert instance.get_latest_materialization_event(AssetKey("reward_analytics"))
 
 
-def _latest_check(environment, asset: str, check: str, partition: str = "tiny-0001"):
+def _latest_check(environment, asset: str, check: str, partition: str = "tiny|0001"):
     """The latest evaluation of an asset check on `partition`, read from the run's instance."""
     with _run_instance(environment) as instance:
         key = AssetCheckKey(AssetKey(asset), check)
@@ -184,7 +185,7 @@ def test_the_training_step_took_optimizer_steps_and_moved_the_policy(finished_ru
 
 
 def test_checkpoint_records_its_lineage(finished_run, workdir, store):
-    base = verify_checkpoint(workdir / "checkpoints" / "base")
+    base = verify_checkpoint(workdir / "checkpoints" / "experiment=tiny" / "base")
     manifest = verify_checkpoint(workdir / "checkpoints" / "experiment=tiny" / "iteration=1")
     assert manifest["lineage"]["parent"]["content_hash"] == base["content_hash"]
     assert manifest["lineage"]["trajectories"] == store.partition_files("trajectories", "tiny", 1)
@@ -224,14 +225,15 @@ def test_running_again_skips_the_finished_iteration(finished_run, environment, s
     assert stored["tasks_per_iteration"] == 4
 
 
-def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, store):
-    """Same base policy, an experiment allowing two turns: each sample is an episode in a sandbox
-    session, stored turn by turn with its loss mask."""
+def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, store, mini_set):
+    """An experiment allowing two turns (its own base policy, built by `crucible run`): each sample
+    is an episode in a sandbox session, stored turn by turn with its loss mask."""
     os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
     try:
         CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
                          checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"]).save_experiment(
-            ExperimentConfig(name="turns", tasks_per_iteration=2, samples_per_task=2, max_new_tokens=24,
+            ExperimentConfig(name="turns", task_set=str(mini_set), base=TINY_BASE, tasks_per_iteration=2,
+                             samples_per_task=2, max_new_tokens=24,
                              eval_tasks=2, eval_samples=1, refill_rounds=0, max_turns=2, episode_max_tokens=1024))
     finally:
         del os.environ["DAGSTER_HOME"]

@@ -8,6 +8,7 @@ from test_datastore import trajectory_row
 
 from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
+from training.continuation import reason_to_stop
 from training.experiment import ExperimentConfig
 from training.iteration import Iteration, Refused
 from training.policy.checkpoint import verify_checkpoint
@@ -55,7 +56,7 @@ def test_one_seed_drives_every_random_choice_of_an_iteration(crucible):
 
 def test_an_iteration_refuses_a_checkpoint_that_does_not_exist_and_says_what_to_do(crucible):
     with pytest.raises(Refused, match=r"iteration 3 samples from checkpoint 2, which is not usable: .* "
-                                      r"Materialize iteration 2 \(or base_policy\) first\."):
+                                      r"Materialize iteration 2 \(or the experiment's base_policy\) first\."):
         iteration(crucible, 3).policy()
 
 
@@ -64,13 +65,17 @@ def test_an_evaluation_with_nothing_scored_is_refused(crucible):
         iteration(crucible, 1).held_out_curve()
 
 
-def _checkpoint(crucible: CrucibleResource, iteration: int, recorded_hash: str | None = None) -> str:
-    """A real checkpoint where iteration `iteration` keeps it; with `recorded_hash`, the
-    `checkpoints` row its training step would have written says that hash."""
-    content_hash = verify_checkpoint(build_base_policy(crucible.checkpoint_dir("exp", iteration), TINY))["content_hash"]
+def _checkpoint(crucible: CrucibleResource, iteration: int, recorded_hash: str | None = None, seed: int = 0,
+                parent_hash: str | None = None) -> str:
+    """A real checkpoint (weights drawn from `seed`) where iteration `iteration` keeps it; with
+    `recorded_hash`, the `checkpoints` row its training step would have written says that hash
+    (and that it was trained from `parent_hash`)."""
+    directory = crucible.checkpoint_dir("exp", iteration)
+    content_hash = verify_checkpoint(build_base_policy(directory, TINY.model_copy(update={"seed": seed})))["content_hash"]
     if recorded_hash is not None:
         row = {name: None for name in rows_to_table("checkpoints", []).schema.names}
-        row.update(path="p", content_hash=recorded_hash, blocked=False, monitor_messages=[], trajectories=[])
+        row.update(path="p", content_hash=recorded_hash, parent_hash=parent_hash, blocked=False, monitor_messages=[],
+                   trajectories=[])
         crucible.store().write_partition("checkpoints", "exp", iteration, rows_to_table("checkpoints", [row]))
     return content_hash
 
@@ -80,6 +85,24 @@ def test_an_iteration_refuses_a_checkpoint_other_than_the_one_its_training_step_
     with pytest.raises(Refused, match=f"checkpoint 1 on disk is {on_disk[:12]}, not ffffffffffff that iteration 1's "
                                       "training step recorded .* iteration 2 would sample from it"):
         iteration(crucible, 2).policy()
+
+
+def test_a_rerun_of_an_earlier_iteration_leaves_later_checkpoints_unusable(crucible):
+    """Issue 16: a re-run of iteration 1 from the UI must not let iteration 3 sample checkpoint 2,
+    which was trained from the replaced checkpoint 1."""
+    base = _checkpoint(crucible, 0)
+    first = _checkpoint(crucible, 1, seed=1, parent_hash=base)
+    _checkpoint(crucible, 1, seed=1, recorded_hash=first, parent_hash=base)
+    second = _checkpoint(crucible, 2, seed=2)
+    _checkpoint(crucible, 2, seed=2, recorded_hash=second, parent_hash=first)
+    assert iteration(crucible, 3).policy()[1] == second  # one lineage: base -> 1 -> 2
+    rerun = _checkpoint(crucible, 1, seed=3)
+    _checkpoint(crucible, 1, seed=3, recorded_hash=rerun, parent_hash=base)  # iteration 1 again, other weights
+    with pytest.raises(Refused, match=f"checkpoint 2 was trained from checkpoint 1 as it was \\({first[:12]}\\), which "
+                                      f"has since been replaced \\({rerun[:12]}\\): materialize iterations 2 to 3 "
+                                      "again, in order."):
+        iteration(crucible, 3).policy()
+    assert iteration(crucible, 2).policy()[1] == rerun  # iteration 2 again is what it takes
 
 
 def test_an_iteration_refuses_a_checkpoint_its_training_step_never_recorded(crucible):
@@ -112,3 +135,16 @@ def test_a_rerun_keeps_the_trajectory_files_its_checkpoint_trained_on(crucible):
     row.update(path="p", trajectories=["file:///data/trajectories/experiment=exp/iteration=1/data-1.parquet"])
     crucible.store().write_partition("checkpoints", "exp", 1, rows_to_table("checkpoints", [row]))
     assert iteration(crucible, 1).trained_on() == row["trajectories"]
+
+
+def test_continuous_training_stops_at_the_limit_a_blocked_checkpoint_or_a_plateau():
+    """training/continuation.py: the sensor's stopping rules."""
+    experiment = ExperimentConfig(name="exp", iterations=6, continuous=True, plateau_patience=2)
+    curve = [(0, 0.1), (1, 0.3), (2, 0.25), (3, 0.3)]
+    assert reason_to_stop(experiment, 2, False, curve[:3]) is None  # one iteration without a gain
+    assert reason_to_stop(experiment, 3, False, curve) == (  # equalling the best is no gain
+        "plateau: the held-out pass rate has not beaten 0.300 (iteration 1) for 2 iterations (plateau_patience 2)")
+    assert reason_to_stop(experiment, 2, True, curve[:3]) == "checkpoint 2 failed a blocking stability check"
+    assert reason_to_stop(experiment, 6, False, curve) == "reached its limit of 6 iterations"
+    assert reason_to_stop(experiment.model_copy(update={"plateau_patience": None}), 5, False,
+                          [(0, 0.5), *((i, 0.1) for i in range(1, 6))]) is None

@@ -1,4 +1,4 @@
-"""The Dagster code location: its graph, partitions and the advance_iteration sensor."""
+"""The Dagster code location: its graph, partitions and the advance_iterations sensor."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetMaterialization, DagsterInstance, SkipReason, build_sensor_context
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, DagsterRun, DagsterRunStatus, build_sensor_context
 
-from assets.partitions import iteration_key, iterations, parse_iteration_key
+from assets.partitions import experiment_of_run, experiments, iteration_key, iterations, parse_iteration_key
 from assets.resources import CrucibleResource
 from pipelines import environment
 from pipelines.definitions import defs
 from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
-from pipelines.sensors import advance_iteration
+from pipelines.sensors import advance_iterations
 from task_sets.loader import library_dir
 from training.experiment import ExperimentConfig
 
@@ -55,11 +55,11 @@ def test_the_definitions_match_their_reviewed_snapshot():
     assert definitions_snapshot() == json.loads(SNAPSHOT.read_text())
 
 
-def test_iteration_assets_are_partitioned_by_iteration():
+def test_iteration_assets_are_partitioned_by_experiment_and_iteration():
     graph = defs.resolve_asset_graph()
     for key in ITERATION_ASSETS:
         assert graph.get(AssetKey(key)).partitions_def == iterations
-    assert graph.get(AssetKey("base_policy")).partitions_def is None
+    assert graph.get(AssetKey("base_policy")).partitions_def == experiments  # one base policy per experiment
     # The reward analytics' blocking checks stand between the trajectories and the training step.
     assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories"), AssetKey("iteration_rewards")}
     checks = graph.get(AssetKey("iteration_rewards")).check_keys
@@ -68,11 +68,26 @@ def test_iteration_assets_are_partitioned_by_iteration():
     assert graph.get(AssetKey("rollouts")).parent_keys == {AssetKey("task_set"), AssetKey("base_policy")}
 
 
+def test_every_launch_runs_in_one_process():
+    """Problem 8 of issue 16: launches from the asset graph ran a process per step."""
+    assert {job.executor_def.name for job in defs.resolve_all_job_defs()} == {"in_process"}
+
+
 def test_iteration_keys_round_trip():
-    assert iteration_key("default", 3) == "default-0003"
-    assert parse_iteration_key("my-exp-0012") == ("my-exp", 12)
-    with pytest.raises(ValueError, match="'<experiment>-<iteration>'"):
-        parse_iteration_key("default")
+    key = iteration_key("default", 3)
+    assert key == "default|0003" and key.keys_by_dimension == {"experiment": "default", "iteration": "0003"}
+    assert parse_iteration_key(key) == ("default", 3)
+    assert parse_iteration_key("my-exp|0012") == ("my-exp", 12)
+    for malformed in ("default", "tinyc-7", "tinyc|7", "a|b|0001"):
+        with pytest.raises(ValueError, match="'<experiment>|<iteration>'"):
+            parse_iteration_key(malformed)
+
+
+def test_the_experiment_of_a_run_comes_from_its_partition_tags():
+    assert experiment_of_run({"dagster/partition": "exp|0002", "dagster/partition/experiment": "exp",
+                              "dagster/partition/iteration": "0002"}) == "exp"
+    assert experiment_of_run({"dagster/partition": "exp"}) == "exp"  # a base policy's run
+    assert experiment_of_run({}) is None  # the analytics
 
 
 @pytest.fixture
@@ -84,38 +99,62 @@ def instance(tmp_path):
 @pytest.fixture
 def crucible(tmp_path):
     resource = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
-    resource.save_experiment(ExperimentConfig(name="exp", iterations=2))
+    resource.save_experiment(ExperimentConfig(name="exp", iterations=2, continuous=True))
     return resource
 
 
 def _evaluate(instance, crucible):
-    context = build_sensor_context(instance=instance, resources={"crucible": crucible})
-    return advance_iteration(context)
+    with build_sensor_context(instance=instance, resources={"crucible": crucible}) as context:
+        return advance_iterations(context)
 
 
-def test_sensor_starts_next_iteration_once_checkpoint_exists(instance, crucible):
-    instance.add_dynamic_partitions(iterations.name, ["exp-0001"])
-    assert isinstance(_evaluate(instance, crucible), SkipReason)
+def _evaluated(instance, *keys: str) -> None:
+    for key in keys:
+        instance.report_runless_asset_event(AssetMaterialization("checkpoint_eval", partition=key))
 
-    instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition="exp-0001"))
+
+def test_sensor_starts_the_next_iteration_once_the_last_is_evaluated(instance, crucible):
+    _evaluated(instance, "exp|0001")
     result = _evaluate(instance, crucible)
-    assert [request.partition_key for request in result.run_requests] == ["exp-0002"]
-    assert [request.run_key for request in result.run_requests] == ["exp-0002"]
-    assert result.dynamic_partitions_requests[0].partition_keys == ["exp-0002"]
+    assert [request.partition_key for request in result.run_requests] == ["exp|0002"]
+    assert [request.run_key for request in result.run_requests] == ["exp|0002"]
+    added = {request.partitions_def_name: request.partition_keys for request in result.dynamic_partitions_requests}
+    assert added == {"experiments": ["exp"], "iteration_numbers": ["0002"]}
+
+
+def test_sensor_starts_an_experiment_only_once_its_base_policy_exists(instance, crucible):
+    assert "exp: it has no base policy yet" in _evaluate(instance, crucible).skip_message
+    instance.report_runless_asset_event(AssetMaterialization("base_policy", partition="exp"))
+    assert [request.partition_key for request in _evaluate(instance, crucible).run_requests] == ["exp|0001"]
+
+
+def test_sensor_continues_only_the_experiments_switched_on(instance, crucible):
+    """Problem 6 of issue 16: switching the sensor on launched every experiment, abandoned ones too."""
+    crucible.save_experiment(ExperimentConfig(name="abandoned", iterations=9))
+    _evaluated(instance, "exp|0001", "abandoned|0001")
+    result = _evaluate(instance, crucible)
+    assert [request.partition_key for request in result.run_requests] == ["exp|0002"]
+    crucible.save_experiment(ExperimentConfig(name="exp", iterations=2, continuous=False))
+    assert "abandoned: continuous training is off" in _evaluate(instance, crucible).skip_message
+
+
+def test_sensor_never_launches_an_experiment_with_a_run_in_flight(instance, crucible):
+    """An iteration launched by hand is not launched again behind it."""
+    _evaluated(instance, "exp|0001")
+    instance.add_run(DagsterRun(job_name="iteration", status=DagsterRunStatus.STARTED,
+                                tags={"dagster/partition/experiment": "exp", "dagster/partition": "exp|0002"}))
+    assert "exp: a run of it is queued or in progress" in _evaluate(instance, crucible).skip_message
 
 
 def test_sensor_stops_at_the_experiment_iteration_limit(instance, crucible):
-    instance.add_dynamic_partitions(iterations.name, ["exp-0001", "exp-0002"])
-    for key in ("exp-0001", "exp-0002"):
-        instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition=key))
-    assert isinstance(_evaluate(instance, crucible), SkipReason)
+    _evaluated(instance, "exp|0001", "exp|0002")
+    assert "exp: reached its limit of 2 iterations" in _evaluate(instance, crucible).skip_message
 
 
 def test_a_malformed_partition_key_is_skipped_and_the_sensor_still_advances(instance, crucible):
-    instance.add_dynamic_partitions(iterations.name, ["exp-0001", "tinyc-7"])  # the second added by hand
-    instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition="exp-0001"))
+    _evaluated(instance, "exp|0001", "tinyc|7")  # the second added by hand
     result = _evaluate(instance, crucible)
-    assert [request.partition_key for request in result.run_requests] == ["exp-0002"]
+    assert [request.partition_key for request in result.run_requests] == ["exp|0002"]
 
 
 def test_locations_pinned_in_one_folder_hold_after_moving_to_another(tmp_path, monkeypatch):

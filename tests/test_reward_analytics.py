@@ -16,6 +16,7 @@ from test_datastore import trajectory_row
 
 from assets.analytics import ITERATION_MEASURES, iteration_rewards, reward_analytics
 from assets.iteration import checkpoint
+from assets.partitions import add_iteration, iteration_key, parse_iteration_key
 from assets.resources import CrucibleResource
 from datastore import catalog
 from datastore.store import rows_to_table
@@ -52,7 +53,7 @@ def crucible(storage_root, tmp_path, monkeypatch) -> CrucibleResource:
 def _store(crucible: CrucibleResource, iteration: int, infra_errors: int = 0, tampered: int = 0) -> str:
     crucible.store().write_partition("trajectories", "exp", iteration,
                                      rows_to_table("trajectories", _samples(infra_errors, tampered)))
-    return f"exp-{iteration:04d}"
+    return iteration_key("exp", iteration)
 
 
 def _check(instance, name: str):
@@ -64,7 +65,7 @@ def _check(instance, name: str):
 def _materialize(crucible: CrucibleResource, key: str) -> tuple[dict, dict]:
     """iteration_rewards materialized for `key`: its metadata and every check's evaluation."""
     with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("iterations", [key])
+        add_iteration(instance, *parse_iteration_key(key))
         materialize([iteration_rewards], partition_key=key, instance=instance,
                     resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
         metadata = instance.get_latest_materialization_event(AssetKey("iteration_rewards")).asset_materialization.metadata
@@ -100,17 +101,18 @@ def test_an_iteration_of_an_experiment_never_created_fails_instead_of_guessing_i
     """Issue 16, problem 5: a partition added in the UI for a new experiment ran on defaults."""
     crucible.store().write_partition("trajectories", "guessed", 1, rows_to_table("trajectories", _samples()))
     with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("iterations", ["guessed-0001"])
-        result = materialize([iteration_rewards], partition_key="guessed-0001", instance=instance,
+        key = add_iteration(instance, "guessed", 1)
+        result = materialize([iteration_rewards], partition_key=key, instance=instance,
                              resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
     [failure] = [event for event in result.all_events if event.is_step_failure]
     assert "experiment 'guessed' has no stored settings" in failure.step_failure_data.error.message
+    assert "`crucible run --config FILE`" in failure.step_failure_data.error.message
 
 
 def test_infrastructure_errors_above_the_limit_keep_the_training_step_from_running(crucible):
     key = _store(crucible, 1, infra_errors=2)  # 2 of 8 samples: 25%, over the 20% limit
     with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("iterations", [key])
+        add_iteration(instance, *parse_iteration_key(key))
         result = materialize([iteration_rewards, checkpoint], partition_key=key, instance=instance,
                              resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
         infra, tampering = _check(instance, "infra_errors_within_limit"), _check(instance, "tampering_within_limit")
@@ -126,7 +128,7 @@ def test_an_iteration_lost_to_the_infrastructure_fails_its_check_instead_of_cras
     for row in rows:  # every sample, so no reward was scored at all
         row.update(reward=None, passed=False, reward_status="infra_error", error_class="SandboxUnavailable")
     crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
-    metadata, checks = _materialize(crucible, "exp-0001")
+    metadata, checks = _materialize(crucible, iteration_key("exp", 1))
     infra = checks["infra_errors_within_limit"]
     assert not infra.passed and "infra_error_rate 1.000" in infra.description
     assert metadata["reward_mean"].value is None and metadata["infra_error_rate"].value == 1.0

@@ -14,6 +14,7 @@ import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, PipesSubprocessClient, materialize
 
 from assets.iteration import STABILITY_CHECKS, checkpoint
+from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
 from datastore import catalog
 from datastore.store import rows_to_table
@@ -48,8 +49,9 @@ def crucible(tmp_path_factory) -> CrucibleResource:
     tasks = load_task_set("default").train()[:4]
     examples = single_turn_examples(build_tokenizer(), [(t.prompt, t.reference_solution) for t in tasks])
     initial = build_base_policy(root / "init", TINY)
-    supervised_warmup(initial, examples, resource.base_policy_dir(), SFTConfig(steps=20, lr=1e-2, warmup_steps=2,
-                                                                               batch_size=4))
+    for experiment in ("learns", "diverges"):
+        supervised_warmup(initial, examples, resource.base_policy_dir(experiment),
+                          SFTConfig(steps=20, lr=1e-2, warmup_steps=2, batch_size=4))
     _store_iteration(resource, "learns", tasks)
     _store_iteration(resource, "diverges", tasks)
     return resource
@@ -61,7 +63,8 @@ def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None
     monitors = MonitorConfig(max_step_kl=1e-9) if experiment == "diverges" else MonitorConfig()
     crucible.save_experiment(ExperimentConfig(name=experiment, task_set="default", samples_per_task=4,
                                               temperature=1.0, grpo=GRPO, max_turns=1, monitors=monitors))
-    engine = TransformersEngine(crucible.base_policy_dir(), verify_checkpoint(crucible.base_policy_dir())["content_hash"])
+    base = crucible.base_policy_dir(experiment)
+    engine = TransformersEngine(base, verify_checkpoint(base)["content_hash"])
     params = SamplingParams(n=4, max_new_tokens=16, temperature=1.0, seed=0)
     rollouts = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{experiment}-0001")
     by_id = {task.id: task for task in tasks}
@@ -78,8 +81,8 @@ def _train(crucible: CrucibleResource, experiment: str, dagster_home):
     os.environ["DAGSTER_HOME"] = str(dagster_home)
     try:
         with DagsterInstance.get() as instance:
-            instance.add_dynamic_partitions("iterations", [f"{experiment}-0001"])
-            result = materialize([checkpoint], partition_key=f"{experiment}-0001", instance=instance,
+            key = add_iteration(instance, experiment, 1)
+            result = materialize([checkpoint], partition_key=key, instance=instance,
                                  resources={"crucible": crucible, "pipes_subprocess_client": PipesSubprocessClient()},
                                  raise_on_error=False)
             checks = {
@@ -123,7 +126,7 @@ def test_the_manifest_names_the_trajectory_partition_it_learned_from(crucible, l
     manifest = verify_checkpoint(crucible.checkpoint_dir("learns", 1))
     lineage = manifest["lineage"]
     assert lineage["trajectories"] == store.partition_files("trajectories", "learns", 1)
-    assert lineage["parent"]["content_hash"] == verify_checkpoint(crucible.base_policy_dir())["content_hash"]
+    assert lineage["parent"]["content_hash"] == verify_checkpoint(crucible.base_policy_dir("learns"))["content_hash"]
     assert lineage["task_set_version"] == load_task_set("default").version
     assert lineage["code_version"].startswith("crucible ") and len(lineage["config_hash"]) == 64
     [row] = store.read_partition("checkpoints", "learns", 1).to_pylist()

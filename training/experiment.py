@@ -1,6 +1,5 @@
-"""ExperimentConfig: every setting of one experiment's iterations in one typed, documented place.
-
-The base policy it starts from is shared by experiments and configured on its own asset.
+"""ExperimentConfig: every setting of one experiment in one typed, documented place, the base
+policy it starts from included (each experiment builds its own).
 
 Stored as JSON beside the experiment's data, so that an iteration launched later (from the UI or
 by the sensor) samples and trains exactly as the earlier ones did. One file (TOML, YAML or JSON)
@@ -19,7 +18,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import PydanticCustomError
 
 from training.evaluation.monitors import MonitorConfig
+from training.policy.model import PolicyConfig
 from training.rl.trainer import GRPOConfig
+from training.sft.warmup import SFTConfig
+
+
+class BasePolicySettings(BaseModel):
+    """The experiment's own base policy: the built-in model, warmed up on its task set's train split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden_size: int = PolicyConfig.model_fields["hidden_size"].default
+    num_layers: int = PolicyConfig.model_fields["num_layers"].default
+    sft_steps: int = Field(SFTConfig.model_fields["steps"].default, ge=1, description="warm-up optimizer steps")
+    episode_demonstrations: bool = Field(False, description="also warm up on the references as episodes of actions "
+                                         "(write, then submit): multi-turn experiments (max_turns > 1) need it")
 
 
 class ExperimentConfig(BaseModel):
@@ -28,6 +41,10 @@ class ExperimentConfig(BaseModel):
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     task_set: str = Field("compose", description="built-in task set name or a path")
     iterations: int = Field(10, ge=1, description="the sensor stops advancing after this many")
+    continuous: bool = Field(False, description="the advance_iterations sensor (when switched on) starts this "
+                             "experiment's next iteration once the last one is evaluated")
+    plateau_patience: int | None = Field(None, ge=1, description="the sensor stops once the held-out pass rate "
+                                         "has not beaten its best for this many iterations; None: never")
     tasks_per_iteration: int | None = Field(
         64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
@@ -63,6 +80,7 @@ class ExperimentConfig(BaseModel):
         "zero-variance groups unless grpo.zero_variance_groups is 'keep'). Off by default: on compose about half "
         "of 64 groups carry signal, so one round doubled sampling and grading (218 s an iteration instead of ~125)")
     seed: int = 0
+    base: BasePolicySettings = BasePolicySettings()
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
 
@@ -121,10 +139,14 @@ def experiment_from(document: object, source: str) -> ExperimentConfig:
         raise ExperimentFileError("\n".join(problems)) from None
 
 
+# How long an experiment runs, not how: the settings that may change after it has run.
+LIFE_SETTINGS = {"iterations", "continuous", "plateau_patience"}
+
+
 def differing_settings(stored: ExperimentConfig, new: ExperimentConfig) -> list[str]:
-    """Settings (dotted names) that differ, other than how many iterations to run."""
+    """Settings (dotted names) that differ, other than how long the experiment runs."""
     a, b = stored.model_dump(mode="json"), new.model_dump(mode="json")
-    return sorted(_differences(a, b, ignore={"iterations"}))
+    return sorted(_differences(a, b, ignore=LIFE_SETTINGS))
 
 
 def _differences(a: dict, b: dict, ignore: set[str], prefix: str = "") -> set[str]:

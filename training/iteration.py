@@ -75,7 +75,7 @@ class Environment(Protocol):
     def sandbox_pool(self, is_infra_failure: Callable[[object], bool]) -> SandboxPool: ...
     def open_session(self, task: Task) -> Session: ...
     def checkpoint_dir(self, experiment: str, iteration: int) -> Path: ...
-    def base_policy_dir(self) -> Path: ...
+    def base_policy_dir(self, experiment: str) -> Path: ...
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,11 @@ class Iteration:
     def seed(self) -> int:
         return self.experiment.seed * SEED_STRIDE + self.number
 
+    @property
+    def group_prefix(self) -> str:
+        """What the iteration's group ids start with (`<experiment>-<NNNN>`)."""
+        return f"{self.experiment.name}-{self.number:04d}"
+
     @cached_property
     def task_set(self) -> TaskSet:
         return load_task_set(self.experiment.task_set)
@@ -129,6 +134,8 @@ class Iteration:
         number = self.number
         policy_dir, content_hash = self._checkpoint(number - 1, f"iteration {number} samples from")
         record = self._trained(number - 1, content_hash, f"iteration {number} would sample from it")
+        if record:
+            self._parent_is_current(number - 1, record["parent_hash"])
         if record and record["blocked"]:
             failed = [m for m in record["monitor_messages"] if ": error: " in m]
             raise Refused(f"iteration {number} would sample from checkpoint {number - 1}, which failed its "
@@ -143,7 +150,17 @@ class Iteration:
             return directory, verify_checkpoint(directory)["content_hash"]
         except CheckpointError as error:
             raise Refused(f"{use} checkpoint {iteration}, which is not usable: {error}. Materialize iteration "
-                          f"{iteration} (or base_policy) first.") from None
+                          f"{iteration} (or the experiment's base_policy) first.") from None
+
+    def _parent_is_current(self, iteration: int, parent_hash: str) -> None:
+        """Refused unless checkpoint `iteration` was trained from the checkpoint before it as that
+        one is now: a re-run of an earlier iteration (or a rebuilt base policy) leaves the later
+        checkpoints on another lineage, and sampling from them would mix the two."""
+        _, current = self._checkpoint(iteration - 1, f"checkpoint {iteration} was trained from")
+        if parent_hash != current:
+            raise Refused(f"checkpoint {iteration} was trained from checkpoint {iteration - 1} as it was "
+                          f"({parent_hash[:12]}), which has since been replaced ({current[:12]}): materialize "
+                          f"iterations {iteration} to {self.number} again, in order.")
 
     def _trained(self, iteration: int, content_hash: str, use: str) -> dict | None:
         """The `checkpoints` row of `iteration`'s training step (None for the base policy),
@@ -268,7 +285,7 @@ class Iteration:
             parent_dir=str(parent_dir), out_dir=str(self.env.checkpoint_dir(experiment.name, self.number)),
             storage_root=self.env.storage_root, trajectory_files=trajectory_files, grpo=experiment.grpo,
             temperature=experiment.temperature,
-            reference_dir=str(self.env.base_policy_dir()) if experiment.grpo.kl_coef else None,
+            reference_dir=str(self.env.base_policy_dir(experiment.name)) if experiment.grpo.kl_coef else None,
             lineage=lineage(parent_dir, parent_hash, trajectory_files, self.task_set.version,
                             experiment.model_dump(mode="json")),
         )
@@ -309,10 +326,20 @@ class Iteration:
         when the experiment has none yet; each stored as its `evaluations` partition."""
         _, content_hash = self._checkpoint(self.number, f"iteration {self.number} evaluates")
         self._trained(self.number, content_hash, "it would be evaluated")
-        if not self.env.store().has_partition("evaluations", self.experiment.name, 0):
+        _, base_hash = self._checkpoint(0, f"iteration {self.number} is compared with")
+        if self._base_evaluated() != base_hash:
             self.log("evaluating the base policy first (iteration 0), the baseline of every iteration")
-            self._evaluate(0)
+            self._evaluate(0, base_hash)
         return self._evaluate(self.number, content_hash)
+
+    def _base_evaluated(self) -> str | None:
+        """The base policy (content hash) that the stored iteration-0 evaluation evaluated."""
+        store, name = self.env.store(), self.experiment.name
+        if not store.has_partition("evaluations", name, 0):
+            return None
+        files = store.partition_files("evaluations", name, 0)
+        versions = set(store.read_files("evaluations", files, ["policy_version"])["policy_version"].to_pylist())
+        return versions.pop() if len(versions) == 1 else None
 
     def _evaluate(self, iteration: int, expected_hash: str | None = None) -> list[dict]:
         """Checkpoint `iteration` on the held-out tasks (refused unless it still is
@@ -320,7 +347,7 @@ class Iteration:
         experiment = self.experiment
         policy_dir, content_hash = self._checkpoint(iteration, f"iteration {self.number} evaluates")
         if expected_hash not in (None, content_hash):
-            raise Refused(f"checkpoint {iteration} changed while the base policy was evaluated (now "
+            raise Refused(f"checkpoint {iteration} changed during this evaluation (now "
                           f"{content_hash[:12]}, checked {expected_hash[:12]}): materialize iteration {iteration}'s "
                           "evaluation again.")
         engine = open_engine(experiment.engine, policy_dir, content_hash)

@@ -1,0 +1,86 @@
+"""training/policy/writer_lock.py: one writer of an experiment's checkpoints at a time, across
+processes (problem 2 of issue 16: `crucible run` and a UI run wrote the same checkpoint folder)."""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, materialize
+
+from assets.iteration import task_set
+from assets.partitions import add_iteration
+from assets.resources import CrucibleResource
+from pipelines.experiment_runner import innermost
+from training.experiment import ExperimentConfig
+from training.policy.writer_lock import ExperimentBusy, writer_lock
+
+HOLD = """
+import sys, time
+from training.policy.writer_lock import writer_lock
+with writer_lock(sys.argv[1], "the other writer"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+    print("releasing", flush=True)
+"""
+
+
+def hold_in_another_process(folder: Path, seconds: float) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds)], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parent.parent)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_process_is_refused_with_the_holder_named(tmp_path):
+    holder = hold_in_another_process(tmp_path, 30)
+    try:
+        with pytest.raises(ExperimentBusy, match=rf"the other writer \(pid {holder.pid} on .*, since "):
+            with writer_lock(tmp_path, "me"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with writer_lock(tmp_path, "me"):  # a killed holder's lock is released by the kernel
+        pass
+
+
+def test_a_waiting_writer_is_told_who_holds_the_lock_and_goes_on_once_released(tmp_path):
+    holder = hold_in_another_process(tmp_path, 1.5)
+    told = []
+    with writer_lock(tmp_path, "me", wait=told.append):
+        # it only got the lock once the holder was done with it
+        assert select.select([holder.stdout], [], [], 0)[0] and holder.stdout.readline().strip() == "releasing"
+    holder.wait()
+    assert len(told) == 1 and "the other writer" in told[0]
+
+
+def test_the_lock_is_reentrant_within_a_process(tmp_path):
+    with writer_lock(tmp_path, "outer"), writer_lock(tmp_path, "inner"):
+        holder = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path), "0"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent.parent, timeout=60)
+        assert "ExperimentBusy" in holder.stderr and "outer" in holder.stderr
+    with writer_lock(tmp_path, "again"):  # fully released after the outer exit
+        pass
+
+
+def test_a_dagster_run_of_a_busy_experiment_fails_with_one_sentence(tmp_path):
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    crucible.save_experiment(ExperimentConfig(name="exp"))
+    holder = hold_in_another_process(crucible.experiment_dir("exp"), 60)
+    try:
+        with DagsterInstance.ephemeral() as instance:
+            key = add_iteration(instance, "exp", 1)
+            result = materialize([task_set], partition_key=key, instance=instance, resources={"crucible": crucible},
+                                 raise_on_error=False)
+        assert not result.success
+        [failure] = [event for event in result.all_events if event.is_failure]
+        message = innermost(failure.event_specific_data.error).message
+        assert "experiment 'exp' is being written by the other writer" in message
+        assert "launch it again once that one has finished" in message
+    finally:
+        holder.kill()
+        holder.wait()

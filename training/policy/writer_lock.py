@@ -1,0 +1,84 @@
+"""One writer at a time of an experiment's checkpoints, across the processes of this machine.
+
+Every run that writes an experiment's checkpoints (an iteration or its base policy, launched from
+the UI, a backfill, a sensor or `crucible run`) holds the experiment's lock for as long as it runs,
+so two of them never train the same iteration into the same folder. The lock is an advisory
+`flock` on a file in the experiment's checkpoint folder: the kernel releases it when its process
+ends, however it ends. It is re-entrant within a process: `crucible run` holds it across all its
+iterations, and the runs it executes in its own process take it again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = ".writer.lock"
+
+
+class ExperimentBusy(Exception):
+    """Another process holds the experiment's lock; the message names it."""
+
+
+_held: dict[Path, tuple[int, int]] = {}  # lock file -> (descriptor, depth) held by this process
+_guard = threading.Lock()
+
+
+def holder(lock_file: Path) -> str:
+    """Who holds (or last held) the lock, as recorded in its file."""
+    try:
+        record = json.loads(lock_file.read_text() or "{}")
+    except (OSError, ValueError):
+        record = {}
+    if not record:
+        return "another process"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["since"]))
+    return f"{record['purpose']} (pid {record['pid']} on {record['host']}, since {since})"
+
+
+@contextmanager
+def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold the lock of the experiment whose checkpoints live in `folder`. Taken: raise
+    ExperimentBusy at once, or, given `wait`, tell it who holds the lock and block until it is free."""
+    lock_file = Path(folder) / LOCK_FILE
+    with _guard:
+        if lock_file in _held:
+            descriptor, depth = _held[lock_file]
+            _held[lock_file] = (descriptor, depth + 1)
+            acquired = False
+        else:
+            descriptor, acquired = _acquire(lock_file, purpose, wait), True
+            _held[lock_file] = (descriptor, 1)
+    try:
+        yield
+    finally:
+        with _guard:
+            descriptor, depth = _held.pop(lock_file)
+            if depth > 1:
+                _held[lock_file] = (descriptor, depth - 1)
+        if acquired:
+            os.close(descriptor)  # releases the flock
+
+
+def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None) -> int:
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if wait is None:
+            os.close(descriptor)
+            raise ExperimentBusy(holder(lock_file)) from None
+        wait(holder(lock_file))
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    record = {"purpose": purpose, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, json.dumps(record).encode(), 0)
+    return descriptor
