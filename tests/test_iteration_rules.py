@@ -73,11 +73,16 @@ def _checkpoint(crucible: CrucibleResource, iteration: int, recorded_hash: str |
     directory = crucible.checkpoint_dir("exp", iteration)
     content_hash = verify_checkpoint(build_base_policy(directory, TINY.model_copy(update={"seed": seed})))["content_hash"]
     if recorded_hash is not None:
-        row = {name: None for name in rows_to_table("checkpoints", []).schema.names}
-        row.update(path="p", content_hash=recorded_hash, parent_hash=parent_hash, blocked=False, monitor_messages=[],
-                   trajectories=[])
-        crucible.store().write_partition("checkpoints", "exp", iteration, rows_to_table("checkpoints", [row]))
+        _checkpoint_row(crucible, iteration, recorded_hash, parent_hash)
     return content_hash
+
+
+def _checkpoint_row(crucible: CrucibleResource, iteration: int, content_hash: str, parent_hash: str | None) -> None:
+    """The `checkpoints` row a training step of `iteration` would have written."""
+    row = {name: None for name in rows_to_table("checkpoints", []).schema.names}
+    row.update(path="p", content_hash=content_hash, parent_hash=parent_hash, blocked=False, monitor_messages=[],
+               trajectories=[])
+    crucible.store().write_partition("checkpoints", "exp", iteration, rows_to_table("checkpoints", [row]))
 
 
 def test_an_iteration_refuses_a_checkpoint_other_than_the_one_its_training_step_recorded(crucible):
@@ -148,3 +153,30 @@ def test_continuous_training_stops_at_the_limit_a_blocked_checkpoint_or_a_platea
     assert reason_to_stop(experiment, 6, False, curve) == "reached its limit of 6 iterations"
     assert reason_to_stop(experiment.model_copy(update={"plateau_patience": None}), 5, False,
                           [(0, 0.5), *((i, 0.1) for i in range(1, 6))]) is None
+
+
+def test_the_base_policy_evaluation_is_redone_for_a_rebuilt_base_policy(crucible, local_backend):
+    """Problem 4 of issue 16: a rebuilt base policy left the stored iteration-0 evaluation stale.
+    The evaluation is keyed by the base policy's content hash."""
+    wide = TINY.model_copy(update={"max_position_embeddings": 1024})
+    settings = dict(task_set="compose", eval_tasks=1, eval_samples=1, max_new_tokens=8)
+
+    def build(iteration_number: int, seed: int) -> str:
+        directory = crucible.checkpoint_dir("exp", iteration_number)
+        return verify_checkpoint(build_base_policy(directory, wide.model_copy(update={"seed": seed})))["content_hash"]
+
+    def evaluated_policy(iteration_number: int) -> set[str]:
+        return set(crucible.store().read_partition("evaluations", "exp", iteration_number)["policy_version"].to_pylist())
+
+    base, trained = build(0, 0), build(1, 1)
+    _checkpoint_row(crucible, 1, trained, parent_hash=base)
+    logged: list[str] = []
+    evaluate = Iteration(crucible, ExperimentConfig(name="exp", **settings), 1, log=logged.append).evaluate
+    evaluate()
+    assert evaluated_policy(0) == {base} and evaluated_policy(1) == {trained}
+    evaluate()
+    assert sum("evaluating the base policy first" in line for line in logged) == 1  # still the same base
+    rebuilt = build(0, 7)
+    evaluate()
+    assert evaluated_policy(0) == {rebuilt}
+    assert sum("evaluating the base policy first" in line for line in logged) == 2

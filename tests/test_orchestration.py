@@ -1,0 +1,197 @@
+"""Iterations launched as an operator launches them (issue 16): a backfill from the Dagster UI's
+own API with a real daemon and a run limit of 3, and two `crucible run` processes at once. Either
+way every iteration samples from the previous checkpoint and trains from it, or is refused."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter, materialize
+
+from assets.partitions import add_iteration, experiments
+from assets.policy import base_policy
+from assets.resources import CrucibleResource
+from datastore.store import DatasetStore
+from pipelines.jobs import ITERATION_ASSETS
+from task_sets.importers.records import write_task_set
+from task_sets.loader import load_task_set
+from training.experiment import BasePolicySettings, ExperimentConfig
+from training.policy.checkpoint import verify_checkpoint
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parent.parent
+TINY = dict(tasks_per_iteration=3, samples_per_task=2, max_new_tokens=16, eval_tasks=2, eval_samples=1,
+            refill_rounds=0, regrade_fraction=0.0, base=BasePolicySettings(hidden_size=32, num_layers=1, sft_steps=20))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("orchestration")
+
+
+@pytest.fixture(scope="module")
+def environment(workdir) -> dict[str, str]:
+    home = workdir / "dagster"
+    home.mkdir()
+    settings = yaml.safe_load((ROOT / "pipelines" / "dagster.yaml").read_text())
+    settings["run_coordinator"]["config"]["max_concurrent_runs"] = 3  # as an operator running experiments side by side
+    settings["run_coordinator"]["config"]["dequeue_interval_seconds"] = 1
+    (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
+    return {**os.environ, "DAGSTER_HOME": str(home), "CRUCIBLE_STORAGE_ROOT": str(workdir / "data"),
+            "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "checkpoints"), "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": str(ROOT)}
+
+
+def instance_of(environment: dict[str, str]) -> DagsterInstance:
+    return DagsterInstance.from_config(environment["DAGSTER_HOME"])
+
+
+@pytest.fixture(scope="module")
+def crucible(environment) -> CrucibleResource:
+    return CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
+                            checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"])
+
+
+@pytest.fixture(scope="module")
+def mini_set(workdir) -> str:
+    compose = load_task_set("compose")
+    write_task_set([*compose.train()[:6], *compose.eval()[:2]], workdir / "mini")
+    return str(workdir / "mini")
+
+
+def create_experiment(environment, crucible: CrucibleResource, name: str, task_set: str) -> None:
+    """Its settings stored and its base policy built, as `crucible run` does before iteration 1."""
+    crucible.save_experiment(ExperimentConfig(name=name, task_set=task_set, **TINY))
+    with instance_of(environment) as instance:
+        instance.add_dynamic_partitions(experiments.name, [name])
+        assert materialize([base_policy], partition_key=name, instance=instance,
+                           resources={"crucible": crucible}).success
+
+
+def assert_one_lineage(crucible: CrucibleResource, name: str, iterations: int) -> None:
+    """Every iteration's samples come from the previous checkpoint, and every checkpoint's parent is
+    the previous checkpoint, as each is on disk now."""
+    store = crucible.store()
+    for number in range(1, iterations + 1):
+        parent = verify_checkpoint(crucible.checkpoint_dir(name, number - 1))["content_hash"]
+        sampled_by = set(store.read_partition("trajectories", name, number)["policy_version"].to_pylist())
+        [row] = store.read_partition("checkpoints", name, number).to_pylist()
+        assert sampled_by == {parent} and row["parent_hash"] == parent, f"iteration {number}"
+        assert row["content_hash"] == verify_checkpoint(crucible.checkpoint_dir(name, number))["content_hash"]
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(environment, workdir) -> Iterator[str]:
+    """The UI's server and the daemon, as `crucible ui` starts them; yields the GraphQL URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = open(workdir / "dagster-dev.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
+                               "-p", str(port)], cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/graphql"
+    try:
+        for _ in range(240):
+            if server.poll() is not None:
+                pytest.fail(f"dagster dev exited: {(workdir / 'dagster-dev.log').read_text()[-3000:]}")
+            try:
+                if requests.post(url, json={"query": "{ version }"}, timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+LAUNCH_BACKFILL = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+    ... on InvalidSubsetError { message }
+  }
+}"""
+
+
+def launch_asset_backfill(url: str, partition_keys: list[str]) -> str:
+    """What the UI sends for "Materialize" of the iteration assets over a selection of partitions."""
+    params = {"assetSelection": [{"path": [name]} for name in ITERATION_ASSETS], "partitionNames": partition_keys}
+    reply = requests.post(url, json={"query": LAUNCH_BACKFILL, "variables": {"params": params}}, timeout=60).json()
+    launched = reply["data"]["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return launched["backfillId"]
+
+
+def wait_for_backfill(environment, backfill_id: str, timeout_s: float = 1500) -> None:
+    deadline = time.monotonic() + timeout_s
+    with instance_of(environment) as instance:
+        while time.monotonic() < deadline:
+            status = instance.get_backfill(backfill_id).status.value
+            if status not in ("REQUESTED", "CANCELING"):
+                return
+            time.sleep(2)
+    pytest.fail(f"backfill {backfill_id} still running after {timeout_s} s")
+
+
+def test_a_backfill_of_three_iterations_runs_them_in_order_with_a_run_limit_of_3(
+        environment, crucible, mini_set, dagster_dev):
+    """Problem 1: with max_concurrent_runs 3, a backfill of three consecutive iterations ran them
+    all at once, each from whatever checkpoint was on disk, and all showed green."""
+    create_experiment(environment, crucible, "ordered", mini_set)
+    with instance_of(environment) as instance:
+        keys = [str(add_iteration(instance, "ordered", number)) for number in (1, 2, 3)]
+    wait_for_backfill(environment, launch_asset_backfill(dagster_dev, keys))
+    with instance_of(environment) as instance:
+        runs = sorted(instance.get_run_records(RunsFilter(tags={"dagster/partition/experiment": "ordered"})),
+                      key=lambda record: record.start_time or 0)
+    statuses = {record.dagster_run.tags["dagster/partition"]: record.dagster_run.status for record in runs}
+    assert statuses == dict.fromkeys(keys, DagsterRunStatus.SUCCESS)
+    for earlier, later in zip(runs, runs[1:]):  # one iteration of the experiment at a time, in order
+        assert later.start_time >= earlier.end_time
+    assert [record.dagster_run.tags["dagster/partition"] for record in runs] == keys
+    assert_one_lineage(crucible, "ordered", 3)
+
+
+def crucible_run(environment, name: str, iterations: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "run", "--experiment", name, "--iterations",
+                             str(iterations)], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_crucible_runs_at_once_never_both_train_an_iteration(environment, crucible, mini_set):
+    """Problem 2: `crucible run` went around the run queue; two of them (or one and a UI run)
+    trained the same iteration into the same checkpoint folder."""
+    create_experiment(environment, crucible, "twice", mini_set)
+    first, second = crucible_run(environment, "twice", 2), crucible_run(environment, "twice", 2)
+    outputs = [process.communicate(timeout=1200) for process in (first, second)]
+    for process, (_, stderr) in zip((first, second), outputs):
+        assert process.returncode == 0, stderr[-3000:]
+    waited = [stderr for _, stderr in outputs if "is being written by crucible run --experiment twice" in stderr]
+    assert len(waited) == 1
+    assert "iteration 1: already materialized" in waited[0] and "iteration 2: already materialized" in waited[0]
+    with instance_of(environment) as instance:
+        for number in (1, 2):
+            partition = f"twice|{number:04d}"
+            trained = instance.fetch_materializations(
+                AssetRecordsFilter(AssetKey("checkpoint"), asset_partitions=[partition]), limit=10).records
+            assert len(trained) == 1, partition
+    assert_one_lineage(crucible, "twice", 2)
+    assert DatasetStore(crucible.storage_root).has_partition("evaluations", "twice", 2)
