@@ -13,6 +13,7 @@ import fsspec
 from dagster import ConfigurableResource, Failure, InitResourceContext
 from pydantic import Field, PrivateAttr
 
+from assets.partitions import experiment_of_run
 from datastore.store import DatasetStore
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import Session
@@ -20,7 +21,6 @@ from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.schema import Task
 from task_sets.submission import sandbox_spec
 from training.agent.episodes import starting_files
-from assets.partitions import experiment_of_run
 from training.experiment import ExperimentConfig, experiment_from
 from training.policy.writer_lock import ExperimentBusy, writer_lock
 

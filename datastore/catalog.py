@@ -1,10 +1,12 @@
 """DuckDB views over every stored dataset, for analysts and for the run summary.
 
-Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, training_steps);
+Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, training_steps,
+regrades);
 the metrics of datastore/metrics.py (task_rewards, difficulty_rewards and iteration_rewards: the
 reward analytics; held_out_tasks and held_out: the held-out evaluation); test_results (one row
 per hidden test), turns (one row per episode turn), rewards (one row per reward component of
-each sample), and iterations (the run summary).
+each sample), regraded (each re-graded sample beside its original reward and verdict), and
+iterations (the run summary).
 A dataset with no partitions yet still has its view (empty, correctly typed), so queries never
 fail just because an experiment has not reached a stage.
 """
@@ -36,6 +38,13 @@ DERIVED_VIEWS = {
         SELECT experiment, iteration, task_id, family, difficulty, group_id, sample_index,
                reward, reward_status, reward_version, c.key AS component, c.value
         FROM (SELECT *, unnest(map_entries(reward_components)) AS c FROM trajectories)
+    """,
+    "regraded": """
+        SELECT experiment, iteration, t.task_id, group_id, sample_index,
+               t.reward_version AS original_reward_version, t.reward AS original_reward,
+               t.passed AS original_passed, r.reward_version, r.reward, r.reward_status, r.passed,
+               r.passed IS DISTINCT FROM t.passed AS verdict_changed, r.tamper_flags, r.regraded_at
+        FROM regrades r JOIN trajectories t USING (experiment, iteration, group_id, sample_index)
     """,
     "iterations": """
         WITH timing AS (

@@ -14,11 +14,12 @@ from sandbox.result import ExecStatus
 from sandbox.test_report import Outcome
 from sandbox.verdict import RewardStatus, TamperFlag
 
-SCHEMA_VERSION = 6  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
+SCHEMA_VERSION = 7  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;
 # 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl,
 # and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
-# tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone
+# tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone;
+# 7: regrades (a new dataset; the others are unchanged)
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -183,6 +184,27 @@ TRAINING_STEPS = pa.schema(
     ]
 )
 
+# One part per reward version (`<dataset>/experiment=…/iteration=…/<reward_version>…`), so
+# re-gradings with different verifiers stand side by side and the trajectories stay as trained on.
+REGRADES = pa.schema(
+    [
+        _field("task_id", pa.string(), "task identifier", nullable=False),
+        _field("group_id", pa.string(), "with sample_index, the trajectory row re-graded"),
+        _field("sample_index", pa.int32(), "index of the sample within its group"),
+        _field("task_version", pa.string(), "content hash of the task as re-graded (it may have changed since)"),
+        _field("trajectory_file", pa.string(), "the trajectory file the submission was read from"),
+        _field("reward", pa.float64(), "scalar reward; null unless reward_status is scored"),
+        _field("reward_status", pa.string(), "whether `reward` means anything (RewardStatus)"),
+        _field("reward_version", pa.string(), "the reward function of this re-grading: name@hash of its weights"),
+        _field("passed", pa.bool_(), PASSED_DOC),
+        _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader (TamperFlag)"),
+        _field("exec_status", pa.string(), "what the grading run's command did (ExecStatus)"),
+        _field("test_results", pa.list_(TEST_RESULT), "per hidden test outcome"),
+        _field("code_version", pa.string(), "crucible version and hash of the grading source that re-graded"),
+        _field("regraded_at", pa.timestamp("us", tz="UTC"), "when"),
+    ]
+)
+
 DATASETS: dict[str, pa.Schema] = {
     "trajectories": TRAJECTORIES,
     "evaluations": EVALUATIONS,
@@ -190,6 +212,7 @@ DATASETS: dict[str, pa.Schema] = {
     "stages": STAGES,
     "checkpoints": CHECKPOINTS,
     "training_steps": TRAINING_STEPS,
+    "regrades": REGRADES,
 }
 
 
@@ -199,6 +222,8 @@ CLOSED_SETS: dict[str, dict[str, type[ClosedSet]]] = {
     "trajectories": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
                      "test_results.outcome": Outcome},
     "evaluations": {"reward_status": RewardStatus},
+    "regrades": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
+                 "test_results.outcome": Outcome},
 }
 
 

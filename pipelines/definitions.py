@@ -16,6 +16,7 @@ from assets.iteration import (
     verified_rollouts,
 )
 from assets.policy import base_policy
+from assets.regrades import regrades
 from pipelines.jobs import analytics_job, base_policy_job, iteration_job
 from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource
@@ -28,7 +29,7 @@ warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected
 
 defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
-            checkpoint_eval, reward_analytics],
+            checkpoint_eval, reward_analytics, regrades],
     jobs=[iteration_job, base_policy_job, analytics_job],
     sensors=[advance_iterations],
     resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient()},

@@ -10,7 +10,6 @@ they take the lock every run of the experiment takes (training/policy/writer_loc
 from __future__ import annotations
 
 import time
-
 from typing import TYPE_CHECKING
 
 from dagster import AssetKey, DagsterInstance, Definitions

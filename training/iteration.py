@@ -25,6 +25,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
@@ -33,7 +34,7 @@ from datastore import catalog
 from datastore.store import DatasetStore, rows_to_table
 from sandbox.base import Session
 from sandbox.pool import SandboxPool
-from sandbox.verdict import RewardStatus
+from sandbox.verdict import GradeResult, RewardStatus
 from task_sets.loader import TaskSet, load_task_set
 from task_sets.reproducibility import Agreement, agreement, regrade_sample
 from task_sets.rewards import Process
@@ -42,7 +43,7 @@ from task_sets.submission import grade_solution, sandbox_spec
 from training.agent.dynamic_sampling import Refilled, refill
 from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes
 from training.agent.rollout import Rollout, sample_rollouts
-from training.agent.trajectory import VerifiedRollout, evaluation_row
+from training.agent.trajectory import VerifiedRollout, evaluation_row, regrade_row
 from training.evaluation.monitors import (
     SAMPLE_SIGNALS,
     TRAINER_SIGNALS,
@@ -76,6 +77,20 @@ class Environment(Protocol):
     def open_session(self, task: Task) -> Session: ...
     def checkpoint_dir(self, experiment: str, iteration: int) -> Path: ...
     def base_policy_dir(self, experiment: str) -> Path: ...
+
+
+@dataclass(frozen=True)
+class Graded:
+    grade: GradeResult
+    verify_s: float  # grading wall time: sandbox set-up, tests, report parsing
+    queue_s: float  # from handing it to the sandbox pool until the grading that counted began
+
+
+@dataclass(frozen=True)
+class Regrade:
+    reward_version: str
+    rows: list[dict]  # of the `regrades` dataset
+    verdicts_changed: int  # samples whose `passed` differs from the original grading's
 
 
 @dataclass(frozen=True)
@@ -200,30 +215,61 @@ class Iteration:
         return [as_rollout(episode, engine.tokenizer) for episode in episodes]
 
     def grade(self, work: list[tuple[TaskBase, Rollout]]) -> list[VerifiedRollout]:
-        """Every (task, rollout) graded in its own fresh sandbox through the sandbox pool
-        (admission by CPU slots, retries of infrastructure failures on a fresh sandbox), scored
-        with the task set's reward function."""
+        """Every (task, rollout) graded in its own fresh sandbox (see `grade_submissions`)."""
+        submissions = [(task, rollout.solution, Process(turns=max(1, len(rollout.turns)), tokens=rollout.sampled_tokens))
+                       for task, rollout in work]
+        return [VerifiedRollout(rollout, task, graded.grade, verify_s=graded.verify_s, queue_s=graded.queue_s)
+                for (task, rollout), graded in zip(work, self.grade_submissions(submissions))]
+
+    def grade_submissions(self, work: list[tuple[TaskBase, str, Process]]) -> list[Graded]:
+        """Every (task, submission, how it was made) graded in its own fresh sandbox through the
+        sandbox pool (admission by CPU slots, retries of infrastructure failures on a fresh
+        sandbox), scored with the task set's reward function; in the order given."""
         reward = self.task_set.reward
         handed_over = time.perf_counter()
 
-        def verify(sandbox, item: tuple[TaskBase, Rollout]) -> VerifiedRollout:
-            task, rollout = item
+        def verify(sandbox, item: tuple[TaskBase, str, Process]) -> Graded:
+            task, solution, process = item
             started = time.perf_counter()
-            process = Process(turns=max(1, len(rollout.turns)), tokens=rollout.sampled_tokens)
-            grade = grade_solution(task, rollout.solution, sandbox, reward, process)
-            return VerifiedRollout(rollout, task, grade, verify_s=time.perf_counter() - started,
-                                   queue_s=started - handed_over)
+            grade = grade_solution(task, solution, sandbox, reward, process)
+            return Graded(grade, verify_s=time.perf_counter() - started, queue_s=started - handed_over)
 
-        step, verified = max(1, len(work) // 5), []
-        with self.env.sandbox_pool(is_infra_failure=lambda v: v.grade.reward_status is RewardStatus.INFRA_ERROR
+        step, graded = max(1, len(work) // 5), []
+        with self.env.sandbox_pool(is_infra_failure=lambda g: g.grade.reward_status is RewardStatus.INFRA_ERROR
                                    ) as pool:
             for done, result in enumerate(pool.map(lambda item: sandbox_spec(item[0]), verify, work), start=1):
-                verified.append(result)
+                graded.append(result)
                 if done % step == 0 or done == len(work):
                     self.log(f"graded {done}/{len(work)}")
         if pool.retries or pool.quarantined:
             self.log(f"sandbox pool: {pool.retries} retries, quarantined: {pool.quarantined}")
-        return verified
+        return graded
+
+    def regrade(self) -> Regrade:
+        """The submissions this iteration's checkpoint trained on (before its training step: the
+        stored trajectories) graded again, in fresh sandboxes, by the task set's grader and reward
+        function as they are now."""
+        store, name, number = self.env.store(), self.experiment.name, self.number
+        try:
+            files = self.trained_on() or store.partition_files("trajectories", name, number)
+        except FileNotFoundError:
+            raise Refused(f"iteration {number} has no stored trajectories to re-grade: materialize it first.") from None
+        tasks = {task.id: task for task in self.task_set}
+        rows = [{**row, "trajectory_file": file} for file in files for row in store.read_files(
+            "trajectories", [file], ["task_id", "group_id", "sample_index", "patch", "turns", "response_tokens", "passed"]
+        ).to_pylist()]
+        missing = sorted({row["task_id"] for row in rows} - tasks.keys())
+        if missing:
+            raise Refused(f"the task set {self.task_set.name!r} no longer has task(s) {', '.join(missing[:5])} that "
+                          f"iteration {number} answered, so they cannot be graded again.")
+        graded = self.grade_submissions([(tasks[row["task_id"]], row["patch"] or "",
+                                          Process(turns=len(row["turns"]), tokens=row["response_tokens"]))
+                                         for row in rows])
+        now = datetime.now(timezone.utc)
+        return Regrade(self.task_set.reward.version,
+                       [regrade_row(row, tasks[row["task_id"]], g.grade, row["trajectory_file"], now)
+                        for row, g in zip(rows, graded)],
+                       verdicts_changed=sum(row["passed"] != g.grade.passed for row, g in zip(rows, graded)))
 
     def verify(self, sampled: list[TaskBase], rollouts: list[Rollout], group_prefix: str) -> Verification:
         """Grade every rollout, refill while too few groups carry a signal, and grade a seeded

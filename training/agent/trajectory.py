@@ -1,12 +1,14 @@
-"""From graded rollouts to the rows of the `trajectories` and `evaluations` datasets."""
+"""From graded rollouts to the rows of the `trajectories`, `evaluations` and `regrades` datasets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sandbox.verdict import GradeResult
 from task_sets.schema import Task
 from training.agent.rollout import Rollout
+from training.policy.lineage import code_version
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,7 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "response_text": rollout.response_text,
         "turns": _turns(rollout),
         "patch": rollout.solution,
-        "test_results": [
-            {"name": name, "outcome": outcome.value, "message": grade.messages.get(name, "")}
-            for name, outcome in grade.outcomes.items()
-        ],
+        "test_results": _test_results(grade),
         "reward_components": grade.reward_components,
         "reward": grade.reward,
         "reward_status": grade.reward_status.value,
@@ -62,6 +61,24 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "sandbox_backend": execution.backend,
         "sandbox_spec_hash": execution.spec_hash,
     }
+
+
+def regrade_row(trajectory: dict, task: Task, grade: GradeResult, trajectory_file: str, at: datetime) -> dict:
+    """One row of the `regrades` dataset: a stored submission (`trajectory`, a row of
+    `trajectory_file`) graded again."""
+    return {
+        "task_id": task.id, "group_id": trajectory["group_id"], "sample_index": trajectory["sample_index"],
+        "task_version": task.version, "trajectory_file": trajectory_file,
+        "reward": grade.reward, "reward_status": grade.reward_status.value, "reward_version": grade.reward_version,
+        "passed": grade.passed, "tamper_flags": [flag.value for flag in grade.tamper_flags],
+        "exec_status": grade.exec.status.value, "test_results": _test_results(grade),
+        "code_version": code_version(), "regraded_at": at,
+    }
+
+
+def _test_results(grade: GradeResult) -> list[dict]:
+    return [{"name": name, "outcome": outcome.value, "message": grade.messages.get(name, "")}
+            for name, outcome in grade.outcomes.items()]
 
 
 def _turns(rollout: Rollout) -> list[dict]:
