@@ -19,7 +19,7 @@ SCHEMA_VERSION = 7  # 2: reward_version on trajectories and evaluations; 3: repl
 # 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl,
 # and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
 # tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone;
-# 7: regrades (a new dataset; the others are unchanged)
+# 7: regrades and outputs (new datasets; the others are unchanged)
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -205,6 +205,15 @@ REGRADES = pa.schema(
     ]
 )
 
+# One part per asset (`…/<asset>.manifest.json`): what an iteration asset handed the next, so any
+# asset can be re-materialized alone (assets/io_manager.py).
+OUTPUTS = pa.schema(
+    [
+        _field("index", pa.int32(), "position in the asset's list", nullable=False),
+        _field("record", pa.string(), "the item as JSON, in the Python type the asset declares"),
+    ]
+)
+
 DATASETS: dict[str, pa.Schema] = {
     "trajectories": TRAJECTORIES,
     "evaluations": EVALUATIONS,
@@ -213,6 +222,7 @@ DATASETS: dict[str, pa.Schema] = {
     "checkpoints": CHECKPOINTS,
     "training_steps": TRAINING_STEPS,
     "regrades": REGRADES,
+    "outputs": OUTPUTS,
 }
 
 

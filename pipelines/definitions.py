@@ -7,6 +7,7 @@ import warnings
 from dagster import Definitions, PipesSubprocessClient, PreviewWarning, in_process_executor
 
 from assets.analytics import iteration_rewards, reward_analytics
+from assets.io_manager import DatasetIOManager
 from assets.iteration import (
     checkpoint,
     checkpoint_eval,
@@ -17,6 +18,7 @@ from assets.iteration import (
 )
 from assets.policy import base_policy
 from assets.regrades import regrades
+from pipelines import environment
 from pipelines.jobs import analytics_job, base_policy_job, iteration_job
 from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource
@@ -32,7 +34,8 @@ defs = Definitions(
             checkpoint_eval, reward_analytics, regrades],
     jobs=[iteration_job, base_policy_job, analytics_job],
     sensors=[advance_iterations],
-    resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient()},
+    resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient(),
+               "io_manager": DatasetIOManager(storage_root=environment.storage_root())},
     loggers={"console": progress_console},
     # One executor for every launch, the UI's asset graph included: an iteration's steps form a
     # chain and each loads torch, so a process per step would only add start-up time (and a run's

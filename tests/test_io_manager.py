@@ -1,0 +1,60 @@
+"""assets/io_manager.py: what one iteration asset hands the next is stored as Parquet, so a middle
+asset can be re-materialized alone, in another run (problem 8 of issue 16: the in-memory IO
+manager could not load its inputs)."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import AssetKey, DagsterInstance, materialize
+
+from assets.io_manager import DatasetIOManager
+from assets.iteration import rollouts, task_set, trajectories, verified_rollouts
+from assets.partitions import add_iteration
+from assets.policy import base_policy
+from assets.resources import CrucibleResource
+from pipelines.experiment_runner import innermost
+from training.experiment import ExperimentConfig
+from training.policy.model import PolicyConfig, build_base_policy
+
+pytestmark = pytest.mark.usefixtures("local_backend")
+ASSETS = [base_policy, task_set, rollouts, verified_rollouts, trajectories]
+TINY = PolicyConfig(hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=32)
+
+
+@pytest.fixture
+def crucible(tmp_path) -> CrucibleResource:
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    crucible.save_experiment(ExperimentConfig(name="exp", tasks_per_iteration=2, samples_per_task=2, max_new_tokens=8,
+                                              regrade_fraction=0.0))
+    build_base_policy(crucible.base_policy_dir("exp"), TINY)
+    return crucible
+
+
+def _run(crucible: CrucibleResource, instance: DagsterInstance, *selection) -> None:
+    result = materialize(ASSETS, selection=list(selection), partition_key=add_iteration(instance, "exp", 1),
+                         instance=instance, resources={"crucible": crucible,
+                                                       "io_manager": DatasetIOManager(storage_root=crucible.storage_root)})
+    assert result.success
+
+
+def test_a_middle_asset_is_rematerialized_alone_from_the_stored_outputs(crucible):
+    with DagsterInstance.ephemeral() as instance:
+        _run(crucible, instance, task_set, rollouts)
+    with DagsterInstance.ephemeral() as instance:  # another run, another process's worth of memory
+        _run(crucible, instance, verified_rollouts)
+        _run(crucible, instance, trajectories)
+        stored = instance.get_latest_materialization_event(AssetKey("verified_rollouts")).asset_materialization
+    table = crucible.store().read_partition("trajectories", "exp", 1)
+    assert table.num_rows == 4 and stored.metadata["samples"].value == 4
+    assert "/outputs/experiment=exp/iteration=1/verified_rollouts-" in stored.metadata["stored_as"].value
+
+
+def test_an_input_never_stored_fails_with_what_to_materialize(crucible):
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(ASSETS, selection=[verified_rollouts], partition_key=add_iteration(instance, "exp", 1),
+                             instance=instance, raise_on_error=False,
+                             resources={"crucible": crucible,
+                                        "io_manager": DatasetIOManager(storage_root=crucible.storage_root)})
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    message = innermost(failure.step_failure_data.error).message
+    assert "of exp iteration 1 was never stored: materialize it first (or the whole iteration)" in message
