@@ -11,6 +11,7 @@ datastore/metrics.py, where every measure is defined):
 from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
+    AutomationCondition,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -101,7 +102,10 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     )
 
 
-@asset(group_name="analytics", deps=[trajectories, checkpoint_eval], kinds={"duckdb"})
+# Kept current by declarative automation (pipelines/sensors.py): refreshed once an iteration's
+# trajectories or evaluation change, whoever launched it.
+@asset(group_name="analytics", deps=[trajectories, checkpoint_eval], kinds={"duckdb"},
+       automation_condition=AutomationCondition.any_deps_updated() & ~AutomationCondition.in_progress())
 def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """Every iteration of every experiment: reward analytics beside the held-out evaluation, the
     reward curve, and the pass rate by difficulty."""

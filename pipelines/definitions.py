@@ -22,7 +22,7 @@ from pipelines import environment
 from pipelines.jobs import analytics_job, base_policy_job, iteration_job
 from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource
-from pipelines.sensors import advance_iterations
+from pipelines.sensors import advance_iterations, keep_analytics_current
 
 # Dagster's own Pipes client calls one of its preview functions on every training step: a warning
 # about Dagster's internals that its users can do nothing about.
@@ -33,7 +33,7 @@ defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
             checkpoint_eval, reward_analytics, regrades],
     jobs=[iteration_job, base_policy_job, analytics_job],
-    sensors=[advance_iterations],
+    sensors=[advance_iterations, keep_analytics_current],
     resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient(),
                "io_manager": DatasetIOManager(storage_root=environment.storage_root())},
     loggers={"console": progress_console},

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dagster import (
     AssetKey,
+    AssetSelection,
+    AutomationConditionSensorDefinition,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
@@ -80,3 +82,11 @@ def advance_iterations(context: SensorEvaluationContext, crucible: CrucibleResou
     names = sorted({parse_iteration_key(request.partition_key)[0] for request in requests})
     return SensorResult(run_requests=requests, dynamic_partitions_requests=[
         experiments.build_add_request(names), iteration_numbers.build_add_request([f"{n:04d}" for n in numbers])])
+
+
+# Running by default, in the daemon (`crucible ui` starts one): reward_analytics follows every
+# iteration, from the UI, a backfill, the sensor above or `crucible run`.
+keep_analytics_current = AutomationConditionSensorDefinition(
+    "keep_analytics_current", target=AssetSelection.assets("reward_analytics"),
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
+)

@@ -5,14 +5,20 @@ manager could not load its inputs)."""
 from __future__ import annotations
 
 import pytest
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance, build_input_context, build_output_context, materialize
+from dagster._core.types.dagster_type import resolve_dagster_type  # how Dagster types an input annotation
 
 from assets.io_manager import DatasetIOManager
 from assets.iteration import rollouts, task_set, trajectories, verified_rollouts
-from assets.partitions import add_iteration
+from assets.partitions import add_iteration, iteration_key
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from pipelines.experiment_runner import innermost
+from task_sets.loader import load_task_set
+from task_sets.schema import TaskBase
+from task_sets.submission import grade_solution
+from training.agent.rollout import Rollout, Turn
+from training.agent.trajectory import VerifiedRollout
 from training.experiment import ExperimentConfig
 from training.policy.model import PolicyConfig, build_base_policy
 
@@ -58,3 +64,22 @@ def test_an_input_never_stored_fails_with_what_to_materialize(crucible):
     [failure] = [event for event in result.all_events if event.is_step_failure]
     message = innermost(failure.step_failure_data.error).message
     assert "of exp iteration 1 was never stored: materialize it first (or the whole iteration)" in message
+
+
+def test_a_stored_episode_comes_back_as_the_same_objects(tmp_path):
+    """Every type an iteration hands on survives the round trip, an episode's turns included."""
+    task = load_task_set("shopcart").train()[0]
+    turn = Turn(reply="<run>pytest</run>", action="run", detail="pytest", status="ok", exit_code=1,
+                observation="1 failed", generate_s=0.1, exec_s=0.2, sampled_tokens=5)
+    rollout = Rollout(task_id=task.id, group_id="g", sample_index=0, policy_version="p", prompt_ids=[1],
+                      response_ids=[2, 3], behaviour_logprobs=[-0.1, 0.0], finish_reason="stop", response_text="x",
+                      generate_s=0.1, loss_mask=[1, 0], turns=(turn,), submission="diff")
+    verified = [VerifiedRollout(rollout, task, grade_solution(task, task.reference_solution), verify_s=0.5)]
+    manager = DatasetIOManager(storage_root=str(tmp_path))
+    key = iteration_key("exp", 1)
+    for asset, value, declared in (("task_set", [task], list[TaskBase]), ("verified_rollouts", verified,
+                                                                           list[VerifiedRollout])):
+        manager.handle_output(build_output_context(asset_key=AssetKey(asset), partition_key=key), value)
+        loaded = manager.load_input(build_input_context(asset_key=AssetKey(asset), partition_key=key,
+                                                        dagster_type=resolve_dagster_type(declared)))
+        assert loaded == value and type(loaded[0]) is type(value[0])

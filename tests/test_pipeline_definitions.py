@@ -7,9 +7,24 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetMaterialization, DagsterInstance, DagsterRun, DagsterRunStatus, build_sensor_context
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    build_sensor_context,
+    evaluate_automation_conditions,
+)
 
-from assets.partitions import experiment_of_run, experiments, iteration_key, iterations, parse_iteration_key
+from assets.partitions import (
+    add_iteration,
+    experiment_of_run,
+    experiments,
+    iteration_key,
+    iterations,
+    parse_iteration_key,
+)
 from assets.resources import CrucibleResource
 from pipelines import environment
 from pipelines.definitions import defs
@@ -35,6 +50,7 @@ def definitions_snapshot() -> dict:
             "partitions": str(node.partitions_def) if node.partitions_def else None,
             "group": node.group_name, "kinds": sorted(node.kinds),
             "retries": retry.max_retries if retry else 0,
+            "automation": str(node.automation_condition) if node.automation_condition else None,
             "checks": {check.name: {"blocking": graph.get_check_spec(check).blocking} for check in
                        sorted(node.check_keys, key=lambda check: check.name)},
         }
@@ -43,7 +59,8 @@ def definitions_snapshot() -> dict:
                        "partitions": str(job.partitions_def) if job.partitions_def else None,
                        "tags": dict(job.tags)}
             for job in sorted(defs.resolve_all_job_defs(), key=lambda job: job.name) if not job.name.startswith("__")}
-    sensors = {sensor.name: {"job": sensor.job_name, "default_status": sensor.default_status.value,
+    sensors = {sensor.name: {"job": sensor.job_name if sensor.has_jobs else None,
+                             "default_status": sensor.default_status.value,
                              "minimum_interval_s": sensor.minimum_interval_seconds} for sensor in defs.sensors}
     schedules = {schedule.name: {"job": schedule.job_name, "cron": schedule.cron_schedule}
                  for schedule in defs.schedules or []}
@@ -155,6 +172,18 @@ def test_a_malformed_partition_key_is_skipped_and_the_sensor_still_advances(inst
     _evaluated(instance, "exp|0001", "tinyc|7")  # the second added by hand
     result = _evaluate(instance, crucible)
     assert [request.partition_key for request in result.run_requests] == ["exp|0002"]
+
+
+@pytest.mark.filterwarnings("ignore:Parameter `include_sources`")  # inside Dagster's own evaluation helper
+def test_reward_analytics_is_refreshed_once_an_iteration_is_evaluated(instance):
+    """Problem 8 of issue 16: reward_analytics refreshed only at the end of `crucible run`."""
+    add_iteration(instance, "exp", 1)
+    first = evaluate_automation_conditions(defs=defs, instance=instance)
+    assert first.total_requested == 0  # nothing new
+    instance.report_runless_asset_event(AssetMaterialization("checkpoint_eval", partition="exp|0001"))
+    after = evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+    assert after.get_requested_partitions(AssetKey("reward_analytics")) == {None}
+    assert {sensor.name: sensor.default_status.value for sensor in defs.sensors}["keep_analytics_current"] == "RUNNING"
 
 
 def test_locations_pinned_in_one_folder_hold_after_moving_to_another(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ from task_sets.patches import make_patch, text_files_from_tar
 from task_sets.schema import RepositoryTask, Task
 from task_sets.submission import SOLUTION_FILE
 from training.agent.actions import USAGE, Malformed, Replace, Run, Submit, Write, parse_action
-from training.agent.rollout import Rollout
+from training.agent.rollout import Rollout, Turn
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
 from training.policy.tokenizer import IM_END, IM_START
 
@@ -41,19 +41,6 @@ class EpisodeLimits:
     max_tokens: int = 1024  # the whole context: prompt, replies and observations
     wall_s: float = 300.0  # per episode, generation and sandbox time together
     command_timeout_s: float = 30.0  # per <run>
-
-
-@dataclass(frozen=True)
-class Turn:
-    reply: str  # the policy's text this turn
-    action: str  # run | write | replace | submit | malformed
-    detail: str  # the command, the path, or why the reply was malformed
-    status: str  # ok | error (the action ran and failed, or could not run) | submitted
-    exit_code: int | None
-    observation: str  # what the policy was shown
-    generate_s: float  # this episode's share of the turn's batched generation
-    exec_s: float
-    sampled_tokens: int
 
 
 @dataclass

@@ -14,6 +14,21 @@ TASKS_PER_CALL = 16  # one generate call per chunk, so progress shows while a bi
 
 
 @dataclass(frozen=True)
+class Turn:
+    """One turn of an episode (training/agent/episodes.py)."""
+
+    reply: str  # the policy's text this turn
+    action: str  # run | write | replace | submit | malformed
+    detail: str  # the command, the path, or why the reply was malformed
+    status: str  # ok | error (the action ran and failed, or could not run) | submitted
+    exit_code: int | None
+    observation: str  # what the policy was shown
+    generate_s: float  # this episode's share of the turn's batched generation
+    exec_s: float
+    sampled_tokens: int
+
+
+@dataclass(frozen=True)
 class Rollout:
     """One sample: a single-turn reply, or a whole multi-turn episode (training/agent/episodes.py)."""
 
@@ -28,7 +43,7 @@ class Rollout:
     response_text: str
     generate_s: float  # this sample's share of its batch's generation time
     loss_mask: list[int] | None = None  # None: every response token was sampled
-    turns: tuple = ()  # an episode's Turns; () for a single-turn reply
+    turns: tuple[Turn, ...] = ()  # an episode's turns; () for a single-turn reply
     submission: str | None = None  # an episode's final workspace (diff or solution.py)
 
     @property
