@@ -7,18 +7,22 @@ STAMP := $(VENV)/.installed
 ITERATIONS ?= 10
 STORAGE ?=  # a storage root for `make run`, e.g. s3://crucible/data (default ./.crucible/data)
 
-.PHONY: run test setup docker-sandbox ui clean
+.PHONY: run test setup docker-sandbox browser ui clean
 
 run: setup
 	$(BIN)/crucible run --experiment default --iterations $(ITERATIONS) $(if $(STORAGE),--storage $(STORAGE))
 
-test: setup docker-sandbox
+test: setup docker-sandbox browser
 	$(BIN)/python -m pytest
 
 # The Docker backend's daemon and base image, for its tests. Not fatal where they cannot be
 # had (no root): those tests then say so loudly, and CI, which requires them, fails.
 docker-sandbox:
 	-scripts/install-system-packages docker && scripts/docker-daemon && scripts/build-sandbox-image >/dev/null
+
+# Debian's chromium, for the UI test (tests/test_orchestration.py); not fatal, as above.
+browser:
+	-scripts/install-system-packages browser
 
 ui: setup
 	$(BIN)/crucible ui

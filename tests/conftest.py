@@ -50,11 +50,13 @@ def require(backend: str) -> None:
 
 
 def skip_unless_required(backend: str, reason: str) -> None:
-    """Skip, loudly, what this host cannot test of `backend`; fail where the backend is required."""
+    """Skip, loudly, what this host cannot test of `backend` (a sandbox backend, or `browser` for
+    the UI); fail where it is required."""
+    kind = "sandbox backend" if backend in BACKENDS else "test dependency"
     if backend in REQUIRED:
-        pytest.fail(f"the {backend} sandbox backend is required here (CRUCIBLE_REQUIRE_BACKENDS) but: {reason}")
+        pytest.fail(f"the {backend} {kind} is required here (CRUCIBLE_REQUIRE_BACKENDS) but: {reason}")
     _skipped[backend] = reason
-    pytest.skip(f"{backend} sandbox backend unavailable: {reason}")
+    pytest.skip(f"{backend} {kind} unavailable: {reason}")
 
 
 @pytest.fixture
@@ -66,7 +68,7 @@ def local_backend() -> None:
 def pytest_terminal_summary(terminalreporter):
     if not _skipped:
         return
-    terminalreporter.write_sep("!", "SANDBOX BACKENDS NOT TESTED ON THIS HOST", red=True, bold=True)
+    terminalreporter.write_sep("!", "BACKENDS NOT TESTED ON THIS HOST", red=True, bold=True)
     for backend, reason in _skipped.items():
         terminalreporter.write_line(f"  {backend}: {reason}", red=True)
 

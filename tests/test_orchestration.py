@@ -5,7 +5,6 @@ way every iteration samples from the previous checkpoint and trains from it, or 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from conftest import skip_unless_required
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter, materialize
+from dagster_server import dagster_dev
 
 from assets.partitions import add_iteration, experiments
 from assets.policy import base_policy
@@ -91,33 +92,9 @@ def assert_one_lineage(crucible: CrucibleResource, name: str, iterations: int) -
 
 
 @pytest.fixture(scope="module")
-def dagster_dev(environment, workdir) -> Iterator[str]:
-    """The UI's server and the daemon, as `crucible ui` starts them; yields the GraphQL URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = open(workdir / "dagster-dev.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
-                               "-p", str(port)], cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/graphql"
-    try:
-        for _ in range(240):
-            if server.poll() is not None:
-                pytest.fail(f"dagster dev exited: {(workdir / 'dagster-dev.log').read_text()[-3000:]}")
-            try:
-                if requests.post(url, json={"query": "{ version }"}, timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+def graphql(environment, workdir) -> Iterator[str]:
+    with dagster_dev(environment, workdir / "dagster-dev.log") as url:
+        yield f"{url}/graphql"
 
 
 LAUNCH_BACKFILL = """
@@ -152,13 +129,13 @@ def wait_for_backfill(environment, backfill_id: str, timeout_s: float = 1500) ->
 
 
 def test_a_backfill_of_three_iterations_runs_them_in_order_with_a_run_limit_of_3(
-        environment, crucible, mini_set, dagster_dev):
+        environment, crucible, mini_set, graphql):
     """Problem 1: with max_concurrent_runs 3, a backfill of three consecutive iterations ran them
     all at once, each from whatever checkpoint was on disk, and all showed green."""
     create_experiment(environment, crucible, "ordered", mini_set)
     with instance_of(environment) as instance:
         keys = [str(add_iteration(instance, "ordered", number)) for number in (1, 2, 3)]
-    wait_for_backfill(environment, launch_asset_backfill(dagster_dev, keys))
+    wait_for_backfill(environment, launch_asset_backfill(graphql, keys))
     with instance_of(environment) as instance:
         runs = sorted(instance.get_run_records(RunsFilter(tags={"dagster/partition/experiment": "ordered"})),
                       key=lambda record: record.start_time or 0)
@@ -195,3 +172,74 @@ def test_two_crucible_runs_at_once_never_both_train_an_iteration(environment, cr
             assert len(trained) == 1, partition
     assert_one_lineage(crucible, "twice", 2)
     assert DatasetStore(crucible.storage_root).has_partition("evaluations", "twice", 2)
+
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's (scripts/install-system-packages browser); never a download
+# Flags for a machine without a network or a screen: no background services, no sandbox for root.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+
+
+def launch_from_the_job_page(page, base_url: str, experiment: str, iterations: list[str], button: str) -> None:
+    """The `iteration` job's "Materialize all", its partitions picked in the dialog's two dimensions."""
+    page.goto(f"{base_url}/locations/pipelines.definitions/jobs/iteration")
+    page.get_by_role("button", name="Materialize all").click()
+    for keys in ([experiment], iterations):  # the first unfilled dimension is the next one
+        page.get_by_text("Select a partition or create one").first.click()
+        for key in keys:
+            page.get_by_placeholder("Filter partitions").fill(key)
+            page.locator("label").filter(has_text=key).first.click()
+        page.keyboard.press("Escape")
+    page.get_by_role("button", name=button).click()
+    page.get_by_role("dialog").wait_for(state="hidden")
+
+
+def wait_for_runs(environment, experiment: str, count: int, timeout_s: float = 1500) -> list:
+    deadline = time.monotonic() + timeout_s
+    with instance_of(environment) as instance:
+        while time.monotonic() < deadline:
+            runs = instance.get_run_records(RunsFilter(tags={"dagster/partition/experiment": experiment}))
+            if len(runs) >= count and all(record.dagster_run.status in FINISHED for record in runs):
+                return sorted(runs, key=lambda record: record.start_time or 0)
+            time.sleep(2)
+    pytest.fail(f"{count} runs of {experiment} did not finish within {timeout_s} s")
+
+
+def test_the_ui_launches_an_iteration_then_a_backfill_of_two_more_in_order(
+        environment, crucible, mini_set, graphql, workdir):
+    """A real browser (Debian's chromium, driven by Playwright) through the Dagster UI, as an
+    operator clicks: one iteration, then a backfill of the next two; screenshots are kept
+    (CRUCIBLE_UI_SCREENSHOTS=DIR copies them there, as the README's were made)."""
+    if not CHROMIUM.exists():
+        skip_unless_required("browser", f"no {CHROMIUM}: scripts/install-system-packages browser installs it")
+    from playwright.sync_api import sync_playwright
+
+    create_experiment(environment, crucible, "clicked", mini_set)
+    with instance_of(environment) as instance:
+        for number in (1, 2, 3):
+            add_iteration(instance, "clicked", number)
+    base_url, shots = graphql.removesuffix("/graphql"), workdir / "screenshots"
+    shots.mkdir()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        launch_from_the_job_page(page, base_url, "clicked", ["0001"], "Launch 1 run")
+        wait_for_runs(environment, "clicked", 1)
+        launch_from_the_job_page(page, base_url, "clicked", ["0002", "0003"], "Launch backfill")
+        runs = wait_for_runs(environment, "clicked", 3)
+        for name, path in (("runs", "/runs"), ("checkpoint-eval-partitions", "/assets/checkpoint_eval?view=partitions"),
+                           ("lineage", "/assets/checkpoint?view=lineage")):
+            page.goto(base_url + path)
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=shots / f"{name}.png")
+        browser.close()
+    assert [record.dagster_run.tags["dagster/partition"] for record in runs] == [
+        "clicked|0001", "clicked|0002", "clicked|0003"]
+    assert {record.dagster_run.status for record in runs} == {DagsterRunStatus.SUCCESS}
+    for earlier, later in zip(runs, runs[1:]):
+        assert later.start_time >= earlier.end_time
+    assert_one_lineage(crucible, "clicked", 3)
+    if os.environ.get("CRUCIBLE_UI_SCREENSHOTS"):
+        for shot in shots.iterdir():
+            Path(os.environ["CRUCIBLE_UI_SCREENSHOTS"], shot.name).write_bytes(shot.read_bytes())

@@ -1,0 +1,50 @@
+"""`dagster dev` (the UI's web server and the daemon, as `crucible ui` starts them) on a free port,
+for the tests that drive Crucible as an operator does."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).parent.parent
+
+
+@contextlib.contextmanager
+def dagster_dev(environment: dict[str, str], log: Path) -> Iterator[str]:
+    """Yields the server's base URL once its GraphQL endpoint answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with open(log, "w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
+                                   "-p", str(port)], cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until_serving(server, url, log)
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+def _wait_until_serving(server: subprocess.Popen, url: str, log: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"dagster dev exited: {log.read_text()[-3000:]}")
+        with contextlib.suppress(requests.ConnectionError):
+            if requests.post(f"{url}/graphql", json={"query": "{ version }"}, timeout=2).ok:
+                return
+        time.sleep(0.5)
+    pytest.fail(f"dagster dev did not serve within {timeout_s} s: {log.read_text()[-3000:]}")
