@@ -30,6 +30,7 @@ from dagster import (
 )
 
 from assets.charts import eval_curve_png, markdown_table, png_markdown
+from assets.datasets import report_stored
 from assets.partitions import iterations, parse_iteration_key
 from assets.policy import base_policy, stored_experiment
 from assets.resources import CrucibleResource
@@ -86,8 +87,9 @@ def task_set(
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
     tasks = iteration.sample_tasks()
-    crucible.store().write_partition("tasks", iteration.experiment.name, iteration.number,
-                                     rows_to_table("tasks", iteration.task_rows(tasks)))
+    store, name, number = crucible.store(), iteration.experiment.name, iteration.number
+    store.write_partition("tasks", name, number, rows_to_table("tasks", iteration.task_rows(tasks)))
+    report_stored(context, store, "tasks", name, number)
     by_difficulty = Counter(task.difficulty for task in tasks)
     yield Output(tasks, metadata={"tasks": len(tasks),
                                   **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")}})
@@ -230,6 +232,8 @@ def checkpoint(
         store.write_partition("checkpoints", name, number, rows_to_table("checkpoints", [record.row]))
         step_rows = [{**{key: m[key] for key in TRAINING_STEPS.names}, "tokens": int(m["tokens"])} for m in steps]
         store.write_partition("training_steps", name, number, rows_to_table("training_steps", step_rows))
+    for dataset in ("checkpoints", "training_steps"):
+        report_stored(context, store, dataset, name, number)
     return MaterializeResult(
         metadata={
             **reported,
@@ -249,9 +253,10 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     the base policy's on the same tasks (evaluated once per experiment and stored as iteration 0),
     and the curve across iterations."""
     iteration = this_iteration(context, crucible)
-    with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
-                                              "checkpoint_eval"):
+    store, name, number = crucible.store(), iteration.experiment.name, iteration.number
+    with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint_eval"):
         evaluated = iteration.evaluate()
+    report_stored(context, store, "evaluations", name, number)
     with refusals_fail_the_run():
         curve = iteration.held_out_curve()
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]

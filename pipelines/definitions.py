@@ -7,6 +7,7 @@ import warnings
 from dagster import Definitions, PipesSubprocessClient, PreviewWarning, in_process_executor
 
 from assets.analytics import iteration_rewards, reward_analytics
+from assets.datasets import DATASET_ASSETS
 from assets.io_manager import DatasetIOManager
 from assets.iteration import (
     checkpoint,
@@ -31,7 +32,7 @@ warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected
 
 defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
-            checkpoint_eval, reward_analytics, regrades],
+            checkpoint_eval, reward_analytics, regrades, *DATASET_ASSETS],
     jobs=[iteration_job, base_policy_job, analytics_job],
     sensors=[advance_iterations, keep_analytics_current],
     resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient(),

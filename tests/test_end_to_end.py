@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance, materialize
 
+from assets.datasets import WRITTEN_BY
 from assets.partitions import experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
@@ -137,6 +138,8 @@ def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, env
     with _run_instance(environment) as instance:
         for asset in ITERATION_ASSETS:
             assert "tiny|0001" in instance.get_materialized_partitions(AssetKey(asset)), asset
+        for dataset in WRITTEN_BY:  # the datasets written beside them, as lineage shows them
+            assert "tiny|0001" in instance.get_materialized_partitions(AssetKey(["datasets", dataset])), dataset
         assert instance.get_latest_materialization_event(AssetKey("reward_analytics"))
 
 

@@ -46,6 +46,8 @@ def _run(crucible: CrucibleResource, instance: DagsterInstance, *selection) -> N
 def test_a_middle_asset_is_rematerialized_alone_from_the_stored_outputs(crucible):
     with DagsterInstance.ephemeral() as instance:
         _run(crucible, instance, task_set, rollouts)
+        # the tasks dataset written beside task_set is recorded as its own asset's partition
+        assert instance.get_materialized_partitions(AssetKey(["datasets", "tasks"])) == {"exp|0001"}
     with DagsterInstance.ephemeral() as instance:  # another run, another process's worth of memory
         _run(crucible, instance, verified_rollouts)
         _run(crucible, instance, trajectories)

@@ -17,6 +17,7 @@ from dagster import (
     evaluate_automation_conditions,
 )
 
+from assets.datasets import WRITTEN_BY
 from assets.partitions import (
     add_iteration,
     experiment_of_run,
@@ -44,11 +45,12 @@ def definitions_snapshot() -> dict:
     graph = defs.resolve_asset_graph()
     assets = {}
     for key in sorted(graph.get_all_asset_keys()):
-        node, retry = graph.get(key), defs.resolve_assets_def(key).op.retry_policy
+        definition = defs.resolve_assets_def(key)
+        node, retry = graph.get(key), definition.op.retry_policy if definition.is_executable else None
         assets[key.to_user_string()] = {
             "deps": sorted(parent.to_user_string() for parent in node.parent_keys),
             "partitions": str(node.partitions_def) if node.partitions_def else None,
-            "group": node.group_name, "kinds": sorted(node.kinds),
+            "group": node.group_name, "kinds": sorted(node.kinds), "materializable": node.is_materializable,
             "retries": retry.max_retries if retry else 0,
             "automation": str(node.automation_condition) if node.automation_condition else None,
             "checks": {check.name: {"blocking": graph.get_check_spec(check).blocking} for check in
@@ -83,6 +85,14 @@ def test_iteration_assets_are_partitioned_by_experiment_and_iteration():
     assert {key.name for key in checks if graph.get_check_spec(key).blocking} == {
         "infra_errors_within_limit", "tampering_within_limit"}
     assert graph.get(AssetKey("rollouts")).parent_keys == {AssetKey("task_set"), AssetKey("base_policy")}
+
+
+def test_the_datasets_written_beside_assets_are_declared_downstream_of_their_writers():
+    """Problem 8 of issue 16: four datasets were side effects that Dagster's lineage never showed."""
+    graph = defs.resolve_asset_graph()
+    for dataset, (writer, _) in WRITTEN_BY.items():
+        node = graph.get(AssetKey(["datasets", dataset]))
+        assert node.parent_keys == {AssetKey(writer)} and node.partitions_def == iterations
 
 
 def test_every_launch_runs_in_one_process():
