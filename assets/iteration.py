@@ -56,7 +56,12 @@ def this_iteration(context: AssetExecutionContext, crucible: CrucibleResource) -
         name, number = parse_iteration_key(context.partition_key)
     except ValueError as error:
         raise Failure(str(error), allow_retries=False) from None
-    return Iteration(crucible, stored_experiment(crucible, name), number, log=context.log.info)
+    experiment = stored_experiment(crucible, name)
+    if number > experiment.iterations:
+        raise Failure(f"iteration {number} is beyond experiment {name!r}'s limit of {experiment.iterations}: raise it "
+                      f"first (`crucible run --experiment {name} --iterations {number}`, or the create_experiment job "
+                      f"with iterations = {number})", allow_retries=False)
+    return Iteration(crucible, experiment, number, log=context.log.info)
 
 
 @contextmanager

@@ -19,9 +19,10 @@ from training.sft.warmup import SFTConfig, supervised_warmup
 def stored_experiment(crucible: CrucibleResource, name: str) -> ExperimentConfig:
     """The experiment's stored settings; a run of one that has none fails with how to create it."""
     if not crucible.experiment_exists(name):
-        raise Failure(f"experiment {name!r} has no stored settings, so its runs would use guessed ones: "
-                      f"`crucible run --config FILE` (or `crucible run --experiment {name}` for the defaults) stores "
-                      "them, with the same --storage as this instance, and runs it", allow_retries=False)
+        raise Failure(f"experiment {name!r} has no stored settings, so its runs would use guessed ones: create it "
+                      "with the create_experiment job (its settings as TOML in the launchpad), or `crucible run "
+                      f"--config FILE` (`crucible run --experiment {name}` for the defaults) with the same storage "
+                      "as this instance", allow_retries=False)
     try:
         return crucible.experiment(name)
     except ExperimentFileError as error:

@@ -8,6 +8,7 @@ from dagster import Definitions, PipesSubprocessClient, PreviewWarning, in_proce
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
+from assets.experiments import create_experiment
 from assets.io_manager import DatasetIOManager
 from assets.iteration import (
     checkpoint,
@@ -20,10 +21,10 @@ from assets.iteration import (
 from assets.policy import base_policy
 from assets.regrades import regrades
 from pipelines import environment
-from pipelines.jobs import analytics_job, base_policy_job, iteration_job
+from pipelines.jobs import analytics_job, base_policy_job, evaluation_job, iteration_job
 from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource
-from pipelines.sensors import advance_iterations, keep_analytics_current
+from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
 
 # Dagster's own Pipes client calls one of its preview functions on every training step: a warning
 # about Dagster's internals that its users can do nothing about.
@@ -33,7 +34,8 @@ warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected
 defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
             checkpoint_eval, reward_analytics, regrades, *DATASET_ASSETS],
-    jobs=[iteration_job, base_policy_job, analytics_job],
+    jobs=[iteration_job, evaluation_job, base_policy_job, analytics_job, create_experiment],
+    schedules=[evaluate_latest_checkpoints],
     sensors=[advance_iterations, keep_analytics_current],
     resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient(),
                "io_manager": DatasetIOManager(storage_root=environment.storage_root())},

@@ -19,7 +19,7 @@ from assets.partitions import add_iteration, experiments
 from assets.resources import CrucibleResource
 from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
-from training.experiment import ExperimentConfig, differing_settings
+from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.writer_lock import writer_lock
 
@@ -48,7 +48,7 @@ class ExperimentRunner:
                        **overrides: int | None) -> ExperimentRunner:
         """Stored settings of `name` (or `settings` from an experiment file, or the defaults),
         updated with the overrides that are set. An experiment that has run keeps its settings:
-        a file that changes more than `iterations` is refused. An `iterations` override is how far
+        a file that changes more than how long it runs is refused (`updated_settings`). An `iterations` override is how far
         this run goes: it raises the stored limit (which the sensor and UI launches follow), and
         never lowers it."""
         from pipelines.definitions import (
@@ -56,17 +56,18 @@ class ExperimentRunner:
         )
 
         crucible = crucible_resource()
+        exists = crucible.experiment_exists(name)
         stored = crucible.experiment(name)
-        limit = stored.iterations if crucible.experiment_exists(name) else 0  # never lowered
-        if settings is not None:
-            changed = differing_settings(stored, settings) if crucible.experiment_exists(name) else []
-            if changed:
-                raise UserError(f"experiment {name!r} already ran with other settings ({', '.join(changed)} "
-                                "differ): give the file a new `name`, or change only `iterations`")
-            stored = settings
+        limit = stored.iterations if exists else 0  # never lowered
         through = overrides.pop("iterations", None)
         if through is not None and through < 1:
             raise UserError(f"--iterations {through}: give 1 or more")
+        if settings is not None:
+            through = through or settings.iterations  # the file's, even below the stored limit
+            try:
+                stored = updated_settings(stored if exists else None, settings)
+            except ExperimentFileError as error:
+                raise UserError(str(error)) from None
         through = through or stored.iterations
         config = ExperimentConfig.model_validate(
             {**stored.model_dump(), **{key: value for key, value in overrides.items() if value is not None},

@@ -14,6 +14,12 @@ iteration_job = define_asset_job(
     description="One RL iteration: sample, verify, store trajectories, judge their rewards, train, evaluate.",
 )
 
+evaluation_job = define_asset_job(
+    "evaluation",
+    selection=AssetSelection.assets("checkpoint_eval"),
+    description="Evaluate an iteration's checkpoint on the held-out split again.",
+)
+
 base_policy_job = define_asset_job(
     "base_policy_job",
     selection=AssetSelection.assets("base_policy"),

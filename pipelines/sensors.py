@@ -1,5 +1,6 @@
-"""Continuous training: the next iteration of each experiment that asks for it, once its last one
-is evaluated, until a stopping rule (training/continuation.py) says no."""
+"""Automation: the next iteration of each experiment that asks for it, once its last one is
+evaluated, until a stopping rule (training/continuation.py) says no; reward_analytics kept
+current; and a periodic re-evaluation of the latest checkpoints (off by default)."""
 
 from __future__ import annotations
 
@@ -8,28 +9,33 @@ from dagster import (
     AssetSelection,
     AutomationConditionSensorDefinition,
     DagsterRunStatus,
+    DefaultScheduleStatus,
     DefaultSensorStatus,
     RunRequest,
     RunsFilter,
+    ScheduleEvaluationContext,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    schedule,
     sensor,
 )
 
 from assets.partitions import experiments, iteration_key, iteration_numbers, parse_iteration_key
 from assets.resources import CrucibleResource
 from datastore import catalog
-from pipelines.jobs import iteration_job
+from pipelines.jobs import evaluation_job, iteration_job
 from training.continuation import reason_to_stop
 from training.experiment import ExperimentFileError
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 
-def latest_evaluated(context: SensorEvaluationContext, partition_keys: set[str]) -> dict[str, int]:
-    """Highest evaluated iteration of every experiment; a malformed key (added by hand in the UI)
-    is reported in the tick's log and skipped, never failing every tick."""
+def latest_iterations(context: SensorEvaluationContext | ScheduleEvaluationContext,
+                      partition_keys: set[str]) -> dict[str, int]:
+    """Highest iteration of every experiment among the keys (of an asset's materialized
+    partitions); a malformed key (added by hand in the UI) is reported in the tick's log and
+    skipped, never failing every tick."""
     latest: dict[str, int] = {}
     for key in partition_keys:
         try:
@@ -66,7 +72,7 @@ def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name:
 # the experiments stored with `continuous = true` (`crucible continue NAME`), and only those.
 @sensor(job=iteration_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.STOPPED)
 def advance_iterations(context: SensorEvaluationContext, crucible: CrucibleResource):
-    evaluated = latest_evaluated(context, context.instance.get_materialized_partitions(AssetKey("checkpoint_eval")))
+    evaluated = latest_iterations(context, context.instance.get_materialized_partitions(AssetKey("checkpoint_eval")))
     requests, reasons = [], []
     for name in crucible.experiment_names():
         last = evaluated.get(name, 0)
@@ -90,3 +96,15 @@ keep_analytics_current = AutomationConditionSensorDefinition(
     "keep_analytics_current", target=AssetSelection.assets("reward_analytics"),
     default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
 )
+
+
+# Off by default: evaluates each continuously trained experiment's latest checkpoint again, every
+# six hours (after a change of the held-out split or the verifier, say).
+@schedule(job=evaluation_job, cron_schedule="0 */6 * * *", default_status=DefaultScheduleStatus.STOPPED)
+def evaluate_latest_checkpoints(context: ScheduleEvaluationContext, crucible: CrucibleResource):
+    trained = latest_iterations(context, context.instance.get_materialized_partitions(AssetKey("checkpoint")))
+    stamp = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "now"
+    requests = [RunRequest(run_key=f"{key}@{stamp}", partition_key=key)
+                for key in (iteration_key(name, trained[name]) for name in crucible.experiment_names()
+                            if name in trained and crucible.experiment(name).continuous)]
+    return requests or SkipReason("no continuously trained experiment has a checkpoint yet")

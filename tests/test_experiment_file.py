@@ -1,4 +1,5 @@
-"""One file describes an experiment: `crucible run --config FILE` (TOML, YAML or JSON)."""
+"""One file describes an experiment: `crucible run --config FILE` (TOML, YAML or JSON), or the
+same settings given to the create_experiment job from the launchpad."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance, materialize
 
+from assets.experiments import create_experiment
+from assets.iteration import task_set
+from assets.partitions import add_iteration
+from assets.resources import CrucibleResource
 from training.experiment import ExperimentConfig, ExperimentFileError, differing_settings, load_experiment_file
 
 GOOD = """
@@ -70,7 +76,7 @@ def test_the_cli_refuses_to_change_a_stored_experiment_without_a_traceback(tmp_p
     result = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", str(tmp_path / "lora.toml")],
                             env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
     assert result.returncode == 2
-    assert "experiment 'lora-small' already ran with other settings" in result.stderr
+    assert "experiment 'lora-small' is stored with other settings" in result.stderr
     assert "grpo.estimator" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -119,3 +125,39 @@ def test_running_fewer_iterations_never_lowers_the_stored_limit(tmp_path, monkey
     assert again.through == 10 and again.crucible.experiment("exp").iterations == 15
     with pytest.raises(UserError, match="--iterations 0: give 1 or more"):
         ExperimentRunner.for_experiment("exp", iterations=0)
+
+
+def _create(crucible: CrucibleResource, instance: DagsterInstance, settings: str):
+    return create_experiment.execute_in_process(
+        run_config={"ops": {"store_experiment": {"config": {"settings": settings}}}},
+        resources={"crucible": crucible}, instance=instance, raise_on_error=False)
+
+
+def test_an_experiment_is_created_from_the_launchpad_run_config_validated_as_a_file(tmp_path):
+    """Issue 16, problem 5: an experiment exists once its settings are stored, from a file or the UI."""
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    with DagsterInstance.ephemeral() as instance:
+        assert _create(crucible, instance, 'name = "ui-made"\niterations = 3\n[grpo]\nepochs = 2\n').success
+        assert crucible.experiment("ui-made").grpo.epochs == 2
+        assert instance.get_dynamic_partitions("experiments") == ["ui-made"]
+
+        bad = _create(crucible, instance, 'name = "ui-made"\n[grpo]\nlr = -1\n')
+        changed = _create(crucible, instance, 'name = "ui-made"\niterations = 3\n[grpo]\nepochs = 3\n')
+        shorter = _create(crucible, instance, 'name = "ui-made"\niterations = 2\n[grpo]\nepochs = 2\n')
+    [bad_failure] = [event for event in bad.all_events if event.is_step_failure]
+    assert "the launchpad's settings: field 'grpo.lr'" in bad_failure.step_failure_data.error.message
+    [changed_failure] = [event for event in changed.all_events if event.is_step_failure]
+    assert "is stored with other settings (grpo.epochs differ)" in changed_failure.step_failure_data.error.message
+    assert shorter.success and crucible.experiment("ui-made").iterations == 3  # the limit is never lowered
+
+
+def test_a_ui_launch_beyond_the_iteration_limit_fails_with_how_to_raise_it(tmp_path):
+    """Issue 16, problem 5: UI launches and backfills ignored the experiment's limit."""
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    crucible.save_experiment(ExperimentConfig(name="short", iterations=3))
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([task_set], partition_key=add_iteration(instance, "short", 4), instance=instance,
+                             resources={"crucible": crucible}, raise_on_error=False)
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    assert ("iteration 4 is beyond experiment 'short''s limit of 3: raise it first (`crucible run --experiment short "
+            "--iterations 4`") in failure.step_failure_data.error.message

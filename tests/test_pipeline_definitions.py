@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    build_schedule_context,
     build_sensor_context,
     evaluate_automation_conditions,
 )
@@ -31,7 +33,7 @@ from pipelines import environment
 from pipelines.definitions import defs
 from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
-from pipelines.sensors import advance_iterations
+from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints
 from task_sets.loader import library_dir
 from training.experiment import ExperimentConfig
 
@@ -182,6 +184,19 @@ def test_a_malformed_partition_key_is_skipped_and_the_sensor_still_advances(inst
     _evaluated(instance, "exp|0001", "tinyc|7")  # the second added by hand
     result = _evaluate(instance, crucible)
     assert [request.partition_key for request in result.run_requests] == ["exp|0002"]
+
+
+def test_the_periodic_evaluation_requests_each_continued_experiments_latest_checkpoint(tmp_path, crucible):
+    instance = DagsterInstance.local_temp(str(tmp_path))  # schedules need a persistent one
+    crucible.save_experiment(ExperimentConfig(name="paused", iterations=5))  # not continued
+    for key in ("exp|0001", "exp|0002", "paused|0001"):
+        instance.report_runless_asset_event(AssetMaterialization("checkpoint", partition=key))
+    with build_schedule_context(instance=instance, resources={"crucible": crucible},
+                                scheduled_execution_time=datetime(2026, 12, 1, 6, tzinfo=timezone.utc)) as context:
+        requests = evaluate_latest_checkpoints(context)
+    assert [(request.partition_key, request.run_key) for request in requests] == [
+        ("exp|0002", "exp|0002@2026-12-01T06:00:00+00:00")]
+    assert {s.name: s.default_status.value for s in defs.schedules} == {"evaluate_latest_checkpoints": "STOPPED"}
 
 
 @pytest.mark.filterwarnings("ignore:Parameter `include_sources`")  # inside Dagster's own evaluation helper

@@ -106,7 +106,7 @@ def test_an_iteration_of_an_experiment_never_created_fails_instead_of_guessing_i
                              resources={"crucible": crucible, **RESOURCES}, raise_on_error=False)
     [failure] = [event for event in result.all_events if event.is_step_failure]
     assert "experiment 'guessed' has no stored settings" in failure.step_failure_data.error.message
-    assert "`crucible run --config FILE`" in failure.step_failure_data.error.message
+    assert "create it with the create_experiment job" in failure.step_failure_data.error.message
 
 
 def test_infrastructure_errors_above_the_limit_keep_the_training_step_from_running(crucible):

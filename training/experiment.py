@@ -112,18 +112,23 @@ def load_experiment_file(path: str | Path) -> ExperimentConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ExperimentFileError(f"{path}: cannot read: {error.strerror}") from None
+    return parse_experiment(text, path.suffix.lstrip("."), str(path))
+
+
+def parse_experiment(text: str, kind: str, source: str) -> ExperimentConfig:
+    """Settings written as `kind` (toml, yaml, yml or json), validated; problems name `source`."""
     try:
-        if path.suffix == ".toml":
+        if kind == "toml":
             document = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
+        elif kind in ("yaml", "yml"):
             document = yaml.safe_load(text)
-        elif path.suffix == ".json":
+        elif kind == "json":
             document = json.loads(text)
         else:
-            raise ExperimentFileError(f"{path}: unknown format {path.suffix!r} (use .toml, .yaml or .json)")
+            raise ExperimentFileError(f"{source}: unknown format {kind!r} (use .toml, .yaml or .json)")
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
-        raise ExperimentFileError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
-    return experiment_from(document, str(path))
+        raise ExperimentFileError(f"{source}: not valid {kind.upper()}: {error}") from None
+    return experiment_from(document, source)
 
 
 def experiment_from(document: object, source: str) -> ExperimentConfig:
@@ -141,6 +146,19 @@ def experiment_from(document: object, source: str) -> ExperimentConfig:
 
 # How long an experiment runs, not how: the settings that may change after it has run.
 LIFE_SETTINGS = {"iterations", "continuous", "plateau_patience"}
+
+
+def updated_settings(stored: ExperimentConfig | None, new: ExperimentConfig) -> ExperimentConfig:
+    """What to store for an experiment stored as `stored` (None: a new one) that `new` describes:
+    refused when it changes more than how long the experiment runs, and its iteration limit
+    is never lowered (it changes only when asked for, upwards)."""
+    if stored is None:
+        return new
+    changed = differing_settings(stored, new)
+    if changed:
+        raise ExperimentFileError(f"experiment {new.name!r} is stored with other settings ({', '.join(changed)} "
+                                  f"differ): give it a new `name`, or change only {', '.join(sorted(LIFE_SETTINGS))}")
+    return new.model_copy(update={"iterations": max(new.iterations, stored.iterations)})
 
 
 def differing_settings(stored: ExperimentConfig, new: ExperimentConfig) -> list[str]:
