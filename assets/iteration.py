@@ -16,10 +16,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
+    AssetKey,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -31,7 +33,7 @@ from dagster import (
 
 from assets.charts import eval_curve_png, markdown_table, png_markdown
 from assets.datasets import report_stored
-from assets.partitions import iterations, parse_iteration_key
+from assets.partitions import iteration_key, iterations, parse_iteration_key
 from assets.policy import base_policy, stored_experiment
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
@@ -207,6 +209,10 @@ STABILITY_CHECKS = {
     "entropy_not_collapsed": ("mean token entropy stays above monitors.min_entropy_ratio of the first "
                               "iteration's", False),
     "tamper_rate_not_rising": ("the share of tampered submissions rises at most monitors.max_tamper_rise", False),
+    # Dagster draws no edge from checkpoint N-1 to iteration N, so it cannot mark later checkpoints
+    # stale when an earlier one is re-run: this check does, on every later partition.
+    "lineage_current": ("trained from the checkpoint before it as that one is now; a re-run of an earlier "
+                        "iteration fails this check on every later one until they are run again", False),
 }
 
 
@@ -239,6 +245,12 @@ def checkpoint(
         store.write_partition("training_steps", name, number, rows_to_table("training_steps", step_rows))
     for dataset in ("checkpoints", "training_steps"):
         report_stored(context, store, dataset, name, number)
+    for later in iteration.later_trained():
+        context.instance.report_runless_asset_event(AssetCheckEvaluation(
+            asset_key=AssetKey("checkpoint"), check_name="lineage_current", passed=False,
+            partition=str(iteration_key(name, later)), severity=AssetCheckSeverity.WARN,
+            description=f"trained from a lineage that the re-run of iteration {number} replaced: materialize "
+                        f"iterations {number + 1} to {later} again, in order"))
     return MaterializeResult(
         metadata={
             **reported,
@@ -248,7 +260,9 @@ def checkpoint(
             "signals": MetadataValue.md(markdown_table([record.signals], tuple(record.signals))),
             "steps": MetadataValue.md(markdown_table(step_rows, STEP_STATS) if step_rows else "no optimizer step"),
         },
-        check_results=[check_result(v) for v in record.verdicts],
+        check_results=[*(check_result(v) for v in record.verdicts), AssetCheckResult(
+            check_name="lineage_current", passed=True, severity=AssetCheckSeverity.WARN,
+            description=f"trained from checkpoint {number - 1} as it is now ({job.lineage['parent']['content_hash'][:12]})")],
     )
 
 

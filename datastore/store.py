@@ -185,6 +185,12 @@ class DatasetStore:
         self._forget_listings(self.partition_dir(dataset, experiment, iteration))
         return self.fs.exists(self.manifest_path(dataset, experiment, iteration, part))
 
+    def iterations(self, dataset: str, experiment: str, part: str = "data") -> list[int]:
+        """The experiment's iterations that have `part` of `dataset` published, in order."""
+        pattern = self.manifest_path(dataset, experiment, 0, part).replace("/iteration=0/", "/iteration=*/")
+        self._forget_listings(f"{self.root}/{dataset}/experiment={experiment}")
+        return sorted(int(path.rsplit("/iteration=", 1)[1].split("/", 1)[0]) for path in self.fs.glob(pattern))
+
     def dataset_files(self, dataset: str) -> list[str]:
         """URIs of every published file of a dataset, across experiments and iterations: what a
         reader (DuckDB, polars, pyarrow) should scan."""

@@ -314,6 +314,12 @@ class Iteration:
             return []
         return store.read_partition("checkpoints", name, self.number)["trajectories"].to_pylist()[0] or []
 
+    def later_trained(self) -> list[int]:
+        """The experiment's later iterations that have a training step on record: a re-run of this
+        one leaves them on a lineage whose start it replaced."""
+        return [number for number in self.env.store().iterations("checkpoints", self.experiment.name)
+                if number > self.number]
+
     def train_job(self) -> TrainJob:
         """The training step on this iteration's stored trajectories, from the policy that sampled them."""
         parent_dir, parent_hash = self.policy()
