@@ -1,10 +1,10 @@
-"""create_experiment: an experiment created from the UI's launchpad, its settings given as the
+"""store_experiment (the create_experiment job, pipelines/jobs.py): an experiment created from the UI's launchpad, its settings given as the
 run config and validated exactly as `crucible run --config FILE` validates a file."""
 
-from dagster import Config, Failure, OpExecutionContext, job, op
+from dagster import Config, Failure, OpExecutionContext, op
 from pydantic import Field
 
-from assets.partitions import experiments
+from assets.partitions import add_experiment
 from assets.resources import CrucibleResource
 from training.experiment import ExperimentFileError, parse_experiment, updated_settings
 
@@ -19,18 +19,12 @@ def store_experiment(context: OpExecutionContext, config: ExperimentSettings, cr
     """Store the settings (refused, with the field and reason, when they do not validate or would
     change a stored experiment's more than how long it runs) and add its partition."""
     try:
-        experiment = parse_experiment(config.settings, "toml", "the launchpad's settings")
+        experiment = parse_experiment(config.settings, "toml", "the launchpad's settings", required=("name",))
         stored = crucible.experiment(experiment.name) if crucible.experiment_exists(experiment.name) else None
         experiment = updated_settings(stored, experiment)
     except ExperimentFileError as error:
         raise Failure(str(error), allow_retries=False) from None
     crucible.save_experiment(experiment)
-    if not context.instance.has_dynamic_partition(experiments.name, experiment.name):
-        context.instance.add_dynamic_partitions(experiments.name, [experiment.name])
+    add_experiment(context.instance, experiment.name)
     context.log.info(f"experiment {experiment.name!r} stored: materialize its base_policy partition, then its "
                      f"iterations ({experiment.iterations} at most)")
-
-
-@job(description="Create (or lengthen) an experiment from its settings, given as TOML in the run config.")
-def create_experiment():
-    store_experiment()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import typing
 
-from dagster import ConfigurableIOManager, InputContext, OutputContext
+from dagster import ConfigurableIOManager, Failure, InputContext, OutputContext
 from pydantic import TypeAdapter, ValidationError
 
 from assets.partitions import parse_iteration_key
@@ -39,17 +39,18 @@ class DatasetIOManager(ConfigurableIOManager):
         experiment, number = parse_iteration_key(context.asset_partition_key)
         store = DatasetStore(self.storage_root)
         if not store.has_partition("outputs", experiment, number, part=asset):
-            raise FileNotFoundError(f"{asset} of {experiment} iteration {number} was never stored: materialize it "
-                                    "first (or the whole iteration)")
+            raise Failure(f"{asset} of {experiment} iteration {number} was never stored: materialize it first (or "
+                          "the whole iteration)", allow_retries=False)
         rows = sorted(store.read_partition("outputs", experiment, number, part=asset).to_pylist(),
                       key=lambda row: row["index"])
         item = _adapter(_item_type(context.dagster_type.typing_type, asset))
         try:
             return [item.validate_json(row["record"]) for row in rows]
         except ValidationError as error:
-            raise ValueError(f"the stored {asset} of {experiment} iteration {number} no longer fits "
-                             f"{item}: {error.errors()[0]['loc']}: {error.errors()[0]['msg']}: materialize it "
-                             "again") from None
+            problem = error.errors()[0]
+            raise Failure(f"the stored {asset} of {experiment} iteration {number} no longer fits the type its "
+                          f"reader declares ({problem['loc']}: {problem['msg']}): materialize it again",
+                          allow_retries=False) from None
 
 
 # Dagster types an input by a class, so assets take `list[TaskBase]`; a task is read back as the

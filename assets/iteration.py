@@ -16,12 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from dagster import (
-    AssetCheckEvaluation,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
-    AssetKey,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -33,7 +31,8 @@ from dagster import (
 
 from assets.charts import eval_curve_png, markdown_table, png_markdown
 from assets.datasets import report_stored
-from assets.partitions import iteration_key, iterations, parse_iteration_key
+from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
+from assets.partitions import iterations, parse_iteration_key
 from assets.policy import base_policy, stored_experiment
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
@@ -209,10 +208,7 @@ STABILITY_CHECKS = {
     "entropy_not_collapsed": ("mean token entropy stays above monitors.min_entropy_ratio of the first "
                               "iteration's", False),
     "tamper_rate_not_rising": ("the share of tampered submissions rises at most monitors.max_tamper_rise", False),
-    # Dagster draws no edge from checkpoint N-1 to iteration N, so it cannot mark later checkpoints
-    # stale when an earlier one is re-run: this check does, on every later partition.
-    "lineage_current": ("trained from the checkpoint before it as that one is now; a re-run of an earlier "
-                        "iteration fails this check on every later one until they are run again", False),
+    LINEAGE_CHECK: (LINEAGE_CHECK_DESCRIPTION, False),  # assets/lineage_check.py
 }
 
 
@@ -231,6 +227,7 @@ def checkpoint(
     monitors, as asset checks, on the new checkpoint."""
     iteration = this_iteration(context, crucible)
     name, number, store = iteration.experiment.name, iteration.number, crucible.store()
+    replaced = iteration.recorded_hash()  # None: a first training step
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint"):
         job = iteration.train_job()
         invocation = pipes_subprocess_client.run(
@@ -245,12 +242,9 @@ def checkpoint(
         store.write_partition("training_steps", name, number, rows_to_table("training_steps", step_rows))
     for dataset in ("checkpoints", "training_steps"):
         report_stored(context, store, dataset, name, number)
-    for later in iteration.later_trained():
-        context.instance.report_runless_asset_event(AssetCheckEvaluation(
-            asset_key=AssetKey("checkpoint"), check_name="lineage_current", passed=False,
-            partition=str(iteration_key(name, later)), severity=AssetCheckSeverity.WARN,
-            description=f"trained from a lineage that the re-run of iteration {number} replaced: materialize "
-                        f"iterations {number + 1} to {later} again, in order"))
+    if replaced not in (None, record.row["content_hash"]):
+        report_off_lineage(context.instance, name, f"the re-run of iteration {number}", number + 1,
+                           iteration.later_trained())
     return MaterializeResult(
         metadata={
             **reported,
@@ -261,7 +255,7 @@ def checkpoint(
             "steps": MetadataValue.md(markdown_table(step_rows, STEP_STATS) if step_rows else "no optimizer step"),
         },
         check_results=[*(check_result(v) for v in record.verdicts), AssetCheckResult(
-            check_name="lineage_current", passed=True, severity=AssetCheckSeverity.WARN,
+            check_name=LINEAGE_CHECK, passed=True, severity=AssetCheckSeverity.WARN,
             description=f"trained from checkpoint {number - 1} as it is now ({job.lineage['parent']['content_hash'][:12]})")],
     )
 
@@ -269,7 +263,7 @@ def checkpoint(
 @asset(**ITERATION, deps=[checkpoint])
 def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """Pass rate of the new checkpoint on the held-out split, with its standard error, against
-    the base policy's on the same tasks (evaluated once per experiment and stored as iteration 0),
+    the base policy's on the same tasks (stored as iteration 0, evaluated again after a rebuild),
     and the curve across iterations."""
     iteration = this_iteration(context, crucible)
     store, name, number = crucible.store(), iteration.experiment.name, iteration.number

@@ -30,9 +30,9 @@ def parse_iteration_key(key: str | MultiPartitionKey) -> tuple[str, int]:
     dimensions = key.keys_by_dimension if isinstance(key, MultiPartitionKey) else dict(
         zip(("experiment", "iteration"), str(key).split("|")) if str(key).count("|") == 1 else {})
     number = dimensions.get("iteration", "")
-    if not dimensions.get("experiment") or not _NUMBER.match(number):
+    if not dimensions.get("experiment") or not _NUMBER.match(number) or int(number) < 1:
         raise ValueError(f"partition key {str(key)!r} is not '<experiment>|<iteration>' with a four-digit "
-                         "iteration (for example 'default|0001')")
+                         "iteration from 0001 (for example 'default|0001')")
     return dimensions["experiment"], int(number)
 
 
@@ -45,9 +45,14 @@ def experiment_of_run(tags: Mapping[str, str]) -> str | None:
     return partition if partition and "|" not in partition else None
 
 
+def add_experiment(instance: DagsterInstance, experiment: str) -> None:
+    if not instance.has_dynamic_partition(experiments.name, experiment):
+        instance.add_dynamic_partitions(experiments.name, [experiment])
+
+
 def add_iteration(instance: DagsterInstance, experiment: str, iteration: int) -> MultiPartitionKey:
     """Make sure both dimensions hold the iteration's keys, and return its partition key."""
-    for definition, key in ((experiments, experiment), (iteration_numbers, f"{iteration:04d}")):
-        if not instance.has_dynamic_partition(definition.name, key):
-            instance.add_dynamic_partitions(definition.name, [key])
+    add_experiment(instance, experiment)
+    if not instance.has_dynamic_partition(iteration_numbers.name, f"{iteration:04d}"):
+        instance.add_dynamic_partitions(iteration_numbers.name, [f"{iteration:04d}"])
     return iteration_key(experiment, iteration)

@@ -5,11 +5,12 @@ import tempfile
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
+from assets.lineage_check import report_off_lineage
 from assets.partitions import experiments
 from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
 from training.experiment import ExperimentConfig, ExperimentFileError
-from training.policy.checkpoint import verify_checkpoint
+from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
 from training.policy.tokenizer import build_tokenizer
 from training.sft.demonstrations import warmup_examples
@@ -29,6 +30,13 @@ def stored_experiment(crucible: CrucibleResource, name: str) -> ExperimentConfig
         raise Failure(str(error), allow_retries=False) from None
 
 
+def _content_hash(directory) -> str | None:
+    try:
+        return verify_checkpoint(directory)["content_hash"]
+    except CheckpointError:
+        return None
+
+
 @asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"})
 def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """A small Llama built from the experiment's `base` settings (nothing is downloaded),
@@ -46,10 +54,14 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
         if step == total or step % max(1, total // 10) == 0:
             context.log.info(f"warm-up step {step}/{total}: loss {loss:.3f}")
 
+    replaced = _content_hash(out_dir)
     with tempfile.TemporaryDirectory() as scratch:
         initial = build_base_policy(f"{scratch}/init", policy_config)
         metrics = supervised_warmup(initial, examples, out_dir, sft_config, report)
     manifest = verify_checkpoint(out_dir)
+    if replaced not in (None, manifest["content_hash"]):
+        report_off_lineage(context.instance, experiment.name, "the rebuilt base policy", 1,
+                           crucible.store().iterations("checkpoints", experiment.name))
     return MaterializeResult(
         metadata={
             "path": MetadataValue.path(str(out_dir)),

@@ -3,6 +3,7 @@ reward function as they are now, stored beside the original (one part per reward
 that a new verifier never rewrites the trajectories a checkpoint was trained on. Launched from
 the UI as a backfill over the iterations to re-grade; `crucible sql` shows both in `regraded`."""
 
+import re
 from collections import Counter
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
@@ -21,7 +22,7 @@ def regrades(context: AssetExecutionContext, crucible: CrucibleResource) -> Mate
         regrade = iteration.regrade()
     store, rows = crucible.store(), regrade.rows
     path = store.write_partition("regrades", iteration.experiment.name, iteration.number,
-                                 rows_to_table("regrades", rows), part=regrade.reward_version)
+                                 rows_to_table("regrades", rows), part=re.sub(r"[^\w@.-]", "_", regrade.reward_version))
     return MaterializeResult(metadata={
         "path": MetadataValue.path(store.uri_of(path)), "reward_version": regrade.reward_version,
         "samples": len(rows), "pass_rate": sum(row["passed"] for row in rows) / max(len(rows), 1),

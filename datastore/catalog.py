@@ -40,11 +40,10 @@ DERIVED_VIEWS = {
         FROM (SELECT *, unnest(map_entries(reward_components)) AS c FROM trajectories)
     """,
     "regraded": """
-        SELECT experiment, iteration, t.task_id, group_id, sample_index,
-               t.reward_version AS original_reward_version, t.reward AS original_reward,
-               t.passed AS original_passed, r.reward_version, r.reward, r.reward_status, r.passed,
-               r.passed IS DISTINCT FROM t.passed AS verdict_changed, r.tamper_flags, r.regraded_at
-        FROM regrades r JOIN trajectories t USING (experiment, iteration, group_id, sample_index)
+        SELECT experiment, iteration, task_id, group_id, sample_index, original_reward_version,
+               original_reward, original_passed, reward_version, reward, reward_status, passed,
+               passed IS DISTINCT FROM original_passed AS verdict_changed, tamper_flags, regraded_at
+        FROM regrades
     """,
     "iterations": """
         WITH timing AS (

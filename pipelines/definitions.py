@@ -8,7 +8,6 @@ from dagster import Definitions, PipesSubprocessClient, PreviewWarning, in_proce
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
-from assets.experiments import create_experiment
 from assets.io_manager import DatasetIOManager
 from assets.iteration import (
     checkpoint,
@@ -21,7 +20,7 @@ from assets.iteration import (
 from assets.policy import base_policy
 from assets.regrades import regrades
 from pipelines import environment
-from pipelines.jobs import analytics_job, base_policy_job, evaluation_job, iteration_job
+from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
 from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current

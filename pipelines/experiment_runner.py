@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dagster import AssetKey, DagsterInstance, Definitions
 from rich.console import Console
 
-from assets.partitions import add_iteration, experiments
+from assets.partitions import add_experiment, add_iteration
 from assets.resources import CrucibleResource
 from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
@@ -75,8 +75,7 @@ class ExperimentRunner:
         )
         crucible.save_experiment(config)
         instance = DagsterInstance.get()
-        if not instance.has_dynamic_partition(experiments.name, name):
-            instance.add_dynamic_partitions(experiments.name, [name])
+        add_experiment(instance, name)
         return cls(instance, defs, crucible, config, through)
 
     def run(self) -> None:

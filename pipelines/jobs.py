@@ -1,9 +1,11 @@
-"""Jobs: one RL iteration (partitioned by experiment and iteration), an experiment's base policy,
-and the cross-iteration analytics."""
+"""Jobs: one RL iteration (partitioned by experiment and iteration), its evaluation alone, an
+experiment's base policy, the cross-iteration analytics, and creating an experiment."""
 
 from __future__ import annotations
 
-from dagster import AssetSelection, define_asset_job
+from dagster import AssetSelection, define_asset_job, job
+
+from assets.experiments import store_experiment
 
 ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "iteration_rewards", "checkpoint",
                     "checkpoint_eval")
@@ -31,3 +33,8 @@ analytics_job = define_asset_job(
     selection=AssetSelection.assets("reward_analytics"),
     description="Summarise rewards across every iteration (DuckDB).",
 )
+
+
+@job(description="Create (or lengthen) an experiment from its settings, given as TOML in the run config.")
+def create_experiment():
+    store_experiment()

@@ -4,6 +4,8 @@ current; and a periodic re-evaluation of the latest checkpoints (off by default)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dagster import (
     AssetKey,
     AssetSelection,
@@ -28,7 +30,8 @@ from pipelines.jobs import evaluation_job, iteration_job
 from training.continuation import reason_to_stop
 from training.experiment import ExperimentFileError
 
-IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+             DagsterRunStatus.CANCELING]
 
 
 def latest_iterations(context: SensorEvaluationContext | ScheduleEvaluationContext,
@@ -47,7 +50,8 @@ def latest_iterations(context: SensorEvaluationContext | ScheduleEvaluationConte
     return latest
 
 
-def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name: str, last: int) -> str | None:
+def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name: str, last: int,
+             held_out: Callable[[str], list[tuple[int, float]]]) -> str | None:
     """Why experiment `name` gets no iteration after `last` now, or None to start it."""
     try:
         experiment = crucible.experiment(name)
@@ -55,17 +59,37 @@ def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name:
         return f"its stored settings no longer validate: {error}"
     if not experiment.continuous:
         return "continuous training is off (`crucible continue NAME` switches it on)"
-    if context.instance.get_run_records(RunsFilter(tags={"dagster/partition/experiment": name},
-                                                   statuses=IN_FLIGHT), limit=1):
-        return "a run of it is queued or in progress"
-    if last == 0 and name not in context.instance.get_materialized_partitions(AssetKey("base_policy")):
+    instance = context.instance
+    for tags in ({"dagster/partition/experiment": name}, {"dagster/partition": name}):  # iterations, base policy
+        if instance.get_run_records(RunsFilter(tags=tags, statuses=IN_FLIGHT), limit=1):
+            return "a run of it is queued or in progress"
+    following = str(iteration_key(name, last + 1))
+    failed = instance.get_run_records(RunsFilter(tags={"dagster/partition": following},
+                                                 statuses=[DagsterRunStatus.FAILURE]), limit=1)
+    if failed:
+        return (f"the last run of {following} failed (run {failed[0].dagster_run.run_id}): fix what it says and "
+                "launch it again by hand; the sensor never repeats a failed iteration")
+    if last == 0 and name not in instance.get_materialized_partitions(AssetKey("base_policy")):
         return "it has no base policy yet: materialize base_policy for it"
     store = crucible.store()
     blocked = last > 0 and store.has_partition("checkpoints", name, last) and bool(
         store.read_partition("checkpoints", name, last)["blocked"].to_pylist()[0])
-    rows = catalog.records(catalog.connect(crucible.storage_root), "SELECT iteration, pass_rate FROM held_out "
-                           "WHERE experiment = ? ORDER BY iteration", [name])
-    return reason_to_stop(experiment, last, blocked, [(row["iteration"], row["pass_rate"]) for row in rows])
+    return reason_to_stop(experiment, last, blocked, held_out(name))
+
+
+def held_out_curves(crucible: CrucibleResource) -> Callable[[str], list[tuple[int, float]]]:
+    """(iteration, held-out pass rate) of an experiment, its base policy's first, from one DuckDB
+    connection opened when first asked (once per tick)."""
+    connection = None
+
+    def curve(name: str) -> list[tuple[int, float]]:
+        nonlocal connection
+        connection = connection or catalog.connect(crucible.storage_root)
+        rows = catalog.records(connection, "SELECT iteration, pass_rate FROM held_out WHERE experiment = ? "
+                               "ORDER BY iteration", [name])
+        return [(row["iteration"], row["pass_rate"]) for row in rows]
+
+    return curve
 
 
 # Stopped by default: `crucible run` drives iterations itself. Switched on in the UI, it continues
@@ -73,10 +97,10 @@ def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name:
 @sensor(job=iteration_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.STOPPED)
 def advance_iterations(context: SensorEvaluationContext, crucible: CrucibleResource):
     evaluated = latest_iterations(context, context.instance.get_materialized_partitions(AssetKey("checkpoint_eval")))
-    requests, reasons = [], []
+    requests, reasons, held_out = [], [], held_out_curves(crucible)
     for name in crucible.experiment_names():
         last = evaluated.get(name, 0)
-        reason = _why_not(context, crucible, name, last)
+        reason = _why_not(context, crucible, name, last, held_out)
         if reason:
             reasons.append(f"{name}: {reason}")
             continue
@@ -84,6 +108,8 @@ def advance_iterations(context: SensorEvaluationContext, crucible: CrucibleResou
         requests.append(RunRequest(run_key=str(key), partition_key=key))  # a run key is used once: no re-launch
     if not requests:
         return SkipReason("; ".join(reasons) or "no experiment is stored")
+    for reason in reasons:
+        context.log.info(f"not advanced: {reason}")
     numbers = sorted({parse_iteration_key(request.partition_key)[1] for request in requests})
     names = sorted({parse_iteration_key(request.partition_key)[0] for request in requests})
     return SensorResult(run_requests=requests, dynamic_partitions_requests=[
@@ -106,5 +132,13 @@ def evaluate_latest_checkpoints(context: ScheduleEvaluationContext, crucible: Cr
     stamp = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "now"
     requests = [RunRequest(run_key=f"{key}@{stamp}", partition_key=key)
                 for key in (iteration_key(name, trained[name]) for name in crucible.experiment_names()
-                            if name in trained and crucible.experiment(name).continuous)]
+                            if name in trained and _continued(context, crucible, name))]
     return requests or SkipReason("no continuously trained experiment has a checkpoint yet")
+
+
+def _continued(context: ScheduleEvaluationContext, crucible: CrucibleResource, name: str) -> bool:
+    try:
+        return crucible.experiment(name).continuous
+    except ExperimentFileError as error:  # one experiment's broken settings never fail the tick
+        context.log.warning(f"skipped {name!r}: {error}")
+        return False

@@ -3,7 +3,7 @@ local backend twice: its one-shot `run` and its supervised sessions (`local-sess
 
 A backend that cannot run on this host is skipped loudly: the reason goes into the skip and a
 banner at the end of the run. Where CRUCIBLE_REQUIRE_BACKENDS names it (CI sets
-"local,docker"), it is a failure instead.
+"local,docker,browser"; `browser` is the UI test's Chromium), it is a failure instead.
 """
 
 from __future__ import annotations

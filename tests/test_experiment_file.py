@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, materialize
 
-from assets.experiments import create_experiment
 from assets.iteration import task_set
 from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
+from pipelines.jobs import create_experiment
 from training.experiment import ExperimentConfig, ExperimentFileError, differing_settings, load_experiment_file
 
 GOOD = """

@@ -110,6 +110,24 @@ def test_a_rerun_of_an_earlier_iteration_leaves_later_checkpoints_unusable(cruci
     assert iteration(crucible, 2).policy()[1] == rerun  # iteration 2 again is what it takes
 
 
+def test_the_whole_lineage_back_to_the_base_policy_is_checked(crucible):
+    """Not one step back only: after a re-run of iteration 1, iteration 4 must not sample
+    checkpoint 3, whose own parent (2) is unchanged but was trained from the replaced 1."""
+    hashes = [_checkpoint(crucible, 0)]
+    for number in (1, 2, 3):
+        hashes.append(_checkpoint(crucible, number, seed=number))
+        _checkpoint(crucible, number, seed=number, recorded_hash=hashes[number], parent_hash=hashes[number - 1])
+    assert iteration(crucible, 4).policy()[1] == hashes[3]
+    rerun = _checkpoint(crucible, 1, seed=9)
+    _checkpoint(crucible, 1, seed=9, recorded_hash=rerun, parent_hash=hashes[0])
+    with pytest.raises(Refused, match=f"checkpoint 2 was trained from checkpoint 1 as it was \\({hashes[1][:12]}\\).* "
+                                      "materialize iterations 2 to 4 again, in order."):
+        iteration(crucible, 4).policy()
+    _checkpoint(crucible, 0, seed=5)  # a rebuilt base policy breaks every lineage from it
+    with pytest.raises(Refused, match="checkpoint 1 was trained from checkpoint 0 as it was"):
+        iteration(crucible, 2).policy()
+
+
 def test_an_iteration_refuses_a_checkpoint_its_training_step_never_recorded(crucible):
     _checkpoint(crucible, 1)
     with pytest.raises(Refused, match="checkpoint 1 has no record of the training step that made it"):
@@ -177,6 +195,9 @@ def test_the_base_policy_evaluation_is_redone_for_a_rebuilt_base_policy(crucible
     evaluate()
     assert sum("evaluating the base policy first" in line for line in logged) == 1  # still the same base
     rebuilt = build(0, 7)
+    with pytest.raises(Refused, match="checkpoint 1 was trained from checkpoint 0 as it was"):
+        evaluate()  # checkpoint 1 descends from the old base policy
+    _checkpoint_row(crucible, 1, trained, parent_hash=rebuilt)  # as though iteration 1 ran again from it
     evaluate()
     assert evaluated_policy(0) == {rebuilt}
     assert sum("evaluating the base policy first" in line for line in logged) == 2

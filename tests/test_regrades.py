@@ -69,6 +69,11 @@ def test_a_regrade_under_a_new_reward_function_stands_beside_the_original(traine
     # The trajectories the checkpoint names are the same files, byte for byte.
     assert store.partition_files("trajectories", "exp", 1) == files
     assert [store.fs.cat_file(store.fs._strip_protocol(uri)) for uri in files] == before
+    # Sampling the iteration again replaces its trajectories; the re-gradings still show what the
+    # checkpoint was trained with, not the new samples.
+    resampled = store.read_partition("trajectories", "exp", 1).to_pylist()
+    store.write_partition("trajectories", "exp", 1, rows_to_table(
+        "trajectories", [{**row, "reward": 0.5, "passed": False} for row in resampled]), keep=files)
     rows = catalog.records(catalog.connect(crucible.storage_root),
                            "SELECT reward_version, original_reward_version, sample_index, original_passed, passed, "
                            "original_reward, reward FROM regraded ORDER BY reward_version, task_id, sample_index")

@@ -75,10 +75,11 @@ def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None
         grade = dataclasses.replace(grade, reward=float(rollout.sample_index == 0), reward_status="scored")
         rows.append(trajectory_row(VerifiedRollout(rollout, task, grade, verify_s=0.0)))
     crucible.store().write_partition("trajectories", experiment, 1, rows_to_table("trajectories", rows))
-    if experiment == "diverges":  # as though iterations 2 and 3 had been trained before this re-run of 1
-        later = {name: None for name in rows_to_table("checkpoints", []).schema.names}
-        later.update(path="p", content_hash="c", blocked=False, monitor_messages=[], trajectories=[])
-        crucible.store().write_partition("checkpoints", experiment, 3, rows_to_table("checkpoints", [later]))
+    if experiment == "diverges":  # as though iterations 1 to 3 had been trained before this re-run of 1
+        for number in (1, 3):
+            earlier = {name: None for name in rows_to_table("checkpoints", []).schema.names}
+            earlier.update(path="p", content_hash=f"{number}" * 64, blocked=False, monitor_messages=[], trajectories=[])
+            crucible.store().write_partition("checkpoints", experiment, number, rows_to_table("checkpoints", [earlier]))
 
 
 def _train(crucible: CrucibleResource, experiment: str, dagster_home):

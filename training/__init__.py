@@ -9,6 +9,7 @@
     evaluation/  the stability and sample monitors
     experiment   ExperimentConfig: every setting of an experiment
     iteration    one RL iteration's rules, which the Dagster assets call
+    continuation when continuous training of an experiment stops (the sensor's rules)
 
 Imports point down that list (policy is the bottom; experiment may use them all).
 """

@@ -115,8 +115,9 @@ def load_experiment_file(path: str | Path) -> ExperimentConfig:
     return parse_experiment(text, path.suffix.lstrip("."), str(path))
 
 
-def parse_experiment(text: str, kind: str, source: str) -> ExperimentConfig:
-    """Settings written as `kind` (toml, yaml, yml or json), validated; problems name `source`."""
+def parse_experiment(text: str, kind: str, source: str, required: tuple[str, ...] = ()) -> ExperimentConfig:
+    """Settings written as `kind` (toml, yaml, yml or json), validated, the `required` ones given;
+    problems name `source`."""
     try:
         if kind == "toml":
             document = tomllib.loads(text)
@@ -128,6 +129,9 @@ def parse_experiment(text: str, kind: str, source: str) -> ExperimentConfig:
             raise ExperimentFileError(f"{source}: unknown format {kind!r} (use .toml, .yaml or .json)")
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
         raise ExperimentFileError(f"{source}: not valid {kind.upper()}: {error}") from None
+    missing = [name for name in required if not isinstance(document, dict) or name not in document]
+    if missing:
+        raise ExperimentFileError("\n".join(f"{source}: field '{name}': required" for name in missing))
     return experiment_from(document, source)
 
 

@@ -2,10 +2,12 @@
 call these, and attach metadata.
 
 - Iteration N samples from checkpoint N-1 (the base policy for N = 1), verified by its content
-  hash. Refused: a checkpoint whose blocking stability checks failed, and one that is not what
-  iteration N-1's training step recorded (another run replaced it) (`policy`). The training
-  step refuses trajectories another policy sampled (`train_job`), and the evaluation a
-  checkpoint other than the one its training step recorded (`evaluate`).
+  hash. Refused: a checkpoint whose blocking stability checks failed, one that is not what
+  iteration N-1's training step recorded (another run replaced it), and one whose lineage no
+  longer holds: some training step before it started from a checkpoint since replaced (a re-run
+  of an earlier iteration, a rebuilt base policy) (`policy`). The training step refuses
+  trajectories another policy sampled (`train_job`), and the evaluation a checkpoint other than
+  the one its training step recorded, or off its lineage (`evaluate`).
 - Every random choice of an iteration comes from one seed (`seed`): which train tasks it
   samples, the rollouts, the order of dynamic sampling's reserve, the re-graded share.
   Evaluation samples with the experiment's seed alone, so every checkpoint meets the same draws.
@@ -15,8 +17,10 @@ call these, and attach metadata.
 - After the training step, its health signals are the trainer's metrics beside the iteration's
   sample metrics (datastore/metrics.py), judged against the experiment's monitors
   (`judge_step`), and stored as the `checkpoints` row.
-- Held-out evaluation covers the base policy (iteration 0) first, once per experiment
-  (`evaluate`).
+- Held-out evaluation covers the base policy (iteration 0) first, again whenever the stored
+  one evaluated another base policy than the one on disk (`evaluate`).
+- Re-grading stores a past iteration's trained-on submissions graded by today's verifier
+  beside the original verdicts (`regrade`).
 """
 
 from __future__ import annotations
@@ -149,8 +153,7 @@ class Iteration:
         number = self.number
         policy_dir, content_hash = self._checkpoint(number - 1, f"iteration {number} samples from")
         record = self._trained(number - 1, content_hash, f"iteration {number} would sample from it")
-        if record:
-            self._parent_is_current(number - 1, record["parent_hash"])
+        self._lineage_holds(number - 1)
         if record and record["blocked"]:
             failed = [m for m in record["monitor_messages"] if ": error: " in m]
             raise Refused(f"iteration {number} would sample from checkpoint {number - 1}, which failed its "
@@ -167,27 +170,43 @@ class Iteration:
             raise Refused(f"{use} checkpoint {iteration}, which is not usable: {error}. Materialize iteration "
                           f"{iteration} (or the experiment's base_policy) first.") from None
 
-    def _parent_is_current(self, iteration: int, parent_hash: str) -> None:
-        """Refused unless checkpoint `iteration` was trained from the checkpoint before it as that
-        one is now: a re-run of an earlier iteration (or a rebuilt base policy) leaves the later
-        checkpoints on another lineage, and sampling from them would mix the two."""
-        _, current = self._checkpoint(iteration - 1, f"checkpoint {iteration} was trained from")
-        if parent_hash != current:
-            raise Refused(f"checkpoint {iteration} was trained from checkpoint {iteration - 1} as it was "
-                          f"({parent_hash[:12]}), which has since been replaced ({current[:12]}): materialize "
-                          f"iterations {iteration} to {self.number} again, in order.")
+    def _lineage_holds(self, last: int) -> None:
+        """Refused unless every training step up to checkpoint `last` started from the checkpoint
+        before it as that one now is (its recorded hash; the base policy's on disk): a re-run of an
+        earlier iteration, or a rebuilt base policy, leaves the later checkpoints on another
+        lineage, and sampling from or evaluating them would mix the two."""
+        _, expected = self._checkpoint(0, f"checkpoint {last} descends from")
+        for iteration in range(1, last + 1):
+            record = self._record(iteration, f"checkpoint {last} descends from it")
+            if record["parent_hash"] != expected:
+                raise Refused(f"checkpoint {iteration} was trained from checkpoint {iteration - 1} as it was "
+                              f"({str(record['parent_hash'])[:12]}), which has since been replaced ({expected[:12]}): "
+                              f"materialize iterations {iteration} to {self.number} again, in order.")
+            expected = record["content_hash"]
 
-    def _trained(self, iteration: int, content_hash: str, use: str) -> dict | None:
-        """The `checkpoints` row of `iteration`'s training step (None for the base policy),
-        refused unless it names the checkpoint `content_hash` that is on disk now."""
-        if iteration == 0:
-            return None
+    def _record(self, iteration: int, use: str) -> dict:
+        """The `checkpoints` row of `iteration`'s training step."""
         store, experiment = self.env.store(), self.experiment.name
         if not store.has_partition("checkpoints", experiment, iteration):
             raise Refused(f"checkpoint {iteration} has no record of the training step that made it (its "
                           f"stability checks never ran), and {use}: materialize iteration {iteration}'s checkpoint "
                           "again.")
         [record] = store.read_partition("checkpoints", experiment, iteration).to_pylist()
+        return record
+
+    def recorded_hash(self) -> str | None:
+        """The content hash this iteration's last training step recorded, if it has one."""
+        store, experiment = self.env.store(), self.experiment.name
+        if not store.has_partition("checkpoints", experiment, self.number):
+            return None
+        return self._record(self.number, "")["content_hash"]
+
+    def _trained(self, iteration: int, content_hash: str, use: str) -> dict | None:
+        """The `checkpoints` row of `iteration`'s training step (None for the base policy),
+        refused unless it names the checkpoint `content_hash` that is on disk now."""
+        if iteration == 0:
+            return None
+        record = self._record(iteration, use)
         if record["content_hash"] != content_hash:
             raise Refused(f"checkpoint {iteration} on disk is {content_hash[:12]}, not {str(record['content_hash'])[:12]} "
                           f"that iteration {iteration}'s training step recorded (another run, or a failed attempt, "
@@ -256,14 +275,16 @@ class Iteration:
             raise Refused(f"iteration {number} has no stored trajectories to re-grade: materialize it first.") from None
         tasks = {task.id: task for task in self.task_set}
         rows = [{**row, "trajectory_file": file} for file in files for row in store.read_files(
-            "trajectories", [file], ["task_id", "group_id", "sample_index", "patch", "turns", "response_tokens", "passed"]
+            "trajectories", [file], ["task_id", "group_id", "sample_index", "patch", "turns", "passed", "reward",
+                                     "reward_version"]
         ).to_pylist()]
         missing = sorted({row["task_id"] for row in rows} - tasks.keys())
         if missing:
             raise Refused(f"the task set {self.task_set.name!r} no longer has task(s) {', '.join(missing[:5])} that "
                           f"iteration {number} answered, so they cannot be graded again.")
         graded = self.grade_submissions([(tasks[row["task_id"]], row["patch"] or "",
-                                          Process(turns=len(row["turns"]), tokens=row["response_tokens"]))
+                                          Process(turns=len(row["turns"]),
+                                                  tokens=sum(turn["sampled_tokens"] for turn in row["turns"])))
                                          for row in rows])
         now = datetime.now(timezone.utc)
         return Regrade(self.task_set.reward.version,
@@ -378,6 +399,7 @@ class Iteration:
         when the experiment has none yet; each stored as its `evaluations` partition."""
         _, content_hash = self._checkpoint(self.number, f"iteration {self.number} evaluates")
         self._trained(self.number, content_hash, "it would be evaluated")
+        self._lineage_holds(self.number)
         _, base_hash = self._checkpoint(0, f"iteration {self.number} is compared with")
         if self._base_evaluated() != base_hash:
             self.log("evaluating the base policy first (iteration 0), the baseline of every iteration")

@@ -65,10 +65,12 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
 
 def regrade_row(trajectory: dict, task: Task, grade: GradeResult, trajectory_file: str, at: datetime) -> dict:
     """One row of the `regrades` dataset: a stored submission (`trajectory`, a row of
-    `trajectory_file`) graded again."""
+    `trajectory_file`) graded again, beside what it was trained with."""
     return {
         "task_id": task.id, "group_id": trajectory["group_id"], "sample_index": trajectory["sample_index"],
         "task_version": task.version, "trajectory_file": trajectory_file,
+        "original_reward": trajectory["reward"], "original_passed": trajectory["passed"],
+        "original_reward_version": trajectory["reward_version"],
         "reward": grade.reward, "reward_status": grade.reward_status.value, "reward_version": grade.reward_version,
         "passed": grade.passed, "tamper_flags": [flag.value for flag in grade.tamper_flags],
         "exec_status": grade.exec.status.value, "test_results": _test_results(grade),

@@ -4,8 +4,8 @@ Every run that writes an experiment's checkpoints (an iteration or its base poli
 the UI, a backfill, a sensor or `crucible run`) holds the experiment's lock for as long as it runs,
 so two of them never train the same iteration into the same folder. The lock is an advisory
 `flock` on a file in the experiment's checkpoint folder: the kernel releases it when its process
-ends, however it ends. It is re-entrant within a process: `crucible run` holds it across all its
-iterations, and the runs it executes in its own process take it again.
+ends, however it ends. It is re-entrant within a process (not per thread): `crucible run` holds
+it across all its iterations, and the runs it executes in its own process take it again.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def holder(lock_file: Path) -> str:
         record = json.loads(lock_file.read_text() or "{}")
     except (OSError, ValueError):
         record = {}
-    if not record:
+    if not isinstance(record, dict) or not {"purpose", "pid", "host", "since"} <= record.keys():
         return "another process"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["since"]))
     return f"{record['purpose']} (pid {record['pid']} on {record['host']}, since {since})"
@@ -45,16 +45,18 @@ def holder(lock_file: Path) -> str:
 
 @contextmanager
 def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Hold the lock of the experiment whose checkpoints live in `folder`. Taken: raise
-    ExperimentBusy at once, or, given `wait`, tell it who holds the lock and block until it is free."""
-    lock_file = Path(folder) / LOCK_FILE
+    """Hold the lock of the experiment whose checkpoints live in `folder`. Taken by another
+    process: raise ExperimentBusy at once, or, given `wait`, tell it who holds the lock and block
+    until it is free."""
+    lock_file = (Path(folder) / LOCK_FILE).resolve()
     with _guard:
-        if lock_file in _held:
+        held = lock_file in _held
+        if held:
             descriptor, depth = _held[lock_file]
             _held[lock_file] = (descriptor, depth + 1)
-            acquired = False
-        else:
-            descriptor, acquired = _acquire(lock_file, purpose, wait), True
+    if not held:
+        descriptor = _acquire(lock_file, purpose, wait)  # outside the guard: it may wait
+        with _guard:
             _held[lock_file] = (descriptor, 1)
     try:
         yield
@@ -63,7 +65,7 @@ def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None =
             descriptor, depth = _held.pop(lock_file)
             if depth > 1:
                 _held[lock_file] = (descriptor, depth - 1)
-        if acquired:
+        if depth == 1:
             os.close(descriptor)  # releases the flock
 
 
