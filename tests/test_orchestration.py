@@ -229,8 +229,7 @@ def test_the_ui_launches_an_iteration_then_a_backfill_of_two_more_in_order(
         launch_from_the_job_page(page, base_url, "clicked", ["0002", "0003"], "Launch backfill")
         runs = wait_for_runs(environment, "clicked", 3)
         for name, path in (("runs", "/runs"), ("checkpoint-eval-partitions", "/assets/checkpoint_eval?view=partitions"),
-                           ("lineage", "/assets/checkpoint?view=lineage"),
-                           ("checkpoint-eval-plots", "/assets/checkpoint_eval?view=plots")):
+                           ("lineage", "/assets/checkpoint?view=lineage")):
             page.goto(base_url + path)
             page.wait_for_load_state("networkidle")
             page.screenshot(path=shots / f"{name}.png")
