@@ -4,6 +4,8 @@ for the tests that drive Crucible as an operator does."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,18 +26,28 @@ def dagster_dev(environment: dict[str, str], log: Path) -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with open(log, "w") as out:
+        # A session of its own: the web server and the daemon it starts go down with it.
         server = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
-                                   "-p", str(port)], cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT)
+                                   "-p", str(port)], cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_until_serving(server, url, log)
             yield url
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            _stop_group(server)
+
+
+def _stop_group(server: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):  # whatever outlived the polite request
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
 
 
 def _wait_until_serving(server: subprocess.Popen, url: str, log: Path, timeout_s: float = 180) -> None:
