@@ -41,10 +41,8 @@ def dagster_dev(environment: dict[str, str], log: Path) -> Iterator[str]:
 def _stop_group(server: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
     with contextlib.suppress(ProcessLookupError):  # whatever outlived the polite request
         os.killpg(server.pid, signal.SIGKILL)
     server.wait()

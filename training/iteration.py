@@ -199,7 +199,8 @@ class Iteration:
         store, experiment = self.env.store(), self.experiment.name
         if not store.has_partition("checkpoints", experiment, self.number):
             return None
-        return self._record(self.number, "")["content_hash"]
+        files = store.partition_files("checkpoints", experiment, self.number)
+        return store.read_files("checkpoints", files, ["content_hash"])["content_hash"][0].as_py()
 
     def _trained(self, iteration: int, content_hash: str, use: str) -> dict | None:
         """The `checkpoints` row of `iteration`'s training step (None for the base policy),
