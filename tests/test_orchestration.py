@@ -185,6 +185,9 @@ def launch_from_the_job_page(page, base_url: str, experiment: str, iterations: l
     """The `iteration` job's "Materialize all", its partitions picked in the dialog's two dimensions."""
     page.goto(f"{base_url}/locations/pipelines.definitions/jobs/iteration")
     page.get_by_role("button", name="Materialize all").click()
+    # The launch dialog is the modal one; a partition popover that is closing is a dialog too.
+    launch_dialog = page.locator("[role=dialog][aria-modal=true]")
+    launch_dialog.wait_for()
     for keys in ([experiment], iterations):  # the first unfilled dimension is the next one
         page.get_by_text("Select a partition or create one").first.click()
         for key in keys:
@@ -192,7 +195,7 @@ def launch_from_the_job_page(page, base_url: str, experiment: str, iterations: l
             page.locator("label").filter(has_text=key).first.click()
         page.keyboard.press("Escape")
     page.get_by_role("button", name=button).click()
-    page.get_by_role("dialog").wait_for(state="hidden")
+    launch_dialog.wait_for(state="hidden")
 
 
 def wait_for_runs(environment, experiment: str, count: int, timeout_s: float = 1500) -> list:
