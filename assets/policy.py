@@ -10,9 +10,9 @@ from assets.partitions import experiments
 from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
 from training.experiment import ExperimentConfig, ExperimentFileError
+from training.policy.chat import ChatFormat
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
-from training.policy.tokenizer import build_tokenizer
 from training.sft.demonstrations import warmup_examples
 from training.sft.warmup import SFTConfig, supervised_warmup
 
@@ -46,7 +46,6 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     experiment = stored_experiment(crucible, context.partition_key)
     settings, out_dir = experiment.base, crucible.base_policy_dir(experiment.name)
     task_set = load_task_set(experiment.task_set)
-    examples = warmup_examples(build_tokenizer(), task_set.train(), episodes=settings.episode_demonstrations)
     sft_config = SFTConfig(seed=experiment.seed, steps=settings.sft_steps)
     policy_config = PolicyConfig(seed=experiment.seed, hidden_size=settings.hidden_size, num_layers=settings.num_layers)
 
@@ -57,6 +56,8 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     replaced = _content_hash(out_dir)
     with tempfile.TemporaryDirectory() as scratch:
         initial = build_base_policy(f"{scratch}/init", policy_config)
+        examples = warmup_examples(ChatFormat.from_pretrained(initial), task_set.train(),
+                                   episodes=settings.episode_demonstrations)
         metrics = supervised_warmup(initial, examples, out_dir, sft_config, report)
     manifest = verify_checkpoint(out_dir)
     if replaced not in (None, manifest["content_hash"]):

@@ -27,8 +27,8 @@ from rich.table import Table
 from task_sets.loader import load_task_set
 from training.agent.prompts import render_prompt
 from training.policy.batching import make_batch, token_logprobs
+from training.policy.chat import ChatFormat
 from training.policy.model import build_base_policy, load_policy
-from training.policy.tokenizer import IM_END
 from training.rl.trainer import Forward, TrainSample
 
 
@@ -42,12 +42,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model, tokenizer = load_policy(build_base_policy(Path(scratch) / "policy"))
     model.eval()
-    samples = batch(tokenizer, args.prompts, args.group)
-    forward = Forward(tokenizer.pad_token_id, micro_batch_size=16, temperature=0.6)
+    chat = ChatFormat.of(tokenizer, model.generation_config)
+    samples = batch(chat, args.prompts, args.group)
+    forward = Forward(chat.pad_id, micro_batch_size=16, temperature=0.6)
     seconds: dict[str, list[float]] = {"per-sample": [], "batched": []}
     for _ in range(args.rounds):
         started = time.perf_counter()
-        one_by_one = per_sample(model, samples, tokenizer.pad_token_id, forward.temperature)
+        one_by_one = per_sample(model, samples, chat.pad_id, forward.temperature)
         seconds["per-sample"].append(time.perf_counter() - started)
         started = time.perf_counter()
         batched = forward.logprobs(model, samples)
@@ -56,12 +57,12 @@ def main() -> None:
     report(seconds, len(samples), difference)
 
 
-def batch(tokenizer, prompts: int, group: int) -> list[TrainSample]:
+def batch(chat: ChatFormat, prompts: int, group: int) -> list[TrainSample]:
     tasks = load_task_set("compose").train()[:prompts]
     samples = []
     for task in tasks:
-        prompt = render_prompt(tokenizer, task.prompt)
-        response = tokenizer.encode(task.reference_solution + IM_END, add_special_tokens=False)
+        prompt = render_prompt(chat, task.prompt)
+        response = chat.reply_ids(task.reference_solution)
         samples += [TrainSample(prompt, response, [0.0] * len(response), float(i % 2), task.id) for i in range(group)]
     return samples
 

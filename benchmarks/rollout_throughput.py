@@ -34,7 +34,6 @@ from training.agent.prompts import render_prompt
 from training.inference.engine import Completion, SamplingParams
 from training.inference.transformers_engine import TransformersEngine
 from training.policy.model import build_base_policy
-from training.policy.tokenizer import IM_END
 
 ACTION = "<run>python3 -c 'print(sum(range(10**5)))'</run>"
 
@@ -44,13 +43,13 @@ class ModelThenFixedAction:
     so that every turn also does sandbox work. Both costs are real; only the text is fixed."""
 
     def __init__(self, engine: TransformersEngine):
-        self.engine, self.policy_version = engine, engine.policy_version
-        self.action_ids = engine.tokenizer.encode(ACTION + IM_END, add_special_tokens=False)
+        self.engine, self.policy_version, self.chat = engine, engine.policy_version, engine.chat
+        self.action_ids = engine.chat.reply_ids(ACTION)
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, conversations=None):
         groups = self.engine.generate(prompts, params)
-        return [[Completion(self.action_ids, [0.0] * len(self.action_ids), "stop", ACTION + IM_END) for _ in g]
-                for g in groups]
+        text = self.chat.tokenizer.decode(self.action_ids)
+        return [[Completion(self.action_ids, [0.0] * len(self.action_ids), "stop", text) for _ in g] for g in groups]
 
 
 def generation_rows(engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams, runs: int):
@@ -110,10 +109,10 @@ def episode_rows(engine: TransformersEngine, tasks, params: SamplingParams, limi
     one = SamplingParams(n=1, max_new_tokens=params.max_new_tokens, temperature=params.temperature, seed=params.seed)
     started = time.perf_counter()
     for task in tasks:
-        run_episodes(policy, engine.tokenizer, [task], one, limits, open_session, "bench")
+        run_episodes(policy, engine.chat, [task], one, limits, open_session, "bench")
     sequential = time.perf_counter() - started
     started = time.perf_counter()
-    run_episodes(policy, engine.tokenizer, tasks, one, limits, open_session, "bench")
+    run_episodes(policy, engine.chat, tasks, one, limits, open_session, "bench")
     together = time.perf_counter() - started
     return sequential, together
 
@@ -132,7 +131,7 @@ def main() -> None:
         policy = build_base_policy(Path(scratch) / "policy")  # the default model's architecture and size
         engine = TransformersEngine(policy, "bench", threads=1, batch_size=64, static_cache=True)
         params = SamplingParams(n=1, max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
-        prompts = [render_prompt(engine.tokenizer, task.prompt) for task in tasks[: args.prompts]]
+        prompts = [render_prompt(engine.chat, task.prompt) for task in tasks[: args.prompts]]
         console.print(f"generation: {len(prompts)} prompts x {args.new_tokens} new tokens, {args.runs} runs each …")
         medians, generated = generation_rows(engine, prompts, params, args.runs)
         table = Table(title=f"Generation, default model: {len(prompts)} prompts x {args.new_tokens} new tokens, "

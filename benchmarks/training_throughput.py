@@ -31,8 +31,8 @@ from rich.table import Table
 from task_sets.loader import load_task_set
 from training.agent.prompts import render_prompt
 from training.policy.batching import make_batch, token_logprobs
+from training.policy.chat import ChatFormat
 from training.policy.model import build_base_policy, load_policy
-from training.policy.tokenizer import IM_END
 from training.rl.trainer import GRPOConfig, TrainSample, train_policy
 
 TRL_DIR = Path(__file__).resolve().parent.parent / ".venv-trl"
@@ -66,13 +66,14 @@ def main() -> None:
 
 def batch(policy: Path, prompts: int, group: int) -> list[TrainSample]:
     model, tokenizer = load_policy(policy)
+    chat = ChatFormat.of(tokenizer, model.generation_config)
     tasks = load_task_set("compose").train()[:prompts]
     samples = []
     for task in tasks:
-        prompt = render_prompt(tokenizer, task.prompt)
-        response = tokenizer.encode(task.reference_solution + IM_END, add_special_tokens=False)
+        prompt = render_prompt(chat, task.prompt)
+        response = chat.reply_ids(task.reference_solution)
         with torch.no_grad():
-            tokens = make_batch([prompt], [response], tokenizer.pad_token_id)
+            tokens = make_batch([prompt], [response], chat.pad_id)
             logprobs = token_logprobs(model, tokens)[0, tokens.response_slices[0]].tolist()
         samples += [TrainSample(prompt, response, logprobs, float(i % 2), task.id) for i in range(group)]
     return samples

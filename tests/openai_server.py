@@ -59,7 +59,7 @@ class CompletionsServer:
         with self._lock:
             [completions] = self.engine.generate([prompt], params)
         self.chat_prompts.append(prompt)
-        choices = [{"index": i, "message": {"role": "assistant", "content": c.text.split("<|im_end|>")[0]},
+        choices = [{"index": i, "message": {"role": "assistant", "content": self.engine.chat.reply_text(c.text)},
                     "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
         return 200, {"object": "chat.completion", "model": self.model, "choices": choices}
 

@@ -11,10 +11,12 @@ from sandbox.backends import open_sandbox
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
 from task_sets.submission import grade_solution, sandbox_spec
-from training.agent.episodes import EpisodeLimits, as_rollout, render_episode_prompt, run_episodes, starting_files
+from training.agent.episodes import EpisodeLimits, as_rollout, episode_messages, run_episodes, starting_files
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.inference.engine import Completion, SamplingParams
-from training.policy.tokenizer import IM_END, build_tokenizer
+from training.policy.chat import ChatFormat
+from training.policy.model import generation_config
+from training.policy.tokenizer import build_tokenizer
 from training.sft.demonstrations import episode_examples
 
 SHOPCART = load_task_set("shopcart")
@@ -28,32 +30,33 @@ class ScriptedPolicy:
 
     policy_version = "scripted"
 
-    def __init__(self, tokenizer, script: list[str]):
-        self.tokenizer, self.script, self.calls = tokenizer, script, []
+    def __init__(self, chat: ChatFormat, script: list[str]):
+        self.chat, self.script, self.calls = chat, script, []
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, conversations=None):
         self.calls.append(len(prompts))
-        ids = self.tokenizer.encode(self.script[len(self.calls) - 1] + IM_END, add_special_tokens=False)
-        return [[Completion(list(ids), [-0.5] * len(ids), "stop", self.tokenizer.decode(ids))] for _ in prompts]
+        ids = self.chat.reply_ids(self.script[len(self.calls) - 1])
+        return [[Completion(list(ids), [-0.5] * len(ids), "stop", self.chat.tokenizer.decode(ids))] for _ in prompts]
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
+def chat():
+    tokenizer = build_tokenizer()
+    return ChatFormat.of(tokenizer, generation_config(tokenizer))
 
 
 ROOMY = EpisodeLimits(max_turns=6, max_tokens=60_000)
 
 
-def episodes_for(tokenizer, script, n=1, limits=ROOMY):
-    policy = ScriptedPolicy(tokenizer, script)
+def episodes_for(chat, script, n=1, limits=ROOMY):
+    policy = ScriptedPolicy(chat, script)
     def open_session(task):
         return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
     params = SamplingParams(n=n, max_new_tokens=4000)
-    return policy, run_episodes(policy, tokenizer, [TASK], params, limits, open_session, "it-1")
+    return policy, run_episodes(policy, chat, [TASK], params, limits, open_session, "it-1")
 
 
-def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_passes(tokenizer, tmp_path):
+def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_passes(chat, tmp_path):
     fixed = apply_patch(TASK.files, TASK.reference_solution)[MONEY]
     script = [
         # A wrong first fix: it breaks parsing of positive amounts.
@@ -64,7 +67,7 @@ def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_pass
         "<run>python3 -m pytest -q tests</run>",
         "<submit/>",
     ]
-    _, [episode] = episodes_for(tokenizer, script, n=1)
+    _, [episode] = episodes_for(chat, script, n=1)
     assert [t.action for t in episode.turns] == ["replace", "run", "write", "run", "submit"]
     assert [t.status for t in episode.turns] == ["ok", "error", "ok", "ok", "submitted"]
     assert "failed" in episode.turns[1].observation and episode.turns[1].exit_code == 1
@@ -73,12 +76,12 @@ def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_pass
     assert apply_patch(TASK.files, episode.submission)[MONEY] == fixed
     graded = grade_solution(TASK, episode.submission, reward=SHOPCART.reward)
     assert (graded.reward, graded.tamper_flags) == (1.0, ())  # graded in a fresh sandbox, hidden tests and all
-    replay_from_parquet(tokenizer, episode, graded, tmp_path)
+    replay_from_parquet(chat, episode, graded, tmp_path)
 
 
-def replay_from_parquet(tokenizer, episode, graded, tmp_path):
+def replay_from_parquet(chat, episode, graded, tmp_path):
     """The stored row alone tells the episode again: reply, action, status, exit code, observation."""
-    rollout = as_rollout(episode, tokenizer)
+    rollout = as_rollout(episode, chat)
     row = trajectory_row(VerifiedRollout(rollout, TASK, graded, verify_s=0.5))
     DatasetStore(str(tmp_path)).write_partition("trajectories", "exp", 1, rows_to_table("trajectories", [row]))
     replay = catalog.connect(str(tmp_path)).sql(
@@ -90,33 +93,33 @@ def replay_from_parquet(tokenizer, episode, graded, tmp_path):
     assert {r[6] for r in replay} == {1.0}
 
 
-def test_the_context_is_sampled_tokens_with_mask_1_and_observations_with_mask_0(tokenizer):
+def test_the_context_is_sampled_tokens_with_mask_1_and_observations_with_mask_0(chat):
     script = ["<run>echo hello</run>", "<submit/>"]
-    _, [episode] = episodes_for(tokenizer, script)
-    sampled = [tokenizer.encode(line + IM_END, add_special_tokens=False) for line in script]
+    _, [episode] = episodes_for(chat, script)
+    sampled = [chat.reply_ids(line) for line in script]
     trained = [t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 1]
     assert trained == sampled[0] + sampled[1]  # exactly the sampled tokens, in order
-    observed = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 0])
+    observed = chat.tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 0])
     assert observed == "\n<|im_start|>user\n[OK exit 0]\nhello\n<|im_end|>\n<|im_start|>assistant\n"
     assert episode.behaviour_logprobs == [-0.5 if m else 0.0 for m in episode.loss_mask]
     assert len(episode.response_ids) == len(episode.loss_mask)
 
 
-def test_each_limit_ends_episodes_and_is_recorded(tokenizer):
+def test_each_limit_ends_episodes_and_is_recorded(chat):
     loose = EpisodeLimits(max_turns=3, max_tokens=60_000)
-    _, [looping] = episodes_for(tokenizer, ["<run>true</run>"] * 3, limits=loose)
+    _, [looping] = episodes_for(chat, ["<run>true</run>"] * 3, limits=loose)
     assert (looping.finish_reason, len(looping.turns)) == ("max_turns", 3)
-    first_turn_only = len(render_episode_prompt(tokenizer, TASK)) + 4000  # the 4000-token budget fits once
-    _, [long] = episodes_for(tokenizer, ["<run>true</run>"] * 3,
+    first_turn_only = len(chat.prompt_ids(episode_messages(chat, TASK))) + 4000  # the 4000-token budget fits once
+    _, [long] = episodes_for(chat, ["<run>true</run>"] * 3,
                              limits=EpisodeLimits(max_turns=3, max_tokens=first_turn_only))
     assert (long.finish_reason, len(long.turns)) == ("max_tokens", 1)
-    _, [slow] = episodes_for(tokenizer, ["<run>true</run>"], limits=EpisodeLimits(max_turns=3, max_tokens=60_000,
+    _, [slow] = episodes_for(chat, ["<run>true</run>"], limits=EpisodeLimits(max_turns=3, max_tokens=60_000,
                                                                                    wall_s=0.0))
     assert (slow.finish_reason, slow.turns) == ("wall_time", [])
 
 
-def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(tokenizer):
-    policy, episodes = episodes_for(tokenizer, ["I will fix it.", "<run>ls shopcart</run>", "<submit/>"], n=3)
+def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(chat):
+    policy, episodes = episodes_for(chat, ["I will fix it.", "<run>ls shopcart</run>", "<submit/>"], n=3)
     assert policy.calls == [3, 3, 3]  # one batched generation per turn for the three episodes
     for episode in episodes:
         malformed, listed, _ = episode.turns
@@ -129,13 +132,13 @@ def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(
 
 
 @pytest.mark.parametrize("task", [TASK, load_task_set("default").by_id["default/add_k/0000"]], ids=["repository", "function"])
-def test_warm_up_examples_are_the_token_sequences_an_episode_produces(tokenizer, task):
-    examples = episode_examples(tokenizer, task)
-    replies = [tokenizer.decode(response).removesuffix(IM_END) for _, response in examples]
-    policy = ScriptedPolicy(tokenizer, replies)
+def test_warm_up_examples_are_the_token_sequences_an_episode_produces(chat, task):
+    examples = episode_examples(chat, task)
+    replies = [chat.tokenizer.decode(response[:-1]) for _, response in examples]
+    policy = ScriptedPolicy(chat, replies)
     contexts = []
-    policy.generate = lambda prompts, params, inner=policy.generate: contexts.extend(prompts) or inner(prompts, params)
-    [episode] = run_episodes(policy, tokenizer, [task], SamplingParams(n=1, max_new_tokens=4000), ROOMY,
+    policy.generate = lambda prompts, params, _=None, inner=policy.generate: contexts.extend(prompts) or inner(prompts, params)
+    [episode] = run_episodes(policy, chat, [task], SamplingParams(n=1, max_new_tokens=4000), ROOMY,
                              lambda t: open_sandbox("local", sandbox_spec(t)).session(starting_files(t)), "warm")
     assert contexts == [prompt for prompt, _ in examples]  # every turn's context, token for token
     assert episode.finish_reason == "submitted"

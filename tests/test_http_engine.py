@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from openai_server import CompletionsServer
 
-from training.agent.prompts import render_prompt
+from training.agent.prompts import prompt_messages, render_prompt
 from training.inference.engine import SamplingParams
 from training.inference.http_engine import EngineError, OpenAICompatibleEngine
 from training.inference.transformers_engine import TransformersEngine
@@ -31,11 +31,11 @@ def server(local):
 
 
 def prompts(engine) -> list[list[int]]:
-    return [render_prompt(engine.tokenizer, text) for text in ("Write add(x, y).", "Write a function f.")]
+    return [render_prompt(engine.chat, text) for text in ("Write add(x, y).", "Write a function f.")]
 
 
 def test_the_http_engine_returns_exactly_what_the_server_sampled(server, local):
-    remote = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, policy_version="served-base")
+    remote = OpenAICompatibleEngine(server.url, "crucible-tiny", local.chat, policy_version="served-base")
     over_http = remote.generate(prompts(local), SAMPLED)
     direct = [local.generate([prompt], SAMPLED)[0] for prompt in prompts(local)]
     assert [[c.token_ids for c in group] for group in over_http] == [[c.token_ids for c in g] for g in direct]
@@ -49,36 +49,44 @@ def test_the_http_engine_returns_exactly_what_the_server_sampled(server, local):
 
 def test_a_text_only_server_gives_completions_that_are_never_trained_on(server, local):
     server.text_only = True
-    [[completion, *_], _] = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer).generate(
+    [[completion, *_], _] = OpenAICompatibleEngine(server.url, "crucible-tiny", local.chat).generate(
         prompts(local), SAMPLED)
     assert completion.logprobs is None
-    assert completion.token_ids == local.tokenizer.encode(completion.text)
+    assert completion.token_ids == local.chat.encode(completion.text)
 
 
 def test_overload_is_retried_and_refusals_are_clear(server, local):
     server.fail_next = 2
-    engine = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, retries=2)
+    engine = OpenAICompatibleEngine(server.url, "crucible-tiny", local.chat, retries=2)
     assert len(engine.generate(prompts(local)[:1], SAMPLED)[0]) == 3
     with pytest.raises(EngineError, match=r"HTTP 404: model 'gpt-nope' does not exist"):
-        OpenAICompatibleEngine(server.url, "gpt-nope", local.tokenizer).generate(prompts(local)[:1], SAMPLED)
+        OpenAICompatibleEngine(server.url, "gpt-nope", local.chat).generate(prompts(local)[:1], SAMPLED)
     server.fail_next = 5
     with pytest.raises(EngineError, match=r"HTTP 503: overloaded, try again \(after 1 retries\)"):
-        OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, retries=1).generate(
+        OpenAICompatibleEngine(server.url, "crucible-tiny", local.chat, retries=1).generate(
             prompts(local)[:1], SAMPLED)
 
 
 def test_an_unreachable_server_is_named(local):
-    engine = OpenAICompatibleEngine("http://127.0.0.1:9", "m", local.tokenizer, retries=0, timeout_s=2)
+    engine = OpenAICompatibleEngine("http://127.0.0.1:9", "m", local.chat, retries=0, timeout_s=2)
     with pytest.raises(EngineError, match=r"cannot reach http://127.0.0.1:9/v1/completions"):
         engine.generate(prompts(local)[:1], SAMPLED)
 
 
 def test_the_chat_api_gets_the_conversation_as_messages_and_gives_evaluation_only_completions(server, local):
-    episode_context = prompts(local)[0] + local.tokenizer.encode(
-        "<run>ls</run><|im_end|>\n<|im_start|>user\nsolution.py<|im_end|>\n<|im_start|>assistant\n",
-        add_special_tokens=False)
-    remote = OpenAICompatibleEngine(server.url, "crucible-tiny", local.tokenizer, api="chat")
-    [[completion, *_]] = remote.generate([episode_context], SAMPLED)
-    assert [m["role"] for m in server.requests[-1]["messages"]] == ["system", "user", "assistant", "user"]
-    assert server.chat_prompts[-1] == episode_context  # the server's template rebuilt the same tokens
-    assert completion.logprobs is None and completion.token_ids == local.tokenizer.encode(completion.text)
+    chat = local.chat
+    conversation = [*prompt_messages(chat, "Write add(x, y)."), {"role": "assistant", "content": "<run>ls</run>"},
+                    {"role": "user", "content": "solution.py"}]
+    episode_context = (render_prompt(chat, "Write add(x, y).") + chat.reply_ids("<run>ls</run>")
+                       + chat.observation_ids("solution.py", reply_closed=True))
+    remote = OpenAICompatibleEngine(server.url, "crucible-tiny", chat, api="chat")
+    [[completion, *_]] = remote.generate([episode_context], SAMPLED, [conversation])
+    assert server.requests[-1]["messages"] == conversation
+    assert server.chat_prompts[-1] == episode_context  # the server's template renders the tokens the episode holds
+    assert completion.logprobs is None and completion.token_ids == chat.encode(completion.text)
+
+
+def test_the_chat_api_refuses_prompts_without_their_conversations(local):
+    remote = OpenAICompatibleEngine("http://127.0.0.1:9", "m", local.chat, api="chat")
+    with pytest.raises(EngineError, match="without their conversations"):
+        remote.generate(prompts(local), SAMPLED)

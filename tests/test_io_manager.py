@@ -75,7 +75,7 @@ def test_a_stored_episode_comes_back_as_the_same_objects(tmp_path):
                 observation="1 failed", generate_s=0.1, exec_s=0.2, sampled_tokens=5)
     rollout = Rollout(task_id=task.id, group_id="g", sample_index=0, policy_version="p", prompt_ids=[1],
                       response_ids=[2, 3], behaviour_logprobs=[-0.1, 0.0], finish_reason="stop", response_text="x",
-                      generate_s=0.1, loss_mask=[1, 0], turns=(turn,), submission="diff")
+                      generate_s=0.1, loss_mask=[1, 0], turns=(turn,), solution="diff")
     verified = [VerifiedRollout(rollout, task, grade_solution(task, task.reference_solution), verify_s=0.5)]
     manager = DatasetIOManager(storage_root=str(tmp_path))
     key = iteration_key("exp", 1)

@@ -36,7 +36,7 @@ def trained(tmp_path) -> tuple[CrucibleResource, list[str]]:
         for index, answer in enumerate((task.reference_solution, WRONG)):
             rollout = Rollout(task_id=task.id, group_id=f"exp-0001/{task.id}", sample_index=index, policy_version="p",
                               prompt_ids=[1], response_ids=[2], behaviour_logprobs=[-0.1], finish_reason="stop",
-                              response_text=answer, generate_s=0.0)
+                              response_text=answer, generate_s=0.0, solution=answer)
             rows.append(trajectory_row(VerifiedRollout(rollout, task, grade_solution(task, answer), verify_s=0.0)))
     store = crucible.store()
     store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))

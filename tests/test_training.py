@@ -23,8 +23,9 @@ from training.agent.prompts import extract_solution, render_prompt
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
 from training.inference.transformers_engine import TransformersEngine
 from training.policy.batching import make_batch, token_logprobs
+from training.policy.chat import ChatFormat
 from training.policy.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
-from training.policy.model import PolicyConfig, build_base_policy, load_policy
+from training.policy.model import PolicyConfig, build_base_policy, generation_config, load_policy
 from training.policy.tokenizer import (
     EOS_TOKEN,
     IM_END,
@@ -64,6 +65,16 @@ def tokenizer():
     return build_tokenizer()
 
 
+def toy_chat(tokenizer=None) -> ChatFormat:
+    tokenizer = tokenizer or build_tokenizer()
+    return ChatFormat.of(tokenizer, generation_config(tokenizer))
+
+
+@pytest.fixture(scope="module")
+def chat(tokenizer) -> ChatFormat:
+    return toy_chat(tokenizer)
+
+
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory) -> Path:
     return build_base_policy(tmp_path_factory.mktemp("base") / "policy", TINY)
@@ -74,7 +85,7 @@ def sft_result(base_dir, tmp_path_factory):
     """The tiny policy after a short warm-up: it has learned to end its answer with <|im_end|>."""
     out = tmp_path_factory.mktemp("sft") / "policy"
     config = SFTConfig(steps=40, lr=1e-2, warmup_steps=5, batch_size=4, seed=0)
-    metrics = supervised_warmup(base_dir, single_turn_examples(build_tokenizer(), EXAMPLES), out, config)
+    metrics = supervised_warmup(base_dir, single_turn_examples(toy_chat(), EXAMPLES), out, config)
     return out, metrics
 
 
@@ -131,11 +142,11 @@ def test_tokenizer_reload_gives_identical_ids(tokenizer, tmp_path):
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
     for text in [*TEXTS, f"{IM_START}system\nx{IM_END}\n{EOS_TOKEN}"]:
         assert reloaded.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
-    assert render_prompt(reloaded, "Write f.") == render_prompt(tokenizer, "Write f.")
+    assert render_prompt(toy_chat(reloaded), "Write f.") == render_prompt(toy_chat(tokenizer), "Write f.")
 
 
-def test_render_prompt_is_chatml_with_generation_prompt(tokenizer):
-    text = tokenizer.decode(render_prompt(tokenizer, "Write a function f(x)."))
+def test_render_prompt_is_chatml_with_generation_prompt(tokenizer, chat):
+    text = tokenizer.decode(render_prompt(chat, "Write a function f(x)."))
     assert text.startswith(f"{IM_START}system\n")
     assert f"{IM_START}user\nWrite a function f(x).{IM_END}\n" in text
     assert text.endswith(f"{IM_START}assistant\n")
@@ -151,8 +162,8 @@ def test_render_prompt_is_chatml_with_generation_prompt(tokenizer):
         ("x = 1<|endoftext|>y", "x = 1"),
     ],
 )
-def test_extract_solution(response, solution):
-    assert extract_solution(response) == solution
+def test_extract_solution(chat, response, solution):
+    assert extract_solution(chat.reply_text(response)) == solution
 
 
 # --- model and checkpoints -----------------------------------------------------------------
@@ -177,7 +188,7 @@ def test_base_policy_is_standard_hf_dir_and_seeded(base_dir, tmp_path):
 
 def test_verify_checkpoint_detects_corruption(base_dir, tmp_path):
     model, tokenizer = load_policy(base_dir)
-    ckpt = save_checkpoint(model, tokenizer, tmp_path / "ckpt", {"note": "x"})
+    ckpt = save_checkpoint(model, base_dir, tmp_path / "ckpt", {"note": "x"})
     assert verify_checkpoint(ckpt)["note"] == "x"
 
     weights = ckpt / "model.safetensors"
@@ -187,7 +198,7 @@ def test_verify_checkpoint_detects_corruption(base_dir, tmp_path):
     with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
         verify_checkpoint(ckpt)
 
-    ckpt = save_checkpoint(model, tokenizer, ckpt, {"note": "y"})  # replaces the corrupt one
+    ckpt = save_checkpoint(model, base_dir, ckpt, {"note": "y"})  # replaces the corrupt one
     assert verify_checkpoint(ckpt)["note"] == "y"
     (ckpt / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="tokenizer.json is missing"):
@@ -204,7 +215,7 @@ def test_verify_checkpoint_detects_corruption(base_dir, tmp_path):
 def test_checkpoint_rejects_reserved_manifest_keys(base_dir, tmp_path):
     model, tokenizer = load_policy(base_dir)
     with pytest.raises(ValueError, match="reserved"):
-        save_checkpoint(model, tokenizer, tmp_path / "c", {"files": {}})
+        save_checkpoint(model, base_dir, tmp_path / "c", {"files": {}})
 
 
 # --- GRPO math -----------------------------------------------------------------------------
@@ -366,9 +377,9 @@ def test_sft_masks_the_prompt(tokenizer):
     assert batch.mask.tolist() == [[0, 0, 1, 1, 1]]
 
 
-def test_engine_returns_n_completions_with_logprobs(engine, tokenizer):
+def test_engine_returns_n_completions_with_logprobs(engine, tokenizer, chat):
     assert isinstance(engine, InferenceEngine) and engine.policy_version == "sft-0"
-    prompts = [render_prompt(tokenizer, p) for p, _ in EXAMPLES[:3]]
+    prompts = [render_prompt(chat, p) for p, _ in EXAMPLES[:3]]
     out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=40, temperature=1.0, seed=1))
     assert len(out) == 3 and all(len(group) == 3 for group in out)
     for group in out:
@@ -384,19 +395,19 @@ def test_engine_returns_n_completions_with_logprobs(engine, tokenizer):
                 assert len(c.token_ids) == 40 and not {IM_END_ID, EOT_ID} & set(c.token_ids)
 
 
-def test_engine_finish_reasons(engine, tokenizer):
-    prompt = render_prompt(tokenizer, EXAMPLES[0][0])
+def test_engine_finish_reasons(engine, chat):
+    prompt = render_prompt(chat, EXAMPLES[0][0])
     greedy = engine.generate([prompt], SamplingParams(n=1, max_new_tokens=60, temperature=0.0))[0][0]
     assert greedy.finish_reason == "stop"
     assert greedy.token_ids[-1] == IM_END_ID and greedy.text.endswith(IM_END)
-    assert extract_solution(greedy.text).startswith("def ")
+    assert extract_solution(chat.reply_text(greedy.text)).startswith("def ")
     short = engine.generate([prompt], SamplingParams(n=2, max_new_tokens=3, temperature=1.0))[0]
     assert [c.finish_reason for c in short] == ["length", "length"]
     assert all(len(c.token_ids) == 3 for c in short)
 
 
-def test_engine_is_deterministic_by_seed(engine, tokenizer):
-    prompts = [render_prompt(tokenizer, p) for p, _ in EXAMPLES[:2]]
+def test_engine_is_deterministic_by_seed(engine, chat):
+    prompts = [render_prompt(chat, p) for p, _ in EXAMPLES[:2]]
     params = SamplingParams(n=4, max_new_tokens=24, temperature=1.5, seed=7)
     a = engine.generate(prompts, params)
     b = engine.generate(prompts, params)
@@ -408,9 +419,9 @@ def test_engine_is_deterministic_by_seed(engine, tokenizer):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_behaviour_logprobs_match_teacher_forcing(engine, tokenizer, temperature):
+def test_behaviour_logprobs_match_teacher_forcing(engine, chat, temperature):
     # Prompts of different lengths exercise the engine's left padding.
-    prompts = [render_prompt(tokenizer, "Hi."), render_prompt(tokenizer, EXAMPLES[2][0] + " Please.")]
+    prompts = [render_prompt(chat, "Hi."), render_prompt(chat, EXAMPLES[2][0] + " Please.")]
     out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=30, temperature=temperature, seed=3))
     flat = [(p, c) for p, group in zip(prompts, out) for c in group]
     batch = make_batch([p for p, _ in flat], [c.token_ids for _, c in flat], pad_id=EOT_ID)
@@ -436,8 +447,8 @@ def _sequence_logprob(policy_dir: Path, sample: TrainSample) -> float:
         return float((token_logprobs(model, batch) * batch.mask).sum())
 
 
-def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, tokenizer, tmp_path):
-    prompt = render_prompt(tokenizer, EXAMPLES[1][0])
+def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, chat, tmp_path):
+    prompt = render_prompt(chat, EXAMPLES[1][0])
     group = engine.generate([prompt], SamplingParams(n=4, max_new_tokens=30, temperature=1.5, seed=5))[0]
     rewards = [1.0, 0.0, 0.0, 0.0]
     samples = [
@@ -475,11 +486,11 @@ def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, tokeniz
     verify_checkpoint(tmp_path / "policy-2")
 
 
-def test_the_divergence_measure_is_the_saved_policy_against_the_sampling_one(engine, sft_result, tokenizer,
+def test_the_divergence_measure_is_the_saved_policy_against_the_sampling_one(engine, sft_result, chat,
                                                                              tmp_path):
     """final_kl is measured after the last optimizer step, on the checkpoint the step saved; the
     step's own approx_kl, taken before it updated, is ~0 on-policy and never sees the update."""
-    prompt = render_prompt(tokenizer, EXAMPLES[1][0])
+    prompt = render_prompt(chat, EXAMPLES[1][0])
     group = engine.generate([prompt], SamplingParams(n=4, max_new_tokens=30, temperature=1.0, seed=5))[0]
     samples = [TrainSample(prompt, c.token_ids, c.logprobs, r, "g") for c, r in zip(group, [1.0, 0.0, 0.0, 0.0])]
     metrics = train_policy(sft_result[0], samples, tmp_path / "moved", one_pass(lr=3e-3, minibatch_size=4,

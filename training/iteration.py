@@ -226,13 +226,13 @@ class Iteration:
         """Single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns."""
         experiment = self.experiment
         if experiment.max_turns == 1:
-            return sample_rollouts(engine, engine.tokenizer, tasks, params, group_prefix,
+            return sample_rollouts(engine, engine.chat, tasks, params, group_prefix,
                                    progress=lambda done, total: self.log(f"sampled {done}/{total} tasks"))
         limits = EpisodeLimits(max_turns=experiment.max_turns, max_tokens=experiment.episode_max_tokens,
                                command_timeout_s=experiment.command_timeout_s)
-        episodes = run_episodes(engine, engine.tokenizer, tasks, params, limits, self.env.open_session, group_prefix,
+        episodes = run_episodes(engine, engine.chat, tasks, params, limits, self.env.open_session, group_prefix,
                                 progress=lambda turn, turns: self.log(f"episodes: turn {turn}/{turns} done"))
-        return [as_rollout(episode, engine.tokenizer) for episode in episodes]
+        return [as_rollout(episode, engine.chat) for episode in episodes]
 
     def grade(self, work: list[tuple[TaskBase, Rollout]]) -> list[VerifiedRollout]:
         """Every (task, rollout) graded in its own fresh sandbox (see `grade_submissions`)."""

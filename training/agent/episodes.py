@@ -29,7 +29,7 @@ from task_sets.submission import SOLUTION_FILE
 from training.agent.actions import USAGE, Malformed, Replace, Run, Submit, Write, parse_action
 from training.agent.rollout import Rollout, Turn
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
-from training.policy.tokenizer import IM_END, IM_START
+from training.policy.chat import ChatFormat
 
 OBSERVATION_CHARS = 1200  # of command output shown to the policy per turn
 SYSTEM_MESSAGE = f"You work in a sandboxed repository. {USAGE}"
@@ -50,6 +50,7 @@ class Episode:
     sample_index: int
     policy_version: str
     prompt_ids: list[int]
+    messages: list[dict[str, str]]  # the conversation the context renders (for engines that take messages)
     session: Session | None = field(default=None, repr=False)
     response_ids: list[int] = field(default_factory=list)  # everything after the prompt
     loss_mask: list[int] = field(default_factory=list)
@@ -70,7 +71,7 @@ class Episode:
 
 def run_episodes(
     engine: InferenceEngine,
-    tokenizer,
+    chat: ChatFormat,
     tasks: Sequence[Task],
     params: SamplingParams,
     limits: EpisodeLimits,
@@ -80,8 +81,12 @@ def run_episodes(
 ) -> list[Episode]:
     """`params.n` episodes for every task, run together; `open_session(task)` gives a fresh
     session holding the task's starting files."""
-    episodes = [Episode(task, f"{group_prefix}/{task.id}", index, engine.policy_version,
-                        render_episode_prompt(tokenizer, task)) for task in tasks for index in range(params.n)]
+    def start(task: Task, index: int) -> Episode:
+        messages = episode_messages(chat, task)
+        return Episode(task, f"{group_prefix}/{task.id}", index, engine.policy_version, chat.prompt_ids(messages),
+                       messages)
+
+    episodes = [start(task, index) for task in tasks for index in range(params.n)]
     with ThreadPoolExecutor(max(1, min(len(episodes), 8))) as pool:
         try:
             list(pool.map(lambda e: _open(e, open_session), episodes))
@@ -91,10 +96,10 @@ def run_episodes(
                     break
                 began = time.perf_counter()
                 turn_params = dataclasses.replace(params, n=1, seed=params.seed + turn)
-                completions = engine.generate([e.context for e in live], turn_params)
+                completions = engine.generate([e.context for e in live], turn_params, [e.messages for e in live])
                 share = (time.perf_counter() - began) / len(live)
                 list(pool.map(_act, live, [group[0] for group in completions], [share] * len(live),
-                              [tokenizer] * len(live), [limits] * len(live)))
+                              [chat] * len(live), [limits] * len(live)))
                 if progress:
                     progress(turn + 1, limits.max_turns)
             for episode in episodes:
@@ -114,10 +119,8 @@ def starting_files(task: Task) -> dict[str, str]:
     return {**task.files, SOLUTION_FILE: task.solution_prefix}
 
 
-def render_episode_prompt(tokenizer, task: Task) -> list[int]:
-    messages = [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": task.prompt}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+def episode_messages(chat: ChatFormat, task: Task) -> list[dict[str, str]]:
+    return chat.messages(SYSTEM_MESSAGE, task.prompt)
 
 
 def _open(episode: Episode, open_session: Callable[[Task], Session]) -> None:
@@ -132,7 +135,7 @@ def _out_of_budget(episode: Episode, params: SamplingParams, limits: EpisodeLimi
     return episode.done
 
 
-def _act(episode: Episode, completion: Completion, generate_s: float, tokenizer, limits: EpisodeLimits) -> None:
+def _act(episode: Episode, completion: Completion, generate_s: float, chat: ChatFormat, limits: EpisodeLimits) -> None:
     """Take the sampled reply into the context, run its action, answer with an observation."""
     episode.response_ids += completion.token_ids
     episode.loss_mask += [1] * len(completion.token_ids)
@@ -140,7 +143,7 @@ def _act(episode: Episode, completion: Completion, generate_s: float, tokenizer,
         episode.behaviour_logprobs += completion.logprobs
     else:
         episode.behaviour_logprobs = None  # one turn without log-probs makes the episode untrainable
-    reply = completion.text.split(IM_END, 1)[0]
+    reply = chat.reply_text(completion.text)
     action = parse_action(reply)
     began = time.perf_counter()
     kind, detail, status, exit_code, observation = _perform(episode, action, limits)
@@ -149,19 +152,13 @@ def _act(episode: Episode, completion: Completion, generate_s: float, tokenizer,
     if isinstance(action, Submit):
         episode.finish_reason = "submitted"
         return
-    observed = observation_ids(tokenizer, observation, reply_closed=completion.finish_reason == "stop")
+    observed = chat.observation_ids(observation, reply_closed=completion.finish_reason == "stop")
+    episode.messages = [*episode.messages, {"role": "assistant", "content": reply},
+                        {"role": chat.observation_role, "content": observation}]
     episode.response_ids += observed
     episode.loss_mask += [0] * len(observed)
     if episode.behaviour_logprobs is not None:
         episode.behaviour_logprobs += [0.0] * len(observed)
-
-
-def observation_ids(tokenizer, observation: str, reply_closed: bool = True) -> list[int]:
-    """The environment's answer as tokens: the observation as a user turn, then the opening of
-    the policy's next turn (a reply cut by length is closed first: the policy never closed it)."""
-    closing = "" if reply_closed else IM_END
-    framed = f"{closing}\n{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n"
-    return list(tokenizer.encode(framed, add_special_tokens=False))
 
 
 def wrote(path: str, content: str) -> str:
@@ -222,15 +219,15 @@ def _submit(episode: Episode) -> None:
         episode.submission = files.get(SOLUTION_FILE, "").removeprefix(task.solution_prefix)
 
 
-def as_rollout(episode: Episode, tokenizer) -> Rollout:
+def as_rollout(episode: Episode, chat: ChatFormat) -> Rollout:
     """The episode as a sample: its whole context, mask and turns, for grading and storage."""
     return Rollout(
         task_id=episode.task.id, group_id=episode.group_id, sample_index=episode.sample_index,
         policy_version=episode.policy_version, prompt_ids=episode.prompt_ids, response_ids=episode.response_ids,
         behaviour_logprobs=episode.behaviour_logprobs, finish_reason=episode.finish_reason,
-        response_text=tokenizer.decode(episode.response_ids, skip_special_tokens=False),
+        response_text=chat.tokenizer.decode(episode.response_ids, skip_special_tokens=False),
         generate_s=sum(t.generate_s for t in episode.turns), loss_mask=episode.loss_mask,
-        turns=tuple(episode.turns), submission=episode.submission,
+        turns=tuple(episode.turns), solution=episode.submission,
     )
 
 

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from task_sets.schema import Task
-from training.agent.prompts import extract_solution, render_prompt
+from training.agent.prompts import extract_solution, prompt_messages
 from training.inference.engine import InferenceEngine, SamplingParams
+from training.policy.chat import ChatFormat
 
 TASKS_PER_CALL = 16  # one generate call per chunk, so progress shows while a big batch runs
 
@@ -42,23 +43,19 @@ class Rollout:
     finish_reason: str
     response_text: str
     generate_s: float  # this sample's share of its batch's generation time
+    solution: str  # what is graded: the reply's solution.py, or an episode's final workspace (diff or solution.py)
     loss_mask: list[int] | None = None  # None: every response token was sampled
     turns: tuple[Turn, ...] = ()  # an episode's turns; () for a single-turn reply
-    submission: str | None = None  # an episode's final workspace (diff or solution.py)
 
     @property
     def sampled_tokens(self) -> int:
         """Tokens the policy wrote (an episode's observations are the environment's)."""
         return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)
 
-    @property
-    def solution(self) -> str:
-        return extract_solution(self.response_text) if self.submission is None else self.submission
-
 
 def sample_rollouts(
     engine: InferenceEngine,
-    tokenizer,
+    chat: ChatFormat,
     tasks: Sequence[Task],
     params: SamplingParams,
     group_prefix: str,
@@ -68,9 +65,10 @@ def sample_rollouts(
     rollouts: list[Rollout] = []
     for start in range(0, len(tasks), TASKS_PER_CALL):
         chunk = tasks[start : start + TASKS_PER_CALL]
-        prompts = [render_prompt(tokenizer, task.prompt) for task in chunk]
+        conversations = [prompt_messages(chat, task.prompt) for task in chunk]
+        prompts = [chat.prompt_ids(messages) for messages in conversations]
         began = time.perf_counter()
-        completions = engine.generate(prompts, params)
+        completions = engine.generate(prompts, params, conversations)
         share = (time.perf_counter() - began) / (len(chunk) * params.n)
         for task, prompt, group in zip(chunk, prompts, completions):
             rollouts.extend(
@@ -85,6 +83,7 @@ def sample_rollouts(
                     finish_reason=completion.finish_reason,
                     response_text=completion.text,
                     generate_s=share,
+                    solution=extract_solution(chat.reply_text(completion.text)),
                 )
                 for index, completion in enumerate(group)
             )

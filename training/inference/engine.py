@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from training.policy.chat import ChatFormat
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -34,13 +36,17 @@ class Completion:
     # server that returns text only): such a completion is for evaluation, never for training.
     logprobs: list[float] | None
     finish_reason: FinishReason  # "stop": emitted one of the engine's stop tokens; "length": hit max_new_tokens
-    text: str  # decode(token_ids), special tokens kept (see prompts.extract_solution)
+    text: str  # decode(token_ids), special tokens kept (ChatFormat.reply_text cuts the stop token off)
 
 
 @runtime_checkable
 class InferenceEngine(Protocol):
     policy_version: str
+    chat: ChatFormat  # the sampled model's chat format: what renders its prompts and ends its replies
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """params.n completions for each prompt, in prompt order."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 conversations: list[list[dict[str, str]]] | None = None) -> list[list[Completion]]:
+        """params.n completions for each prompt, in prompt order. `conversations` are the
+        prompts' messages (which the ids render), for an engine that applies a server's
+        template instead of taking ids."""
         ...

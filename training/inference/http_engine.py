@@ -4,9 +4,8 @@ engines.
 
 - `api="completions"` (default): prompts go out as token ids (the completions API takes a list
   of ids as `prompt`).
-- `api="chat"`: for chat-only servers. Prompts are ChatML token ids (what training/agent/prompts.py
-  and training/agent/episodes.py render); they are decoded back into messages, and the server applies
-  its own model's chat template.
+- `api="chat"`: for chat-only servers. The prompts' conversations (the messages their ids
+  render) go out, and the server applies its own model's chat template.
 What comes back is trainable only if the server says exactly which tokens it sampled and their
 log-probs: vLLM and SGLang do on the completions API, with `logprobs` and
 `return_tokens_as_token_ids` ("token_id:123"). Anything else (chat answers, most hosted APIs)
@@ -19,7 +18,6 @@ backoff, a 4xx is an EngineError carrying the server's message.
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
@@ -27,11 +25,10 @@ from typing import Literal
 import requests
 
 from training.inference.engine import Completion, FinishReason, SamplingParams
-from training.policy.tokenizer import IM_END, IM_START
+from training.policy.chat import ChatFormat
 
 TOKEN_ID_PREFIX = "token_id:"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-_CHATML_TURN = re.compile(re.escape(IM_START) + r"(\w+)\n(.*?)" + re.escape(IM_END), re.DOTALL)
 
 
 class EngineError(RuntimeError):
@@ -40,27 +37,33 @@ class EngineError(RuntimeError):
 
 class OpenAICompatibleEngine:
     def __init__(
-        self, base_url: str, model: str, tokenizer, policy_version: str | None = None, api_key: str | None = None,
+        self, base_url: str, model: str, chat: ChatFormat, policy_version: str | None = None, api_key: str | None = None,
         timeout_s: float = 300.0, retries: int = 3, concurrency: int = 8,
         api: Literal["completions", "chat"] = "completions",
     ) -> None:
         self.api = api
         self.url = base_url.rstrip("/") + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.chat = model, chat
         self.policy_version = policy_version or f"http:{model}"
         self.timeout_s, self.retries, self.concurrency = timeout_s, retries, concurrency
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """params.n completions for each prompt, in prompt order."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 conversations: list[list[dict[str, str]]] | None = None) -> list[list[Completion]]:
+        """params.n completions for each prompt, in prompt order; the chat API sends the
+        prompts' `conversations`."""
+        if self.api == "chat" and (conversations is None or len(conversations) != len(prompts)):
+            raise EngineError("the chat API sends messages, and these prompts came without their conversations")
+        work = list(zip(prompts, conversations or [None] * len(prompts)))
         with requests.Session() as session, ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda prompt: self._complete(session, prompt, params), prompts))
+            return list(pool.map(lambda item: self._complete(session, *item, params), work))
 
-    def _complete(self, session: requests.Session, prompt: list[int], params: SamplingParams) -> list[Completion]:
+    def _complete(self, session: requests.Session, prompt: list[int], messages: list[dict[str, str]] | None,
+                  params: SamplingParams) -> list[Completion]:
         body = {"model": self.model, "n": params.n, "max_tokens": params.max_new_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
         if self.api == "chat":
-            body["messages"] = chat_messages(self.tokenizer.decode(prompt, skip_special_tokens=False))
+            body["messages"] = messages
         else:
             body |= {"prompt": prompt, "logprobs": 1, "return_tokens_as_token_ids": True}
         answer = self._post(session, body)
@@ -94,18 +97,9 @@ class OpenAICompatibleEngine:
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         sampled = _sampled_tokens(choice.get("logprobs"))
         if sampled is None:
-            return Completion(token_ids=self.tokenizer.encode(text), logprobs=None, finish_reason=finish, text=text)
+            return Completion(token_ids=self.chat.encode(text), logprobs=None, finish_reason=finish, text=text)
         token_ids, logprobs = sampled
         return Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish, text=text)
-
-
-def chat_messages(chatml: str) -> list[dict[str, str]]:
-    """The messages of a ChatML prompt ("<|im_start|>user\\n...<|im_end|>"), without the final
-    open assistant turn, which the chat API adds itself."""
-    messages = [{"role": role, "content": content} for role, content in _CHATML_TURN.findall(chatml)]
-    if not messages:
-        raise EngineError("the chat API needs a ChatML prompt (system, user and assistant turns)")
-    return messages
 
 
 def _sampled_tokens(logprobs: object) -> tuple[list[int], list[float]] | None:

@@ -8,6 +8,7 @@ import torch
 from transformers import GenerationConfig
 
 from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.policy.chat import ChatFormat
 from training.policy.model import load_policy
 
 
@@ -29,12 +30,13 @@ class TransformersEngine:
         self.batch_size = batch_size
         self.static_cache = static_cache
         self.model, self.tokenizer = load_policy(self.checkpoint_dir)
-        self.pad_id = int(self.tokenizer.pad_token_id)
-        eos = self.model.generation_config.eos_token_id
-        self.stop_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+        self.chat = ChatFormat.of(self.tokenizer, self.model.generation_config)
+        self.pad_id, self.stop_ids = self.chat.pad_id, list(self.chat.stop_ids)
         self.max_positions = int(self.model.config.max_position_embeddings)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 conversations: list[list[dict[str, str]]] | None = None) -> list[list[Completion]]:
+        """params.n completions for each prompt (its ids; `conversations` are not needed)."""
         self._check(prompts, params)
         # n copies of each prompt; sorted by length so that batches hold similar lengths.
         flat = [i for i in range(len(prompts)) for _ in range(params.n)]

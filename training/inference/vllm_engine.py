@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import AutoTokenizer, GenerationConfig
-
 from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.policy.chat import ChatFormat
 
 
 class VLLMEngine:
@@ -22,15 +21,15 @@ class VLLMEngine:
 
         self.checkpoint_dir = Path(checkpoint_dir)
         self.policy_version = policy_version
-        self.tokenizer = AutoTokenizer.from_pretrained(self.checkpoint_dir)
-        eos = GenerationConfig.from_pretrained(self.checkpoint_dir).eos_token_id  # the CPU engine's stop ids too
-        self.stop_ids = [int(t) for t in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+        self.chat = ChatFormat.from_pretrained(self.checkpoint_dir)  # the CPU engine's stop ids too
+        self.stop_ids = list(self.chat.stop_ids)
         self._vllm = vllm
         self.llm = vllm.LLM(model=str(self.checkpoint_dir), tokenizer=str(self.checkpoint_dir), seed=seed,
                             logprobs_mode="processed_logprobs", **llm_options)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """params.n completions for each prompt, in prompt order."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 conversations: list[list[dict[str, str]]] | None = None) -> list[list[Completion]]:
+        """params.n completions for each prompt (its ids; `conversations` are not needed)."""
         sampling = self._vllm.SamplingParams(
             n=params.n, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
             seed=params.seed, logprobs=0, stop_token_ids=self.stop_ids, skip_special_tokens=False,

@@ -1,10 +1,15 @@
 """Atomic, verifiable policy checkpoints.
 
-A checkpoint is a plain Hugging Face directory (config.json, model.safetensors,
-generation_config.json, tokenizer files) plus `crucible_manifest.json`: the caller's
+A checkpoint is a plain Hugging Face directory (config.json, the safetensors weights,
+generation_config.json, the tokenizer's files) plus `crucible_manifest.json`: the caller's
 manifest, the sha256 of every other file and one content hash over all of them. It is
 written into a temporary sibling directory and renamed into place, so a reader sees either
 the old checkpoint, the new one, or nothing, never a half-written one.
+
+The tokenizer's files are never re-serialised: a trained checkpoint carries its parent's
+byte for byte, so every checkpoint of a lineage tokenizes, and renders chats, exactly as the
+model it started from. config.json is written for transformers 4.57 (the range vLLM pins) as
+well as 5: see `portable_config`.
 """
 
 from __future__ import annotations
@@ -19,13 +24,12 @@ from typing import Any, Callable
 
 MANIFEST_FILE = "crucible_manifest.json"
 FORMAT = "crucible-checkpoint/1"
-REQUIRED_FILES: tuple[str, ...] = (
-    "config.json",
-    "model.safetensors",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-)
+REQUIRED_FILES: tuple[str, ...] = ("config.json", "generation_config.json", "tokenizer_config.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")  # one of them: whole, or sharded
+# Every file a Hugging Face tokenizer (and its chat template) may be saved as.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
+                   "chat_template.json")
 _RESERVED_KEYS = ("format", "files", "content_hash")
 
 
@@ -69,24 +73,52 @@ def write_checkpoint_dir(out_dir: str | Path, write: Callable[[Path], None], man
 
 def save_checkpoint(
     model: Any,
-    tokenizer: Any,
+    tokenizer_dir: str | Path,
     out_dir: str | Path,
     manifest: dict[str, Any],
     extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Save `model` (HF PreTrainedModel, safetensors) and `tokenizer` atomically with a manifest.
+    """Save `model` (HF PreTrainedModel, safetensors) with the tokenizer files of
+    `tokenizer_dir` (the checkpoint it was trained from), atomically, with a manifest.
 
     `extra(tmp_dir)` may add more files (e.g. optimizer state); they are hashed too.
     """
-    from training.policy.tokenizer import save_tokenizer
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
-        save_tokenizer(tokenizer, tmp)
+        portable_config(tmp / "config.json")
+        copy_tokenizer_files(tokenizer_dir, tmp)
         if extra is not None:
             extra(tmp)
 
     return write_checkpoint_dir(out_dir, write, manifest)
+
+
+def copy_tokenizer_files(source: str | Path, destination: Path) -> list[str]:
+    """Copy the tokenizer files `source` has into `destination`, unchanged; their names."""
+    names = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
+    for name in names:
+        shutil.copyfile(Path(source) / name, destination / name)
+    return names
+
+
+def portable_config(path: Path) -> None:
+    """Rewrite config.json so that transformers 4.57 reads the model transformers 5 saved.
+
+    transformers 5 keeps the RoPE base only inside `rope_parameters`; 4.57 (and vLLM under
+    it) reads `rope_theta` and `rope_scaling`, and silently falls back to 10000 without them,
+    which changes every logit of a model trained at another base (Qwen2's is 1e6). The 4.x keys
+    are added beside the 5.x ones; transformers 5 reads the file as before.
+    """
+    config = json.loads(path.read_text(encoding="utf-8"))
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" not in rope:  # absent, or one per layer type
+        return
+    legacy = {"rope_theta": rope["rope_theta"], "torch_dtype": config.get("dtype")}
+    if rope.get("rope_type", "default") != "default":
+        legacy["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    config |= {key: value for key, value in legacy.items() if config.get(key) is None}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def read_manifest(checkpoint_dir: str | Path) -> dict[str, Any]:
@@ -110,6 +142,8 @@ def verify_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {root}: unreadable {MANIFEST_FILE}: {exc}") from exc
     missing_required = [name for name in REQUIRED_FILES if name not in files]
+    if not any(name in files for name in WEIGHT_FILES):
+        missing_required.append(" or ".join(WEIGHT_FILES))
     if missing_required:
         raise CheckpointError(f"checkpoint {root}: manifest lists no {missing_required}")
     for name, digest in sorted(files.items()):

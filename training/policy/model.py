@@ -7,6 +7,7 @@ and vLLM serves the same directory.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from transformers import (
 )
 
 from training.policy.checkpoint import save_checkpoint, verify_checkpoint
-from training.policy.tokenizer import EOS_TOKEN, IM_END, build_tokenizer
+from training.policy.tokenizer import PAD_TOKEN, STOP_TOKENS, build_tokenizer, save_tokenizer
 
 
 class PolicyConfig(BaseModel):
@@ -47,8 +48,6 @@ class PolicyConfig(BaseModel):
 
 def llama_config(config: PolicyConfig) -> LlamaConfig:
     tokenizer = build_tokenizer()
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
     if config.vocab_size < len(tokenizer):
         raise ValueError(f"vocab_size {config.vocab_size} < tokenizer size {len(tokenizer)}")
     return LlamaConfig(
@@ -63,17 +62,16 @@ def llama_config(config: PolicyConfig) -> LlamaConfig:
         tie_word_embeddings=config.tie_word_embeddings,
         initializer_range=config.initializer_range,
         bos_token_id=None,
-        eos_token_id=[im_end_id, eos_id],
-        pad_token_id=eos_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids(list(STOP_TOKENS)),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         torch_dtype="float32",
     )
 
 
 def generation_config(tokenizer) -> GenerationConfig:
-    """Stop on <|im_end|> (end of the assistant turn) or <|endoftext|>; pad with <|endoftext|>."""
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
-    return GenerationConfig(bos_token_id=None, eos_token_id=[im_end_id, eos_id], pad_token_id=eos_id)
+    """Stop at the end of the assistant's turn or of the document (STOP_TOKENS)."""
+    return GenerationConfig(bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids(list(STOP_TOKENS)),
+                            pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN))
 
 
 def build_base_policy(out_dir: str | Path, config: PolicyConfig = PolicyConfig()) -> Path:
@@ -84,7 +82,9 @@ def build_base_policy(out_dir: str | Path, config: PolicyConfig = PolicyConfig()
         model = LlamaForCausalLM(llama_config(config))
     model.generation_config = generation_config(tokenizer)
     manifest = {"kind": "base", "policy_config": config.model_dump(mode="json"), "num_parameters": count_parameters(model)}
-    return save_checkpoint(model, tokenizer, out_dir, manifest)
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        save_tokenizer(tokenizer, tokenizer_dir)
+        return save_checkpoint(model, tokenizer_dir, out_dir, manifest)
 
 
 def load_policy(policy_dir: str | Path, verify: bool = False):

@@ -29,6 +29,8 @@ EOS_TOKEN = "<|endoftext|>"  # end of document; also the padding token
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"  # ends every chat turn; the generation stop token
 SPECIAL_TOKENS: tuple[str, ...] = (EOS_TOKEN, IM_START, IM_END)
+STOP_TOKENS = (IM_END, EOS_TOKEN)  # the built-in model's generation config stops at either
+PAD_TOKEN = EOS_TOKEN
 VOCABULARY_FILE = Path(__file__).with_name("tokenizer.json")
 VOCABULARY_SIZE = 1024  # specials + 256 bytes + merges; PolicyConfig.vocab_size must cover it
 
@@ -59,7 +61,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_file(str(VOCABULARY_FILE)),
         eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
         model_max_length=1024,
         padding_side="left",
     )

@@ -32,6 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from training.policy.batching import TokenBatch, make_batch, token_logprobs, token_logprobs_and_entropy
+from training.policy.chat import ChatFormat
 from training.policy.checkpoint import read_manifest, save_checkpoint
 from training.policy.model import load_policy
 from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
@@ -144,7 +145,7 @@ def train_policy(
     batch = _informative(samples) if config.zero_variance_groups == "drop" else samples
     parent = read_manifest(policy_dir)
     model, tokenizer = load_policy(policy_dir)
-    pad_id = tokenizer.pad_token_id
+    pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
     advantages = _advantages(batch, config)
     forward = Forward(pad_id, config.micro_batch_size, temperature)
     rollout_logprobs = forward.logprobs(model, batch) if config.tis_cap and batch else None
@@ -183,7 +184,7 @@ def train_policy(
                 "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
                 "lineage": lineage or {}}
     model.eval()
-    save_checkpoint(model, tokenizer, out_dir, manifest, extra=_optimizer_writer(optimizer, config))
+    save_checkpoint(model, policy_dir, out_dir, manifest, extra=_optimizer_writer(optimizer, config))
     resume.clear()
     return metrics
 

@@ -6,7 +6,7 @@
   turn is one example whose prompt is the context so far (earlier actions and the observations
   the environment would have given), so the warm-up teaches the same token sequences an episode
   produces.
-Examples are token ids (prompt, response), the response ending with <|im_end|>.
+Examples are token ids (prompt, response), the response ending with the model's own end-of-turn token.
 """
 
 from __future__ import annotations
@@ -16,36 +16,36 @@ from collections.abc import Iterable
 from task_sets.patches import apply_patch, changed_paths
 from task_sets.schema import RepositoryTask, Task
 from task_sets.submission import SOLUTION_FILE
-from training.agent.episodes import observation_ids, render_episode_prompt, wrote
+from training.agent.episodes import episode_messages, wrote
 from training.agent.prompts import render_prompt
-from training.policy.tokenizer import IM_END
+from training.policy.chat import ChatFormat
 
 Example = tuple[list[int], list[int]]
 
 
-def warmup_examples(tokenizer, tasks: Iterable[Task], episodes: bool = True) -> list[Example]:
+def warmup_examples(chat: ChatFormat, tasks: Iterable[Task], episodes: bool = True) -> list[Example]:
     """For every task: its single-turn example (function tasks) and, with `episodes`, its
     episode's turns."""
     examples = []
     for task in tasks:
         if not isinstance(task, RepositoryTask):
-            examples += single_turn_examples(tokenizer, [(task.prompt, task.reference_solution)])
+            examples += single_turn_examples(chat, [(task.prompt, task.reference_solution)])
         if episodes:
-            examples += episode_examples(tokenizer, task)
+            examples += episode_examples(chat, task)
     return examples
 
 
-def single_turn_examples(tokenizer, pairs: Iterable[tuple[str, str]]) -> list[Example]:
-    return [(render_prompt(tokenizer, prompt), _reply(tokenizer, solution)) for prompt, solution in pairs]
+def single_turn_examples(chat: ChatFormat, pairs: Iterable[tuple[str, str]]) -> list[Example]:
+    return [(render_prompt(chat, prompt), chat.reply_ids(solution)) for prompt, solution in pairs]
 
 
-def episode_examples(tokenizer, task: Task) -> list[Example]:
-    context, examples = render_episode_prompt(tokenizer, task), []
+def episode_examples(chat: ChatFormat, task: Task) -> list[Example]:
+    context, examples = chat.prompt_ids(episode_messages(chat, task)), []
     for path, content in _files_to_write(task):
-        reply = _reply(tokenizer, f'<write path="{path}">\n{content}</write>')
+        reply = chat.reply_ids(f'<write path="{path}">\n{content}</write>')
         examples.append((context, reply))
-        context = context + reply + observation_ids(tokenizer, wrote(path, content))
-    examples.append((context, _reply(tokenizer, "<submit/>")))
+        context = context + reply + chat.observation_ids(wrote(path, content), reply_closed=True)
+    examples.append((context, chat.reply_ids("<submit/>")))
     return examples
 
 
@@ -54,7 +54,3 @@ def _files_to_write(task: Task) -> list[tuple[str, str]]:
         solved = apply_patch(task.files, task.reference_solution)
         return [(path, solved[path]) for path in sorted(changed_paths(task.files, solved)) if path in solved]
     return [(SOLUTION_FILE, task.solution_file(task.reference_solution))]
-
-
-def _reply(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text + IM_END, add_special_tokens=False))

@@ -1,7 +1,7 @@
 """Supervised warm-up: teach the base policy the answer format before RL.
 
 Each example is (prompt ids, response ids), as training/sft/demonstrations.py makes them: a
-chat-templated prompt (or an episode's context so far) and the reply, ending with <|im_end|>.
+chat-templated prompt (or an episode's context so far) and the reply, ending with its end-of-turn token.
 The model learns only the response tokens (prompt targets are masked, like labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
 
 Measured on the 2-core CPU box (compose set: 792 train tasks, 56 held out; 2 threads): the
@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from training.policy.batching import make_batch, token_logprobs
+from training.policy.chat import ChatFormat
 from training.policy.checkpoint import save_checkpoint
 from training.policy.model import load_policy
 from training.rl.schedule import lr_factor
@@ -64,6 +65,7 @@ def supervised_warmup(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     model, tokenizer = load_policy(policy_dir)
+    pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
     data = [(p, r) for p, r in examples if p and r and len(p) + len(r) <= config.max_len]
     skipped = len(examples) - len(data)
     if not data:
@@ -79,7 +81,7 @@ def supervised_warmup(
             optimizer, lambda s: lr_factor(s, "cosine", config.warmup_steps, config.steps, config.min_lr_ratio))
         losses, tokens, start = [], 0, time.perf_counter()
         for step, batch_rows in enumerate(_batches(data, config, rng), start=1):
-            batch = make_batch([p for p, _ in batch_rows], [r for _, r in batch_rows], tokenizer.pad_token_id)
+            batch = make_batch([p for p, _ in batch_rows], [r for _, r in batch_rows], pad_id)
             lp = token_logprobs(model, batch)
             loss = -(lp * batch.mask).sum() / batch.mask.sum()  # response tokens only
             objective = loss
@@ -114,7 +116,7 @@ def supervised_warmup(
         "sft_config": config.model_dump(mode="json"),
         "metrics": {k: v for k, v in metrics.items() if k != "loss_curve"},
     }
-    save_checkpoint(model, tokenizer, out_dir, manifest)
+    save_checkpoint(model, policy_dir, out_dir, manifest)
     return metrics
 
 

@@ -1,0 +1,156 @@
+"""A model's own chat format: how prompts, replies and observations become its tokens.
+
+Everything comes from the checkpoint. Its tokenizer's chat template renders every message
+(`apply_chat_template`); its generation config and tokenizer name the stop tokens. Nothing here
+knows a template's special tokens: where a reply ends, and how the environment's answer is
+framed, are read off the template by rendering a conversation around a marker and looking at
+what the template put after it.
+
+Conventions that differ between model families, and what is done about each:
+- No system role (Gemma, Mistral raise on one): the system message goes in front of the first
+  user message, separated by a blank line.
+- No pad token (Llama 3): padding uses the end-of-turn token. Padded positions are masked out of
+  attention and loss, so the id only has to be a real one.
+- An observation is a turn of `observation_role` (default "user", which every template has;
+  "tool" where the template renders it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from jinja2 import TemplateError
+from transformers import AutoTokenizer, GenerationConfig
+
+# Private-use code points: no tokenizer or template gives them a meaning, and no reply holds them.
+_MARK = "\ue000crucible-reply\ue001"
+_PROBE = "\ue000crucible-probe\ue001"
+
+
+class ChatFormatError(ValueError):
+    """The tokenizer and generation config do not describe a chat model Crucible can drive."""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    tokenizer: object
+    stop_ids: tuple[int, ...]  # generation stops at any of them
+    end_of_turn_id: int  # the stop token the template closes an assistant turn with
+    system_role: bool  # the template renders a system message
+    observation_role: str = "user"
+
+    @classmethod
+    def of(cls, tokenizer, generation_config: GenerationConfig | None, observation_role: str = "user") -> ChatFormat:
+        """The format of `tokenizer` (with its chat template) and `generation_config`; a
+        ChatFormatError says in one sentence what is missing."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise ChatFormatError("the tokenizer has no chat template (tokenizer_config.json `chat_template` or "
+                                  "chat_template.jinja): Crucible renders every prompt with the model's own template, "
+                                  "so use the instruct/chat variant of the model or add its template")
+        stop_ids = stop_token_ids(tokenizer, generation_config)
+        if not stop_ids:
+            raise ChatFormatError("neither generation_config.json nor the tokenizer names an end-of-sequence token, "
+                                  "so generation would never stop: set eos_token_id in generation_config.json")
+        system_role = _renders(tokenizer, [{"role": "system", "content": _PROBE}, {"role": "user", "content": _PROBE}])
+        end = _end_of_turn(tokenizer, stop_ids)
+        chat = cls(tokenizer, stop_ids, end, system_role, observation_role)
+        chat.observation_ids(_PROBE, reply_closed=True)  # the template renders the observation role
+        return chat
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, observation_role: str = "user") -> ChatFormat:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        try:
+            generation_config = GenerationConfig.from_pretrained(str(directory))
+        except OSError:  # no generation_config.json: the tokenizer's eos token alone
+            generation_config = None
+        return cls.of(tokenizer, generation_config, observation_role)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return self.end_of_turn_id if pad is None else int(pad)
+
+    def messages(self, system: str, user: str) -> list[dict[str, str]]:
+        """The opening of a conversation: a system and a user message, or one user message
+        holding both where the template has no system role."""
+        if self.system_role:
+            return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return [{"role": "user", "content": f"{system}\n\n{user}"}]
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The conversation so far as the template renders it, ending in the opening of the
+        assistant's turn."""
+        return self.encode(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    def reply_ids(self, text: str) -> list[int]:
+        """A whole assistant reply as the model should write it: the text, then its end of turn."""
+        return self.encode(text) + [self.end_of_turn_id]
+
+    def reply_text(self, text: str) -> str:
+        """A sampled reply's text up to (without) the first stop token; the text as is when
+        none was sampled (a reply cut at its token budget, or a server's text)."""
+        for stop in self._stop_texts:
+            text = text.split(stop, 1)[0]
+        return text
+
+    def observation_ids(self, observation: str, reply_closed: bool) -> list[int]:
+        """The environment's answer after a reply: the close of the assistant's turn, the
+        observation as the template frames a `observation_role` turn, and the opening of the
+        assistant's next turn. A reply that ended with its end-of-turn token (`reply_closed`)
+        is not closed a second time."""
+        conversation = [{"role": "user", "content": _PROBE}, {"role": "assistant", "content": _MARK},
+                        {"role": self.observation_role, "content": observation}]
+        try:
+            text = self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        except TemplateError as error:
+            raise ChatFormatError(f"the chat template cannot render an observation as a {self.observation_role!r} "
+                                  f"turn ({error}): set observation_role to a role it has") from None
+        framed = text.split(_MARK, 1)[1]
+        if reply_closed:
+            framed = framed.removeprefix(self.tokenizer.decode([self.end_of_turn_id]))
+        return self.encode(framed)
+
+    def encode(self, text: str) -> list[int]:
+        """`text` as ids; special tokens written in it (a template's) are parsed, none added."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @property
+    def _stop_texts(self) -> list[str]:
+        return [self.tokenizer.decode([token]) for token in self.stop_ids]
+
+
+def stop_token_ids(tokenizer, generation_config: GenerationConfig | None) -> tuple[int, ...]:
+    """The generation config's eos ids (one or a list), then the tokenizer's own eos."""
+    configured = generation_config.eos_token_id if generation_config is not None else None
+    ids = list(configured) if isinstance(configured, (list, tuple)) else [configured]
+    ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(int(token) for token in ids if token is not None))
+
+
+def _renders(tokenizer, messages: list[dict[str, str]]) -> bool:
+    try:
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError:
+        return False
+    return True
+
+
+def _end_of_turn(tokenizer, stop_ids: tuple[int, ...]) -> int:
+    """The first stop token the template writes after an assistant message's content."""
+    conversation = [{"role": "user", "content": _PROBE}, {"role": "assistant", "content": _MARK}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except TemplateError as error:
+        raise ChatFormatError(f"the chat template cannot render a user message and an assistant reply: {error}") from None
+    if _MARK not in text:
+        raise ChatFormatError("the chat template drops the content of an assistant reply, so a multi-turn context "
+                              "cannot be rendered")
+    after = tokenizer.encode(text.split(_MARK, 1)[1], add_special_tokens=False)
+    ended = next((token for token in after if token in stop_ids), None)
+    if ended is None:
+        raise ChatFormatError(f"the chat template ends an assistant reply with {tokenizer.decode(after)!r}, which "
+                              f"holds none of the stop tokens {list(stop_ids)}: add the model's end-of-turn token "
+                              "to eos_token_id in generation_config.json")
+    return ended
