@@ -1,7 +1,5 @@
-"""base_policy[experiment]: the built-in model, built locally and warmed up on reference solutions,
-one per experiment, as its settings (`ExperimentConfig.base`) describe it."""
-
-import tempfile
+"""base_policy[experiment]: the model an experiment starts from (training/base_policy.py), one per
+experiment, as its settings describe it."""
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
@@ -9,12 +7,10 @@ from assets.lineage_check import report_off_lineage
 from assets.partitions import experiments
 from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
+from training.base_policy import make_base_policy
 from training.experiment import ExperimentConfig, ExperimentFileError
-from training.policy.chat import ChatFormat
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
-from training.policy.model import PolicyConfig, build_base_policy
-from training.sft.demonstrations import warmup_examples
-from training.sft.warmup import SFTConfig, supervised_warmup
+from training.policy.importing import ModelImportError
 
 
 def stored_experiment(crucible: CrucibleResource, name: str) -> ExperimentConfig:
@@ -39,26 +35,24 @@ def _content_hash(directory) -> str | None:
 
 @asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"})
 def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
-    """A small Llama built from the experiment's `base` settings (nothing is downloaded),
-    fine-tuned on its task set's train references as single replies (and, with
-    `episode_demonstrations`, as episodes of actions too), so that RL starts from a policy that
-    sometimes succeeds. Rebuilding one experiment's base policy never touches another's."""
+    """The experiment's own starting model: its `base_model` imported as it is (weights, config,
+    tokenizer and chat template), or the built-in small Llama built from its `base` settings
+    (nothing is downloaded either way); then warmed up on its task set's train references as
+    single replies (and, with `episode_demonstrations`, as episodes of actions), `base.sft_steps`
+    steps. Rebuilding one experiment's base policy never touches another's."""
     experiment = stored_experiment(crucible, context.partition_key)
-    settings, out_dir = experiment.base, crucible.base_policy_dir(experiment.name)
+    out_dir = crucible.base_policy_dir(experiment.name)
     task_set = load_task_set(experiment.task_set)
-    sft_config = SFTConfig(seed=experiment.seed, steps=settings.sft_steps)
-    policy_config = PolicyConfig(seed=experiment.seed, hidden_size=settings.hidden_size, num_layers=settings.num_layers)
 
     def report(step: int, total: int, loss: float) -> None:
         if step == total or step % max(1, total // 10) == 0:
             context.log.info(f"warm-up step {step}/{total}: loss {loss:.3f}")
 
     replaced = _content_hash(out_dir)
-    with tempfile.TemporaryDirectory() as scratch:
-        initial = build_base_policy(f"{scratch}/init", policy_config)
-        examples = warmup_examples(ChatFormat.from_pretrained(initial), task_set.train(),
-                                   episodes=settings.episode_demonstrations)
-        metrics = supervised_warmup(initial, examples, out_dir, sft_config, report)
+    try:
+        metrics = make_base_policy(experiment, task_set, out_dir, report)
+    except ModelImportError as error:
+        raise Failure(str(error), allow_retries=False) from None
     manifest = verify_checkpoint(out_dir)
     if replaced not in (None, manifest["content_hash"]):
         report_off_lineage(context.instance, experiment.name, "the rebuilt base policy", 1,
@@ -67,8 +61,8 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
         metadata={
             "path": MetadataValue.path(str(out_dir)),
             "content_hash": manifest["content_hash"],
+            "model": experiment.base_model or "built-in",
             "task_set_version": task_set.version,
-            "examples": len(examples),
-            **{f"sft/{key}": value for key, value in metrics.items() if isinstance(value, (int, float))},
+            **metrics,
         }
     )

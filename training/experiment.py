@@ -24,13 +24,16 @@ from training.sft.warmup import SFTConfig
 
 
 class BasePolicySettings(BaseModel):
-    """The experiment's own base policy: the built-in model, warmed up on its task set's train split."""
+    """How the experiment's own base policy is made: the built-in model's size (unless the
+    experiment imports a `base_model`), and the warm-up on its task set's train split."""
 
     model_config = ConfigDict(extra="forbid")
 
     hidden_size: int = PolicyConfig.model_fields["hidden_size"].default
     num_layers: int = PolicyConfig.model_fields["num_layers"].default
-    sft_steps: int = Field(SFTConfig.model_fields["steps"].default, ge=1, description="warm-up optimizer steps")
+    sft_steps: int | None = Field(None, ge=0, description="warm-up optimizer steps on the train references (0: "
+                                  f"none); default {SFTConfig.model_fields['steps'].default} for the built-in "
+                                  "model, 0 for an imported base_model")
     episode_demonstrations: bool = Field(False, description="also warm up on the references as episodes of actions "
                                          "(write, then submit): multi-turn experiments (max_turns > 1) need it")
 
@@ -39,6 +42,8 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    base_model: str | None = Field(None, description="the Hugging Face causal LM to post-train: its directory, or a "
+                                   "hub id already in the local cache (nothing is downloaded); None: the built-in model")
     task_set: str = Field("compose", description="built-in task set name or a path")
     iterations: int = Field(10, ge=1, description="the sensor stops advancing after this many")
     continuous: bool = Field(False, description="the advance_iterations sensor (when switched on) starts this "
@@ -83,6 +88,20 @@ class ExperimentConfig(BaseModel):
     base: BasePolicySettings = BasePolicySettings()
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
+
+    @model_validator(mode="after")
+    def _base_policy_settings(self) -> ExperimentConfig:
+        """The built-in model's sizes do not apply to an imported model; the warm-up's length
+        defaults by which of the two the experiment starts from."""
+        sizes = [name for name in ("hidden_size", "num_layers")
+                 if getattr(self.base, name) != BasePolicySettings.model_fields[name].default]
+        if self.base_model is not None and sizes:
+            raise PydanticCustomError("imported_sizes", f"base.{', base.'.join(sizes)} size the built-in model, and "
+                                      f"this experiment imports base_model {self.base_model!r}: remove them")
+        if self.base.sft_steps is None:
+            default = 0 if self.base_model is not None else SFTConfig.model_fields["steps"].default
+            self.base = self.base.model_copy(update={"sft_steps": default})
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -107,10 +107,13 @@ class ChatFormat:
         except TemplateError as error:
             raise ChatFormatError(f"the chat template cannot render an observation as a {self.observation_role!r} "
                                   f"turn ({error}): set observation_role to a role it has") from None
-        framed = text.split(_MARK, 1)[1]
-        if reply_closed:
-            framed = framed.removeprefix(self.tokenizer.decode([self.end_of_turn_id]))
-        return self.encode(framed)
+        # Encoded from the end of turn on, which the template writes right after a reply: a
+        # SentencePiece tokenizer would otherwise begin the text with a word-start "▁" that the
+        # template's own rendering does not have.
+        framed = self.encode(text.split(_MARK, 1)[1])
+        if reply_closed and framed[:1] == [self.end_of_turn_id]:
+            return framed[1:]
+        return framed
 
     def encode(self, text: str) -> list[int]:
         """`text` as ids; special tokens written in it (a template's) are parsed, none added."""

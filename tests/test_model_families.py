@@ -1,0 +1,152 @@
+"""A user's own model, of three real families (tests/model_families.py): imported unchanged,
+driven through its own chat format, trained into checkpoints that keep its tokenizer, and run
+through a whole iteration by `crucible run --config` with `base_model`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from model_families import FAMILIES, make_model
+
+from assets.resources import CrucibleResource
+from task_sets.importers.records import write_task_set
+from task_sets.loader import load_task_set
+from task_sets.submission import grade_solution
+from training.agent.rollout import sample_rollouts
+from training.inference.engine import Completion, SamplingParams
+from training.policy.chat import ChatFormat
+from training.policy.checkpoint import TOKENIZER_FILES, verify_checkpoint
+from training.policy.importing import ModelImportError, import_model
+
+ROOT = Path(__file__).parent.parent
+COMPOSE = load_task_set("compose")
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def source(family, tmp_path_factory) -> Path:
+    return make_model(family, tmp_path_factory.mktemp(family) / "model")
+
+
+@pytest.fixture(scope="module")
+def imported(source, tmp_path_factory) -> Path:
+    return import_model(str(source), tmp_path_factory.mktemp("imported") / "base", context_tokens=1024)
+
+
+def test_an_import_keeps_the_weights_tokenizer_and_chat_template_byte_for_byte(source, imported):
+    manifest = verify_checkpoint(imported)
+    assert manifest["kind"] == "imported" and manifest["source"] == str(source)
+    kept = [name for name in ("model.safetensors", "generation_config.json", *TOKENIZER_FILES)
+            if (source / name).is_file()]
+    assert "tokenizer_config.json" in kept
+    for name in kept:
+        assert (imported / name).read_bytes() == (source / name).read_bytes(), name
+
+
+def test_the_imported_config_states_the_rope_base_where_transformers_4_reads_it(source, imported):
+    written = json.loads((source / "config.json").read_text())
+    config = json.loads((imported / "config.json").read_text())
+    assert config["rope_theta"] == written["rope_parameters"]["rope_theta"]  # transformers 5 wrote only the latter
+    assert config["rope_parameters"] == written["rope_parameters"]
+
+
+def test_the_chat_format_is_the_familys_own(family, imported):
+    chat = ChatFormat.from_pretrained(imported)
+    end_of_turn = FAMILIES[family].end_of_turn
+    assert chat.tokenizer.convert_ids_to_tokens(chat.end_of_turn_id) == end_of_turn
+    assert chat.end_of_turn_id in chat.stop_ids
+    assert chat.system_role == (family != "mistral")  # Mistral's template refuses a system message
+    if chat.tokenizer.pad_token is None:  # Llama 3 and Mistral have none: the end of turn pads
+        assert chat.pad_id == chat.end_of_turn_id
+    prompt = chat.tokenizer.decode(chat.prompt_ids(chat.messages("Be brief.", "Write f.")))
+    assert "Be brief." in prompt and "Write f." in prompt
+
+
+class EmitsExactly:
+    """The model's reply, token for token: `reply` then its own end-of-turn token, decoded as
+    the engines decode (special tokens kept)."""
+
+    policy_version = "scripted"
+
+    def __init__(self, chat: ChatFormat, reply: str):
+        self.chat, self.ids = chat, chat.reply_ids(reply)
+
+    def generate(self, prompts, params, conversations=None):
+        text = self.chat.tokenizer.decode(self.ids, skip_special_tokens=False)
+        return [[Completion(self.ids, [0.0] * len(self.ids), "stop", text)] * params.n for _ in prompts]
+
+
+def test_the_reference_solution_scores_one_when_the_model_ends_its_turn_with_its_own_token(imported):
+    chat = ChatFormat.from_pretrained(imported)
+    task = COMPOSE.eval()[0]
+    [rollout] = sample_rollouts(EmitsExactly(chat, task.reference_solution), chat, [task], SamplingParams(n=1), "g")
+    assert rollout.solution == task.reference_solution
+    assert grade_solution(task, rollout.solution, reward=COMPOSE.reward).reward == 1.0
+
+
+def test_an_observation_after_a_closed_reply_is_framed_as_the_template_renders_the_conversation(imported):
+    chat = ChatFormat.from_pretrained(imported)
+    conversation = [*chat.messages("Be brief.", "Write f."), {"role": "assistant", "content": "<run>ls</run>"},
+                    {"role": "user", "content": "x.py"}]
+    rendered = chat.tokenizer.decode(chat.prompt_ids(conversation)).split("<run>ls</run>", 1)[1]
+    framed = chat.observation_ids("x.py", reply_closed=True)
+    assert chat.tokenizer.decode([chat.end_of_turn_id, *framed]) == rendered
+    assert chat.observation_ids("x.py", reply_closed=False) == [chat.end_of_turn_id, *framed]
+
+
+@pytest.mark.parametrize(("mutilate", "message"), [
+    (lambda d: (d / "tokenizer_config.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((d / "tokenizer_config.json").read_text()).items() if k != "chat_template"})),
+     "has no chat template"),
+    (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "distilbert", "vocab_size": 10})),
+     "'distilbert' model is not a causal language model"),
+    (lambda d: [(d / name).unlink() for name in TOKENIZER_FILES if (d / name).is_file()], "no tokenizer files"),
+])
+def test_a_directory_that_cannot_be_post_trained_is_refused_in_one_sentence(source, tmp_path, mutilate, message):
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-r", str(source), str(broken)], check=True)
+    mutilate(broken)
+    with pytest.raises(ModelImportError, match=message):
+        import_model(str(broken), tmp_path / "out", context_tokens=1024)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_context_shorter_than_the_budget_is_refused(source, tmp_path):
+    with pytest.raises(ModelImportError, match="context is 2048 tokens, shorter than the experiment's budget of 4096"):
+        import_model(str(source), tmp_path / "out", context_tokens=4096)
+
+
+def test_a_name_that_is_neither_a_directory_nor_cached_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ModelImportError, match="neither a directory nor a model in the local Hugging Face cache"):
+        import_model("nobody/no-such-model", tmp_path / "out", context_tokens=1024)
+
+
+@pytest.mark.slow
+def test_crucible_run_with_base_model_runs_a_whole_iteration(family, source, tmp_path):
+    compose = load_task_set("compose")
+    write_task_set([*compose.train()[:2], *compose.eval()[:2]], tmp_path / "set")
+    config = tmp_path / f"{family}.toml"
+    config.write_text(f'name = "{family}-tiny"\nbase_model = "{source}"\ntask_set = "{tmp_path / "set"}"\n'
+                      "iterations = 1\ntasks_per_iteration = 2\nsamples_per_task = 2\nmax_new_tokens = 12\n"
+                      "eval_samples = 1\nregrade_fraction = 0\n[base]\nsft_steps = 2\n")
+    environment = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "HF_HUB_OFFLINE": "1",
+                   "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"), "CRUCIBLE_CHECKPOINT_ROOT": str(tmp_path / "ckpt")}
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", str(config)], env=environment,
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    checkpoint = crucible.checkpoint_dir(f"{family}-tiny", 1)
+    assert verify_checkpoint(checkpoint)["kind"] == "grpo"
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            assert (checkpoint / name).read_bytes() == (source / name).read_bytes(), name

@@ -1,0 +1,129 @@
+"""Import a user's Hugging Face causal LM as an experiment's base policy.
+
+The source is a local directory, or a hub id already in the local Hugging Face cache (nothing
+is downloaded). It is checked before anything is written, and each problem is one sentence:
+not a causal LM, no loadable tokenizer, no chat template or stop token (training/policy/chat.py),
+embeddings smaller than the tokenizer, a context shorter than the experiment's budget.
+
+What is written is the source as it is, plus Crucible's manifest: the weights in their own
+dtype and shards, the tokenizer files and chat template byte for byte, the generation config
+(made from config.json where the source has none). The one file Crucible may change is
+config.json, which gets the keys transformers 4.57 needs beside those transformers 5 wrote
+(`portable_config`). Weights saved only as PyTorch pickles are loaded once and written as
+safetensors, in their own dtype.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from training.policy.chat import ChatFormat, ChatFormatError
+from training.policy.checkpoint import (
+    TOKENIZER_FILES,
+    copy_tokenizer_files,
+    portable_config,
+    sha256_file,
+    write_checkpoint_dir,
+)
+
+_SAFETENSORS = "*.safetensors"
+_WEIGHT_INDEX = "model.safetensors.index.json"
+
+
+class ModelImportError(ValueError):
+    """The source is not a model Crucible can post-train; the message says why in one sentence."""
+
+
+def resolve_source(source: str) -> Path:
+    """The directory `source` names: a local path, or a hub id in the local cache."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        return Path(snapshot_download(source, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        raise ModelImportError(f"base_model {source!r} is neither a directory nor a model in the local Hugging Face "
+                           "cache (nothing is downloaded: `hf download` it first, or give its directory)") from None
+
+
+def check_source(directory: Path, context_tokens: int) -> ChatFormat:
+    """The source's chat format, once it is known to be a causal LM Crucible can drive with a
+    context of `context_tokens`."""
+    try:
+        config = AutoConfig.from_pretrained(directory)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelImportError(f"{directory}: config.json cannot be read as a Hugging Face model config ({error})") from None
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelImportError(f"{directory}: a {config.model_type!r} model is not a causal language model that "
+                           "transformers can load with AutoModelForCausalLM")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelImportError(f"{directory}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, …)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelImportError(f"{directory}: the tokenizer cannot be loaded ({error})") from None
+    try:
+        chat = ChatFormat.of(tokenizer, _generation_config(directory, config))
+    except ChatFormatError as error:
+        raise ModelImportError(f"{directory}: {error}") from None
+    vocabulary = getattr(config.get_text_config(), "vocab_size", None)
+    if vocabulary is not None and vocabulary < len(tokenizer):
+        raise ModelImportError(f"{directory}: the embeddings cover {vocabulary} tokens, fewer than the tokenizer's "
+                           f"{len(tokenizer)}")
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if positions is not None and positions < context_tokens:
+        raise ModelImportError(f"{directory}: the model's context is {positions} tokens, shorter than the experiment's "
+                           f"budget of {context_tokens} (episode_max_tokens, or prompt plus max_new_tokens)")
+    if not _weights(directory) and not list(directory.glob("*.bin")):
+        raise ModelImportError(f"{directory}: no weights (*.safetensors or pytorch_model*.bin)")
+    return chat
+
+
+def import_model(source: str, out_dir: str | Path, context_tokens: int) -> Path:
+    """Check `source` and write it as a Crucible checkpoint at `out_dir` (atomically)."""
+    directory = resolve_source(source)
+    check_source(directory, context_tokens)
+    source_files = {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file()}
+
+    def write(tmp: Path) -> None:
+        _copy_weights(directory, tmp)
+        shutil.copyfile(directory / "config.json", tmp / "config.json")
+        portable_config(tmp / "config.json")
+        if (directory / "generation_config.json").is_file():
+            shutil.copyfile(directory / "generation_config.json", tmp / "generation_config.json")
+        else:
+            GenerationConfig.from_model_config(AutoConfig.from_pretrained(directory)).save_pretrained(tmp)
+        copy_tokenizer_files(directory, tmp)
+
+    manifest = {"kind": "imported", "source": source, "source_dir": str(directory), "source_files": source_files}
+    return write_checkpoint_dir(out_dir, write, manifest)
+
+
+def _weights(directory: Path) -> list[Path]:
+    return sorted(directory.glob(_SAFETENSORS))
+
+
+def _copy_weights(directory: Path, tmp: Path) -> None:
+    """The safetensors files (and shard index) as they are; pickled weights converted once
+    (config.json and generation_config.json, which that also writes, are replaced after)."""
+    weights = _weights(directory)
+    if not weights:
+        AutoModelForCausalLM.from_pretrained(directory, dtype="auto").save_pretrained(tmp)
+        return
+    for path in [*weights, directory / _WEIGHT_INDEX]:
+        if path.is_file():
+            shutil.copyfile(path, tmp / path.name)
+
+
+def _generation_config(directory: Path, config) -> GenerationConfig:
+    """The source's generation config, or one made from its model config."""
+    try:
+        return GenerationConfig.from_pretrained(directory)
+    except OSError:
+        return GenerationConfig.from_model_config(config)
