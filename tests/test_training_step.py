@@ -27,9 +27,9 @@ from training.experiment import ExperimentConfig
 from training.inference.engine import SamplingParams
 from training.inference.transformers_engine import TransformersEngine
 from training.iteration import Iteration, Refused
+from training.policy.chat import ChatFormat
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
-from training.policy.tokenizer import build_tokenizer
 from training.rl.trainer import GRPOConfig
 from training.sft.demonstrations import single_turn_examples
 from training.sft.warmup import SFTConfig, supervised_warmup
@@ -47,8 +47,8 @@ def crucible(tmp_path_factory) -> CrucibleResource:
     root = tmp_path_factory.mktemp("step")
     resource = CrucibleResource(storage_root=str(root / "data"), checkpoint_root=str(root / "checkpoints"))
     tasks = load_task_set("default").train()[:4]
-    examples = single_turn_examples(build_tokenizer(), [(t.prompt, t.reference_solution) for t in tasks])
     initial = build_base_policy(root / "init", TINY)
+    examples = single_turn_examples(ChatFormat.from_pretrained(initial), [(t.prompt, t.reference_solution) for t in tasks])
     for experiment in ("learns", "diverges"):
         supervised_warmup(initial, examples, resource.base_policy_dir(experiment),
                           SFTConfig(steps=20, lr=1e-2, warmup_steps=2, batch_size=4))
@@ -66,7 +66,7 @@ def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None
     base = crucible.base_policy_dir(experiment)
     engine = TransformersEngine(base, verify_checkpoint(base)["content_hash"])
     params = SamplingParams(n=4, max_new_tokens=16, temperature=1.0, seed=0)
-    rollouts = sample_rollouts(engine, engine.tokenizer, tasks, params, f"{experiment}-0001")
+    rollouts = sample_rollouts(engine, engine.chat, tasks, params, f"{experiment}-0001")
     by_id = {task.id: task for task in tasks}
     rows = []
     for rollout in rollouts:
