@@ -133,6 +133,8 @@ def rollouts(
             "generated_tokens": tokens,
             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
             "truncated": sum(r.finish_reason == "length" for r in samples),
+            # A server that answers text alone gives no behaviour log-probs: graded, never trained on.
+            "without_logprobs": sum(r.behaviour_logprobs is None for r in samples),
             "finish_reasons": MetadataValue.json(dict(Counter(r.finish_reason for r in samples))),
             "mean_turns": sum(max(1, len(r.turns)) for r in samples) / len(samples),
             "example": MetadataValue.md(f"```python\n{samples[0].response_text}\n```"),

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import PydanticCustomError
 
 from training.evaluation.monitors import MonitorConfig
+from training.inference.settings import ServerSettings, VLLMSettings
 from training.policy.model import PolicyConfig
 from training.rl.trainer import GRPOConfig
 from training.sft.warmup import SFTConfig
@@ -54,8 +55,11 @@ class ExperimentConfig(BaseModel):
         64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
     samples_per_task: int = Field(8, ge=2, description="GRPO group size K")
-    engine: Literal["transformers", "vllm"] = Field(
-        "transformers", description="what samples: transformers on CPU, or vLLM on GPU (pip install -e '.[gpu]')")
+    engine: Literal["transformers", "vllm", "openai"] = Field(
+        "transformers", description="what samples: transformers on CPU, vLLM on GPU (pip install -e '.[gpu]'; "
+        "settings in `vllm`), or an OpenAI-compatible server (settings in `server`)")
+    server: ServerSettings | None = Field(None, description="the server of engine = \"openai\"")
+    vllm: VLLMSettings = VLLMSettings()
     max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes): the "
                                 "compose set's reference solutions take 21 tokens (median), 26 at most; a write "
                                 "action of the default set's takes 39 (median), 54 (95th percentile)")
@@ -90,14 +94,18 @@ class ExperimentConfig(BaseModel):
     monitors: MonitorConfig = MonitorConfig()
 
     @model_validator(mode="after")
-    def _base_policy_settings(self) -> ExperimentConfig:
-        """The built-in model's sizes do not apply to an imported model; the warm-up's length
-        defaults by which of the two the experiment starts from."""
+    def _consistent(self) -> ExperimentConfig:
+        """The built-in model's sizes do not apply to an imported model, and the warm-up's
+        length defaults by which of the two the experiment starts from; a server is given
+        exactly when the engine is one."""
         sizes = [name for name in ("hidden_size", "num_layers")
                  if getattr(self.base, name) != BasePolicySettings.model_fields[name].default]
         if self.base_model is not None and sizes:
             raise PydanticCustomError("imported_sizes", f"base.{', base.'.join(sizes)} size the built-in model, and "
                                       f"this experiment imports base_model {self.base_model!r}: remove them")
+        if (self.engine == "openai") != (self.server is not None):
+            raise PydanticCustomError("engine_server", "engine = \"openai\" samples from the [server] the settings "
+                                      "describe (base_url, model), and only that engine has one")
         if self.base.sft_steps is None:
             default = 0 if self.base_model is not None else SFTConfig.model_fields["steps"].default
             self.base = self.base.model_copy(update={"sft_steps": default})

@@ -214,8 +214,13 @@ class Iteration:
                           f"replaced it), and {use}: materialize iteration {iteration}'s checkpoint again.")
         return record
 
-    def engine(self) -> InferenceEngine:
-        return open_engine(self.experiment.engine, *self.policy())
+    def engine(self, checkpoint: tuple[Path, str] | None = None) -> InferenceEngine:
+        """The experiment's engine, sampling `checkpoint` (directory, content hash; default: the
+        policy this iteration samples from)."""
+        policy_dir, content_hash = checkpoint or self.policy()
+        experiment = self.experiment
+        return open_engine(experiment.engine, policy_dir, content_hash, server=experiment.server,
+                           vllm=experiment.vllm, max_model_len=experiment.episode_max_tokens)
 
     def rollout_params(self) -> SamplingParams:
         return SamplingParams(n=self.experiment.samples_per_task, max_new_tokens=self.experiment.max_new_tokens,
@@ -425,7 +430,7 @@ class Iteration:
             raise Refused(f"checkpoint {iteration} changed during this evaluation (now "
                           f"{content_hash[:12]}, checked {expected_hash[:12]}): materialize iteration {iteration}'s "
                           "evaluation again.")
-        engine = open_engine(experiment.engine, policy_dir, content_hash)
+        engine = self.engine((policy_dir, content_hash))
         tasks = self.task_set.eval()[: experiment.eval_tasks]
         greedy = experiment.eval_samples == 1
         params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,

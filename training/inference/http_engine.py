@@ -13,7 +13,8 @@ yields completions whose ids are the text re-tokenised here and whose `logprobs`
 for evaluation, never trained on, because re-tokenised text is not what the policy sampled.
 
 Requests for different prompts run concurrently; a connection error or a 5xx is retried with
-backoff, a 4xx is an EngineError carrying the server's message.
+backoff, a 4xx is an EngineError carrying the server's message. A server that ignores `n`
+(`transformers serve` answers one choice) is asked once per sample, each with its own seed.
 """
 
 from __future__ import annotations
@@ -66,11 +67,20 @@ class OpenAICompatibleEngine:
             body["messages"] = messages
         else:
             body |= {"prompt": prompt, "logprobs": 1, "return_tokens_as_token_ids": True}
+        choices = self._choices(session, body)
+        if len(choices) == 1 and params.n > 1:  # a server that ignores `n` (transformers serve): one request each
+            choices += [self._choices(session, body | {"n": 1, "seed": params.seed + index})[0]
+                        for index in range(1, params.n)]
+        elif len(choices) != params.n:
+            raise EngineError(f"{self.url}: expected {params.n} choices, got {len(choices)}")
+        return [self._completion(choice) for choice in choices]
+
+    def _choices(self, session: requests.Session, body: dict) -> list[dict]:
         answer = self._post(session, body)
         choices = answer.get("choices") if isinstance(answer, dict) else None
-        if not isinstance(choices, list) or len(choices) != params.n:
-            raise EngineError(f"{self.url}: expected {params.n} choices, got {_describe(choices)}")
-        return [self._completion(choice) for choice in sorted(choices, key=lambda c: c.get("index", 0))]
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+            raise EngineError(f"{self.url}: expected a list of choices, got {_describe(choices)}")
+        return sorted(choices, key=lambda c: c.get("index", 0))
 
     def _post(self, session: requests.Session, body: dict) -> dict:
         for attempt in range(self.retries + 1):
