@@ -45,6 +45,7 @@ from task_sets.separation import separation
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
+from training.inference.engines import gpu_released
 from training.iteration import Iteration, Refused
 from training.rl.trainer import STEP_STATS
 
@@ -232,10 +233,11 @@ def checkpoint(
     replaced = iteration.recorded_hash()  # None: a first training step
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint"):
         job = iteration.train_job()
-        invocation = pipes_subprocess_client.run(
-            command=[*crucible.train_launcher_command(), "-m", "assets.train_process"],
-            context=context, extras={"job": job.model_dump(mode="json")},
-        )
+        with gpu_released():
+            invocation = pipes_subprocess_client.run(
+                command=[*crucible.train_launcher_command(), "-m", "assets.train_process"],
+                context=context, extras={"job": job.model_dump(mode="json")},
+            )
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
         reported = invocation.get_materialize_result().metadata or {}
         record = iteration.judge_step(job)

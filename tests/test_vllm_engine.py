@@ -1,79 +1,56 @@
-"""The vLLM engine's call contract. vLLM needs CUDA and cannot be installed on these CPU machines,
-so a stand-in `vllm` module (below) records how the engine calls it and answers in vLLM's
-output shapes. This checks the adapter, not vLLM; a GPU run checks the rest (README, "GPU")."""
+"""The vLLM engine's call contract against a stand-in built from vLLM 0.33.0's signatures
+(tests/vllm_stand_in.py): vLLM needs CUDA and cannot be installed on these CPU machines. This
+checks the adapter, not vLLM; a GPU run checks the rest (README, "GPU")."""
 
 from __future__ import annotations
 
-import sys
-import types
-from dataclasses import dataclass, field
-
 import pytest
+import vllm_stand_in
 
+from training.inference import engines
 from training.inference.engine import SamplingParams
-from training.policy.model import PolicyConfig, build_base_policy
+from training.inference.settings import VLLMSettings
+from training.policy.model import TRAINING_DTYPE, PolicyConfig, build_base_policy
 
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=256)
 
 
-@dataclass
-class Logprob:  # vllm.logprobs.Logprob
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-@dataclass
-class CompletionOutput:  # vllm.outputs.CompletionOutput
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]]
-    finish_reason: str | None
-
-
-@dataclass
-class RequestOutput:  # vllm.outputs.RequestOutput
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput] = field(default_factory=list)
-
-
-class StandInLLM:
-    calls: list = []
-
-    def __init__(self, **options):
-        StandInLLM.calls.append(("LLM", options))
-
-    def generate(self, prompts, sampling_params, use_tqdm=True):
-        StandInLLM.calls.append(("generate", prompts, sampling_params, use_tqdm))
-        return [RequestOutput(p["prompt_token_ids"], [
-            CompletionOutput(0, "ab", [7, 8], [{7: Logprob(-0.5)}, {8: Logprob(-0.25)}], "stop"),
-            CompletionOutput(1, "abc", [7, 8, 9], [{7: Logprob(-1.0)}, {8: Logprob(-2.0)}, {9: Logprob(-3.0)}], "length"),
-        ][: sampling_params.n]) for p in prompts]
-
-
 @pytest.fixture
-def stand_in_vllm(monkeypatch):
-    module = types.ModuleType("vllm")
-    module.LLM = StandInLLM
-    module.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
-    module.TokensPrompt = lambda **kwargs: dict(kwargs)
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    StandInLLM.calls = []
-    return StandInLLM
+def llm(monkeypatch):
+    monkeypatch.setattr(engines, "_live_vllm", {})
+    return vllm_stand_in.install(monkeypatch)
 
 
-def test_the_vllm_engine_sends_token_prompts_and_keeps_the_sampled_tokens(stand_in_vllm, tmp_path):
-    from training.inference.vllm_engine import VLLMEngine
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm")
+    return [build_base_policy(root / f"policy-{seed}", TINY.model_copy(update={"seed": seed})) for seed in (0, 1)]
 
-    checkpoint = build_base_policy(tmp_path / "policy", TINY)
-    engine = VLLMEngine(checkpoint, policy_version="ckpt-3", seed=11, gpu_memory_utilization=0.5)
+
+def test_the_stand_in_refuses_what_vllm_0_33_refuses():
+    with pytest.raises(TypeError):
+        vllm_stand_in.SamplingParams(max_token=8)  # misspelt
+    with pytest.raises(TypeError):
+        vllm_stand_in.LLM("m", gpu_memory_utilisation=0.5)  # misspelt: not an EngineArgs field either
+    with pytest.raises(TypeError):
+        vllm_stand_in.LLM("m", "tokenizer-as-positional")  # everything after model is keyword-only
+    with pytest.raises(vllm_stand_in.VLLMValidationError):
+        vllm_stand_in.SamplingParams(n=2, temperature=0.0)
+
+
+def test_the_vllm_engine_sends_token_prompts_and_keeps_the_sampled_tokens(llm, checkpoints):
+    settings = VLLMSettings(gpu_memory_utilization=0.4, tensor_parallel_size=2)
+    engine = engines.open_engine("vllm", checkpoints[0], "ckpt-3", vllm=settings, max_model_len=1024)
     groups = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(n=2, max_new_tokens=9, temperature=0.8, seed=5))
 
-    (_, options), (_, prompts, sampling, use_tqdm) = stand_in_vllm.calls
-    assert options == {"model": str(checkpoint), "tokenizer": str(checkpoint), "seed": 11,
-                       "logprobs_mode": "processed_logprobs", "gpu_memory_utilization": 0.5}
+    (_, options), (_, prompts, sampling, use_tqdm) = llm.calls
+    assert options | {"model": "", "tokenizer": ""} == {
+        "model": "", "tokenizer": "", "seed": 0, "dtype": TRAINING_DTYPE, "gpu_memory_utilization": 0.4,
+        "tensor_parallel_size": 2, "max_model_len": 1024, "enable_sleep_mode": True,
+        "logprobs_mode": "processed_logprobs", "enable_prefix_caching": True, "max_logprobs": 20, "max_num_seqs": None,
+        "load_format": "auto", "disable_log_stats": False}
+    assert options["model"] == options["tokenizer"] == str(checkpoints[0])
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}] and use_tqdm is False
     assert (sampling.n, sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (2, 9, 0.8, 1.0, 5)
     assert sampling.logprobs == 0 and sampling.skip_special_tokens is False
@@ -82,3 +59,25 @@ def test_the_vllm_engine_sends_token_prompts_and_keeps_the_sampled_tokens(stand_
     assert (first.token_ids, first.logprobs, first.finish_reason, first.text) == ([7, 8], [-0.5, -0.25], "stop", "ab")
     assert (second.finish_reason, second.logprobs) == ("length", [-1.0, -2.0, -3.0])
     assert len(groups) == 2 and engine.policy_version == "ckpt-3"
+
+
+def test_one_engine_serves_every_stage_of_a_run_and_loads_each_checkpoint_in_place(llm, checkpoints):
+    rollouts = engines.open_engine("vllm", checkpoints[0], "base")
+    evaluation = engines.open_engine("vllm", checkpoints[0], "base")
+    later = engines.open_engine("vllm", checkpoints[1], "ckpt-1")
+    assert rollouts is evaluation is later and later.policy_version == "ckpt-1"
+    assert [call[0] for call in llm.calls] == ["LLM", "collective_rpc", "reset_prefix_cache"]
+    assert llm.calls[1] == ("collective_rpc", "reload_weights", {"weights_path": str(checkpoints[1])})
+
+
+def test_the_engine_sleeps_while_the_training_step_has_the_gpu(llm, checkpoints):
+    engine = engines.open_engine("vllm", checkpoints[0], "base")
+    with engines.gpu_released():
+        assert engine.llm.asleep
+    assert not engine.llm.asleep and [c[0] for c in llm.calls] == ["LLM", "sleep", "wake_up"]
+
+
+def test_other_engine_settings_replace_the_live_engine(llm, checkpoints):
+    first = engines.open_engine("vllm", checkpoints[0], "base")
+    second = engines.open_engine("vllm", checkpoints[0], "base", vllm=VLLMSettings(gpu_memory_utilization=0.8))
+    assert first is not second and [c[0] for c in llm.calls] == ["LLM", "LLM"]

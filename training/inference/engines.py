@@ -2,12 +2,15 @@
 
 One vLLM engine lives per process (a run executes its assets in one process): every stage that
 samples (rollouts, dynamic sampling's refill, evaluation) gets the same engine, which loads the
-checkpoint it is asked for into the engine it already has instead of starting another.
+checkpoint it is asked for into the engine it already has instead of starting another, and
+sleeps while the training step has the GPU (`gpu_released`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from training.inference.engine import InferenceEngine
@@ -52,3 +55,17 @@ def _vllm_engine(checkpoint_dir: str | Path, policy_version: str, settings: VLLM
     else:
         engine.load(checkpoint_dir, policy_version)
     return engine
+
+
+@contextlib.contextmanager
+def gpu_released() -> Iterator[None]:
+    """The process's vLLM engine (if it has one) asleep meanwhile: its GPU memory is the
+    training step's."""
+    live = list(_live_vllm.values())
+    for engine in live:
+        engine.sleep()
+    try:
+        yield
+    finally:
+        for engine in live:
+            engine.wake_up()

@@ -1,10 +1,15 @@
 """The vLLM engine: offline batch generation on GPU (`pip install -e '.[gpu]'`), loading the
-same Hugging Face checkpoint directory as the CPU engine.
+same Hugging Face checkpoint directory as the CPU engine. Written against vLLM 0.33.0.
 
 Prompts go in as token ids (`TokensPrompt`), and each completion comes back with vLLM's own
 sampled token ids and the log-prob of each, taken after temperature and top-p
 (`logprobs_mode="processed_logprobs"`), which is the distribution the token was drawn from, as
-in TransformersEngine. vLLM needs CUDA, so this module imports it only when an engine is built.
+in TransformersEngine. The engine runs in the trainer's dtype, so the two agree on log-probs.
+
+One engine serves a whole run (training/inference/engines.py): a later checkpoint of the same
+lineage is loaded into it in place (the worker's `reload_weights`), and while the training step
+runs the engine can sleep, giving its GPU memory back. vLLM needs CUDA, so this module imports
+it only when an engine is built.
 """
 
 from __future__ import annotations
@@ -12,20 +17,49 @@ from __future__ import annotations
 from pathlib import Path
 
 from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.inference.settings import VLLMSettings
 from training.policy.chat import ChatFormat
+from training.policy.model import TRAINING_DTYPE
 
 
 class VLLMEngine:
-    def __init__(self, checkpoint_dir: str | Path, policy_version: str, seed: int = 0, **llm_options) -> None:
+    def __init__(self, checkpoint_dir: str | Path, policy_version: str, settings: VLLMSettings = VLLMSettings(),
+                 max_model_len: int | None = None, seed: int = 0) -> None:
         import vllm  # the optional GPU extra
 
-        self.checkpoint_dir = Path(checkpoint_dir)
-        self.policy_version = policy_version
+        self._vllm = vllm
+        self.llm = vllm.LLM(
+            model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), seed=seed, dtype=TRAINING_DTYPE,
+            gpu_memory_utilization=settings.gpu_memory_utilization, tensor_parallel_size=settings.tensor_parallel_size,
+            max_model_len=settings.max_model_len or max_model_len, enable_sleep_mode=settings.enable_sleep_mode,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+        )
+        self.sleeps = settings.enable_sleep_mode
+        self._serve(checkpoint_dir, policy_version)
+
+    def _serve(self, checkpoint_dir: str | Path, policy_version: str) -> None:
+        self.checkpoint_dir, self.policy_version = Path(checkpoint_dir), policy_version
         self.chat = ChatFormat.from_pretrained(self.checkpoint_dir)  # the CPU engine's stop ids too
         self.stop_ids = list(self.chat.stop_ids)
-        self._vllm = vllm
-        self.llm = vllm.LLM(model=str(self.checkpoint_dir), tokenizer=str(self.checkpoint_dir), seed=seed,
-                            logprobs_mode="processed_logprobs", **llm_options)
+
+    def load(self, checkpoint_dir: str | Path, policy_version: str) -> None:
+        """Sample `checkpoint_dir` from now on: its weights replace the live engine's in place
+        (a lineage keeps its architecture and tokenizer), and the prefix cache, computed by the
+        old weights, is dropped."""
+        if (Path(checkpoint_dir), policy_version) == (self.checkpoint_dir, self.policy_version):
+            return
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint_dir)})
+        self.llm.reset_prefix_cache()
+        self._serve(checkpoint_dir, policy_version)
+
+    def sleep(self) -> None:
+        """Free the GPU for the training step: weights to CPU memory, the KV cache dropped."""
+        if self.sleeps:
+            self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if self.sleeps:
+            self.llm.wake_up()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  conversations: list[list[dict[str, str]]] | None = None) -> list[list[Completion]]:

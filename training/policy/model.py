@@ -87,11 +87,16 @@ def build_base_policy(out_dir: str | Path, config: PolicyConfig = PolicyConfig()
         return save_checkpoint(model, tokenizer_dir, out_dir, manifest)
 
 
+# The dtype the trainer computes in, whatever dtype a checkpoint's weights are stored in; an
+# engine that samples for training computes in it too, so behaviour and trainer log-probs agree.
+TRAINING_DTYPE = "float32"
+
+
 def load_policy(policy_dir: str | Path, verify: bool = False):
-    """Load (model, tokenizer) from a checkpoint directory; float32, eval mode, CPU."""
+    """Load (model, tokenizer) from a checkpoint directory; TRAINING_DTYPE, eval mode, CPU."""
     if verify:
         verify_checkpoint(policy_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=getattr(torch, TRAINING_DTYPE))
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
     model.eval()
     return model, tokenizer
