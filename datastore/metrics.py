@@ -18,6 +18,12 @@ Definitions:
   evidence. The improvement over the base policy (iteration 0) is paired by task: the mean of the
   per-task differences over the tasks both evaluated, with the standard error of those
   differences.
+- A model evaluation (`crucible eval`, the model_evaluations dataset) is reported the same way:
+  pass rates are means over tasks with that standard error, per task set and per domain and
+  difficulty within it. Its stability is the agreement of a task's repeated samples: the share
+  of pairs of its scored samples with the same verdict (1 when every run agrees), averaged over
+  the tasks scored at least twice. Its cost is per solution (a passing sample): the tokens
+  (prompt and reply) and sandbox seconds spent on every sample, over the samples that passed.
 """
 
 from __future__ import annotations
@@ -92,5 +98,45 @@ METRIC_VIEWS = {
                     WHEN improvement = 0 THEN 0.0
                     ELSE sign(improvement) * 'inf'::DOUBLE END AS improvement_in_stderrs
         FROM summary
+    """,
+    "model_eval_tasks": f"""
+        SELECT experiment AS evaluation, any_value(model) AS model, task_set, domain, difficulty, task_id,
+               count(*) AS samples, count(*) FILTER (WHERE {SCORED}) AS scored,
+               count(*) FILTER (WHERE {SCORED} AND passed) AS passes, avg(passed::INT) FILTER (WHERE {SCORED}) AS pass_rate
+        FROM model_evaluations GROUP BY experiment, task_set, domain, difficulty, task_id
+    """,
+    "model_eval_pass_rates": """
+        SELECT evaluation, any_value(model) AS model, task_set, coalesce(domain, '(all)') AS domain,
+               coalesce(difficulty, '(all)') AS difficulty, count(*) AS tasks, sum(scored)::BIGINT AS samples,
+               avg(pass_rate) AS pass_rate, coalesce(stddev_samp(pass_rate) / sqrt(count(*)), 0) AS stderr
+        FROM model_eval_tasks WHERE scored > 0
+        GROUP BY GROUPING SETS ((evaluation, task_set), (evaluation, task_set, domain),
+                                (evaluation, task_set, difficulty))
+        ORDER BY evaluation, task_set, domain, difficulty
+    """,
+    "model_eval_stability": """
+        SELECT evaluation, count(*) AS repeated_tasks,
+               avg((passes * (passes - 1) + (scored - passes) * (scored - passes - 1)) / (scored * (scored - 1)))
+                   AS agreement,
+               avg((passes IN (0, scored))::INT) AS unanimous_share
+        FROM model_eval_tasks WHERE scored >= 2 GROUP BY evaluation
+    """,
+    "model_eval_failures": """
+        SELECT experiment AS evaluation, 'reward_status' AS kind, reward_status AS value, count(*) AS samples
+        FROM model_evaluations GROUP BY ALL
+        UNION ALL
+        SELECT experiment, 'exec_status', exec_status, count(*) FROM model_evaluations GROUP BY ALL
+        UNION ALL
+        SELECT experiment, 'tamper_flag', flag, count(*)
+        FROM (SELECT experiment, unnest(tamper_flags) AS flag FROM model_evaluations) GROUP BY ALL
+        ORDER BY evaluation, kind, samples DESC
+    """,
+    "model_eval_cost": f"""
+        SELECT experiment AS evaluation, count(*) AS samples, count(*) FILTER (WHERE {SCORED} AND passed) AS solutions,
+               sum(prompt_tokens + response_tokens)::BIGINT AS tokens,
+               sum(timings.verify_s + coalesce(list_sum([t.exec_s FOR t IN turns]), 0)) AS sandbox_s,
+               sum(prompt_tokens + response_tokens) / nullif(solutions, 0) AS tokens_per_solution,
+               sandbox_s / nullif(solutions, 0) AS sandbox_s_per_solution
+        FROM model_evaluations GROUP BY experiment
     """,
 }

@@ -217,6 +217,17 @@ OUTPUTS = pa.schema(
     ]
 )
 
+# `crucible eval`: a model's answers to a task set's held-out tasks, graded, without training it.
+# `experiment` holds the evaluation's name; its one partition is iteration 0.
+MODEL_EVALUATIONS = pa.schema(
+    [
+        _field("model", pa.string(), "the evaluated model: a directory, or the name a server answers to"),
+        _field("task_set", pa.string(), "the task set the task belongs to"),
+        _field("domain", pa.string(), "the task's domain (python-functions, python-repositories, …)"),
+        *TRAJECTORIES,
+    ]
+)
+
 DATASETS: dict[str, pa.Schema] = {
     "trajectories": TRAJECTORIES,
     "evaluations": EVALUATIONS,
@@ -226,6 +237,7 @@ DATASETS: dict[str, pa.Schema] = {
     "training_steps": TRAINING_STEPS,
     "regrades": REGRADES,
     "outputs": OUTPUTS,
+    "model_evaluations": MODEL_EVALUATIONS,
 }
 
 
@@ -235,6 +247,8 @@ CLOSED_SETS: dict[str, dict[str, type[ClosedSet]]] = {
     "trajectories": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
                      "test_results.outcome": Outcome},
     "evaluations": {"reward_status": RewardStatus},
+    "model_evaluations": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
+                          "test_results.outcome": Outcome},
     "regrades": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
                  "test_results.outcome": Outcome},
 }

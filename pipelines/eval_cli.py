@@ -1,0 +1,111 @@
+"""`crucible eval`: a model's report card on a task set's held-out tasks, without training it
+(training/evaluation/model_eval.py), as tables here and as the `model_evaluations` dataset."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.errors import UserError
+
+console = Console()
+
+
+def add_commands(commands) -> None:
+    evaluate = commands.add_parser("eval", help="evaluate a model on a task set's held-out tasks, without training")
+    evaluate.add_argument("--task-set", required=True, help="built-in task set name or a path")
+    evaluate.add_argument("--model", help="a model directory (or hub id in the local cache) for the local engines; "
+                          "the name the server answers to for --engine openai")
+    evaluate.add_argument("--engine", choices=("transformers", "vllm", "openai"), default="transformers")
+    evaluate.add_argument("--base-url", help="the OpenAI-compatible server (--engine openai)")
+    evaluate.add_argument("--api", choices=("completions", "chat"), default="chat",
+                          help="the server's API (default chat: any server; completions needs token-id prompts)")
+    evaluate.add_argument("--api-key-env", help="environment variable holding the server's API key")
+    evaluate.add_argument("--tokenizer", help="directory of the served model's tokenizer and chat template "
+                          "(--engine openai; default: --model, when that is a directory or cached hub id)")
+    evaluate.add_argument("--samples", type=int, default=4, help="answers per task (1: greedy; default 4, so "
+                          "that stability across runs is measured)")
+    evaluate.add_argument("--tasks", type=int, default=None, help="the first N held-out tasks (default: all)")
+    evaluate.add_argument("--max-new-tokens", type=int, default=256)
+    evaluate.add_argument("--max-turns", type=int, default=1, help="more than 1: multi-turn episodes")
+    evaluate.add_argument("--temperature", type=float, default=0.6)
+    evaluate.add_argument("--name", help="the evaluation's name in the dataset (default: from the model)")
+    evaluate.add_argument("--storage", help="storage root (default ./.crucible/data)")
+    evaluate.set_defaults(handler=command_eval)
+
+
+def command_eval(args: argparse.Namespace) -> int:
+    from datastore.store import rows_to_table
+    from pipelines.resources import crucible_resource
+    from training.evaluation.model_eval import evaluate_model
+    from training.experiment import ExperimentConfig
+    from training.policy.importing import ModelImportError, resolve_source
+
+    if args.storage:
+        os.environ["CRUCIBLE_STORAGE_ROOT"] = args.storage
+    if args.engine == "openai" and not (args.base_url and args.model):
+        raise UserError("--engine openai needs --base-url and --model (the name the server answers to)")
+    if args.engine != "openai" and not args.model:
+        raise UserError(f"--engine {args.engine} needs --model: a model directory or a hub id in the local cache")
+    try:
+        chat_dir = resolve_source(args.tokenizer or args.model)
+    except ModelImportError as error:
+        raise UserError(f"{error}; for a server's model, give its tokenizer with --tokenizer DIR") from None
+    name = args.name or _slug(args.model)
+    server = {"base_url": args.base_url, "model": args.model, "api": args.api,
+              "api_key_env": args.api_key_env} if args.engine == "openai" else None
+    experiment = ExperimentConfig(name=name, task_set=args.task_set, engine=args.engine, server=server,
+                                  eval_tasks=args.tasks, eval_samples=args.samples, max_new_tokens=args.max_new_tokens,
+                                  max_turns=args.max_turns, temperature=args.temperature)
+    crucible = crucible_resource()
+    rows = evaluate_model(crucible, experiment, args.model, chat_dir, log=console.print)
+    crucible.store().write_partition("model_evaluations", name, 0, rows_to_table("model_evaluations", rows))
+    print_report(crucible.storage_root, name)
+    console.print(f"\n[bold]Data[/bold]: the model_evaluations dataset in {crucible.storage_root} (experiment = "
+                  f"{name!r}); e.g. crucible sql \"SELECT * FROM model_eval_pass_rates WHERE evaluation = '{name}'\"")
+    return 0
+
+
+REPORT = {
+    "Pass rate (mean over tasks ± standard error)": (
+        "SELECT task_set, domain, difficulty, tasks, samples, pass_rate, stderr FROM model_eval_pass_rates "
+        "WHERE evaluation = ?", ("task set", "domain", "difficulty", "tasks", "samples", "pass rate", "± se")),
+    "Stability across repeated samples of a task": (
+        "SELECT repeated_tasks, agreement, unanimous_share FROM model_eval_stability WHERE evaluation = ?",
+        ("tasks sampled ≥ 2×", "pairwise agreement", "tasks all runs agree")),
+    "Failure modes": (
+        "SELECT kind, value, samples FROM model_eval_failures WHERE evaluation = ?", ("kind", "value", "samples")),
+    "Cost": (
+        "SELECT samples, solutions, tokens, sandbox_s, tokens_per_solution, sandbox_s_per_solution "
+        "FROM model_eval_cost WHERE evaluation = ?",
+        ("samples", "solutions (passed)", "tokens", "sandbox s", "tokens / solution", "sandbox s / solution")),
+}
+
+
+def print_report(storage_root: str, name: str) -> None:
+    from datastore import catalog
+
+    connection = catalog.connect(storage_root)
+    for title, (query, headers) in REPORT.items():
+        table = Table(title=f"{title}: {name}")
+        for header in headers:
+            table.add_column(header, justify="left" if header in ("task set", "domain", "difficulty", "kind",
+                                                                   "value") else "right")
+        for row in connection.execute(query, [name]).fetchall():
+            table.add_row(*(_cell(value) for value in row))
+        console.print(table)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _slug(model: str) -> str:
+    """An evaluation name (an experiment name's pattern) from a model's name or path."""
+    return "eval-" + (re.sub(r"[^a-z0-9_\-]+", "-", model.lower().rstrip("/").rsplit("/", 1)[-1]).strip("-") or "model")
