@@ -41,8 +41,8 @@ def add_commands(commands) -> None:
 def command_eval(args: argparse.Namespace) -> int:
     from datastore.store import rows_to_table
     from pipelines.resources import crucible_resource
-    from training.evaluation.model_eval import evaluate_model
     from training.experiment import ExperimentConfig
+    from training.model_eval import evaluate_model
     from training.policy.importing import ModelImportError, resolve_source
 
     if args.storage:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 # training/__init__.py's order: each subpackage may import those before it, never those after.
-TRAINING_ORDER = ("policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "iteration",
-                  "continuation")
+TRAINING_ORDER = ("policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
+                  "model_eval", "continuation")
 NO_DAGSTER = ("sandbox", "task_sets", "training", "datastore")
 
 

@@ -19,7 +19,7 @@ from task_sets.loader import load_task_set
 from task_sets.submission import grade_solution
 from training.agent.rollout import sample_rollouts
 from training.inference.engine import Completion, SamplingParams
-from training.policy.chat import ChatFormat
+from training.policy.chat import ChatFormat, ChatFormatError
 from training.policy.checkpoint import TOKENIZER_FILES, verify_checkpoint
 from training.policy.importing import ModelImportError, import_model
 
@@ -101,6 +101,16 @@ def test_an_observation_after_a_closed_reply_is_framed_as_the_template_renders_t
     framed = chat.observation_ids("x.py", reply_closed=True)
     assert chat.tokenizer.decode([chat.end_of_turn_id, *framed]) == rendered
     assert chat.observation_ids("x.py", reply_closed=False) == [chat.end_of_turn_id, *framed]
+
+
+def test_observations_take_the_tool_role_where_the_template_has_one(family, imported):
+    if family == "mistral":  # its template knows user and assistant only
+        with pytest.raises(ChatFormatError, match="cannot render an observation as a 'tool' turn"):
+            ChatFormat.from_pretrained(imported, observation_role="tool")
+        return
+    chat = ChatFormat.from_pretrained(imported, observation_role="tool")
+    framed = chat.tokenizer.decode(chat.observation_ids("x.py", reply_closed=True))
+    assert "x.py" in framed and ("<tool_response>" in framed if family == "qwen2" else "tool" in framed)
 
 
 @pytest.mark.parametrize(("mutilate", "message"), [

@@ -30,7 +30,7 @@ def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: P
         initial = _initial_policy(experiment, out_dir if steps == 0 else Path(scratch) / "initial")
         if steps == 0:
             return {"examples": 0}
-        examples = warmup_examples(ChatFormat.from_pretrained(initial), task_set.train(),
+        examples = warmup_examples(ChatFormat.from_pretrained(initial, experiment.observation_role), task_set.train(),
                                    episodes=experiment.base.episode_demonstrations)
         metrics = supervised_warmup(initial, examples, out_dir, SFTConfig(seed=experiment.seed, steps=steps), progress)
     return {"examples": len(examples), **{f"sft/{key}": value for key, value in metrics.items()

@@ -66,6 +66,9 @@ class ExperimentConfig(BaseModel):
     max_turns: int = Field(1, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
                            "episodes in a sandbox session, ended by a submit or this many turns (2 lets a "
                            "policy warmed up with episode_demonstrations write its solution, then submit)")
+    observation_role: Literal["user", "tool"] = Field(
+        "user", description="the chat role an episode's observations take: user (every template has it) or tool "
+        "(for a template that frames tool output its own way, e.g. Qwen2.5's <tool_response>)")
     episode_max_tokens: int = Field(1024, ge=64, description="an episode's whole context budget (prompt, replies, "
                                     "observations); at most the model's max_position_embeddings")
     command_timeout_s: float = Field(10.0, gt=0, description="wall limit of each command an episode runs")

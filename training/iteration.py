@@ -220,7 +220,8 @@ class Iteration:
         policy_dir, content_hash = checkpoint or self.policy()
         experiment = self.experiment
         return open_engine(experiment.engine, policy_dir, content_hash, server=experiment.server,
-                           vllm=experiment.vllm, max_model_len=experiment.episode_max_tokens)
+                           vllm=experiment.vllm, max_model_len=experiment.episode_max_tokens,
+                           observation_role=experiment.observation_role)
 
     def rollout_params(self) -> SamplingParams:
         return SamplingParams(n=self.experiment.samples_per_task, max_new_tokens=self.experiment.max_new_tokens,

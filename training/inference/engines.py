@@ -24,34 +24,37 @@ _live_vllm: dict[tuple, object] = {}  # (options) -> the process's one VLLMEngin
 
 
 def open_engine(kind: str, checkpoint_dir: str | Path, policy_version: str, *, server: ServerSettings | None = None,
-                vllm: VLLMSettings = VLLMSettings(), max_model_len: int | None = None) -> InferenceEngine:
+                vllm: VLLMSettings = VLLMSettings(), max_model_len: int | None = None,
+                observation_role: str = "user") -> InferenceEngine:
     """The engine of `kind` sampling the checkpoint `checkpoint_dir` (content hash
     `policy_version`): "transformers" (CPU, the default), "vllm" (GPU, `pip install -e '.[gpu]'`),
-    or "openai" (`server`, rendering prompts in that checkpoint's chat format)."""
+    or "openai" (`server`, rendering prompts in that checkpoint's chat format); episodes show
+    observations in the `observation_role` turn."""
     if kind == "transformers":
-        return TransformersEngine(checkpoint_dir, policy_version)
+        return TransformersEngine(checkpoint_dir, policy_version, observation_role=observation_role)
     if kind == "openai":
         if server is None:
             raise ValueError('engine "openai" needs the server settings (base_url, model)')
+        chat = ChatFormat.from_pretrained(checkpoint_dir, observation_role)
         return OpenAICompatibleEngine(
-            server.base_url, server.model, ChatFormat.from_pretrained(checkpoint_dir), policy_version=policy_version,
+            server.base_url, server.model, chat, policy_version=policy_version,
             api_key=os.environ.get(server.api_key_env) if server.api_key_env else None, timeout_s=server.timeout_s,
             retries=server.retries, concurrency=server.concurrency, api=server.api)
     if kind == "vllm":
-        return _vllm_engine(checkpoint_dir, policy_version, vllm, max_model_len)
+        return _vllm_engine(checkpoint_dir, policy_version, vllm, max_model_len, observation_role)
     raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
 
 
 def _vllm_engine(checkpoint_dir: str | Path, policy_version: str, settings: VLLMSettings,
-                 max_model_len: int | None) -> InferenceEngine:
+                 max_model_len: int | None, observation_role: str) -> InferenceEngine:
     from training.inference.vllm_engine import VLLMEngine
 
-    options = (settings.model_dump_json(), settings.max_model_len or max_model_len)
+    options = (settings.model_dump_json(), settings.max_model_len or max_model_len, observation_role)
     engine = _live_vllm.get(options)
     if engine is None:
         _live_vllm.clear()  # other options: the old engine's GPU memory goes first
         engine = _live_vllm[options] = VLLMEngine(checkpoint_dir, policy_version, settings,
-                                                  max_model_len=options[1])
+                                                  max_model_len=options[1], observation_role=observation_role)
     else:
         engine.load(checkpoint_dir, policy_version)
     return engine

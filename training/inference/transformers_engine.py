@@ -22,6 +22,7 @@ class TransformersEngine:
         threads: int | None = 1,  # 1 is steady; 2 threads on the 2-core box stalled decoding for seconds
         batch_size: int = 64,  # sequences (prompt copies) per generate call
         static_cache: bool = True,  # preallocated KV cache: ~25% faster than DynamicCache on CPU
+        observation_role: str = "user",  # the chat role of an episode's observations
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
@@ -30,7 +31,7 @@ class TransformersEngine:
         self.batch_size = batch_size
         self.static_cache = static_cache
         self.model, self.tokenizer = load_policy(self.checkpoint_dir)
-        self.chat = ChatFormat.of(self.tokenizer, self.model.generation_config)
+        self.chat = ChatFormat.of(self.tokenizer, self.model.generation_config, observation_role)
         self.pad_id, self.stop_ids = self.chat.pad_id, list(self.chat.stop_ids)
         self.max_positions = int(self.model.config.max_position_embeddings)
 

@@ -24,7 +24,7 @@ from training.policy.model import TRAINING_DTYPE
 
 class VLLMEngine:
     def __init__(self, checkpoint_dir: str | Path, policy_version: str, settings: VLLMSettings = VLLMSettings(),
-                 max_model_len: int | None = None, seed: int = 0) -> None:
+                 max_model_len: int | None = None, seed: int = 0, observation_role: str = "user") -> None:
         import vllm  # the optional GPU extra
 
         self._vllm = vllm
@@ -34,12 +34,12 @@ class VLLMEngine:
             max_model_len=settings.max_model_len or max_model_len, enable_sleep_mode=settings.enable_sleep_mode,
             logprobs_mode="processed_logprobs", enable_prefix_caching=True,
         )
-        self.sleeps = settings.enable_sleep_mode
+        self.sleeps, self.observation_role = settings.enable_sleep_mode, observation_role
         self._serve(checkpoint_dir, policy_version)
 
     def _serve(self, checkpoint_dir: str | Path, policy_version: str) -> None:
         self.checkpoint_dir, self.policy_version = Path(checkpoint_dir), policy_version
-        self.chat = ChatFormat.from_pretrained(self.checkpoint_dir)  # the CPU engine's stop ids too
+        self.chat = ChatFormat.from_pretrained(self.checkpoint_dir, self.observation_role)  # stop ids as on CPU
         self.stop_ids = list(self.chat.stop_ids)
 
     def load(self, checkpoint_dir: str | Path, policy_version: str) -> None:

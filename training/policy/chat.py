@@ -55,7 +55,9 @@ class ChatFormat:
         system_role = _renders(tokenizer, [{"role": "system", "content": _PROBE}, {"role": "user", "content": _PROBE}])
         end = _end_of_turn(tokenizer, stop_ids)
         chat = cls(tokenizer, stop_ids, end, system_role, observation_role)
-        chat.observation_ids(_PROBE, reply_closed=True)  # the template renders the observation role
+        if _PROBE not in tokenizer.decode(chat.observation_ids(_PROBE, reply_closed=True)):
+            raise ChatFormatError(f"the chat template drops the content of a {observation_role!r} message, so an "
+                                  "episode's observations would never reach the model: use another observation_role")
         return chat
 
     @classmethod
