@@ -6,15 +6,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import requests
+from servers import free_port, wait_until_answering
 
 ROOT = Path(__file__).parent.parent
 
@@ -22,9 +20,7 @@ ROOT = Path(__file__).parent.parent
 @contextlib.contextmanager
 def dagster_dev(environment: dict[str, str], log: Path) -> Iterator[str]:
     """Yields the server's base URL once its GraphQL endpoint answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with open(log, "w") as out:
         # A session of its own: the web server and the daemon it starts go down with it.
         server = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
@@ -32,7 +28,8 @@ def dagster_dev(environment: dict[str, str], log: Path) -> Iterator[str]:
                                   start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_until_serving(server, url, log)
+            wait_until_answering(server, "dagster dev", lambda: requests.post(
+                f"{url}/graphql", json={"query": "{ version }"}, timeout=2).ok, log)
             yield url
         finally:
             _stop_group(server)
@@ -46,15 +43,3 @@ def _stop_group(server: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):  # whatever outlived the polite request
         os.killpg(server.pid, signal.SIGKILL)
     server.wait()
-
-
-def _wait_until_serving(server: subprocess.Popen, url: str, log: Path, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"dagster dev exited: {log.read_text()[-3000:]}")
-        with contextlib.suppress(requests.ConnectionError):
-            if requests.post(f"{url}/graphql", json={"query": "{ version }"}, timeout=2).ok:
-                return
-        time.sleep(0.5)
-    pytest.fail(f"dagster dev did not serve within {timeout_s} s: {log.read_text()[-3000:]}")
