@@ -105,7 +105,9 @@ class ExperimentRunner:
 
     def _ensure_base_policy(self) -> None:
         if not self._base_policy_ready():
-            console.rule(f"base policy of {self.config.name!r}: build the model and warm it up on reference solutions")
+            made = f"import {self.config.base_model}" if self.config.base_model else "build the built-in model"
+            warm = ", then warm it up on reference solutions" if self.config.base.sft_steps else ""
+            console.rule(f"base policy of {self.config.name!r}: {made}{warm}")
             self._execute("base_policy_job", partition_key=self.config.name)
 
     def _base_policy_ready(self) -> bool:
