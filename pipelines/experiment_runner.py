@@ -21,6 +21,7 @@ from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
+from training.policy.importing import ModelImportError, check_source, resolve_source
 from training.policy.writer_lock import writer_lock
 
 if TYPE_CHECKING:
@@ -35,6 +36,14 @@ def innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
     while error.cause is not None:
         error = error.cause
     return error
+
+
+def reason(error: SerializableErrorInfo) -> str:
+    """What a failed step says: an asset's deliberate Failure by its own sentence, any other
+    error as Python prints it (its class, then its message)."""
+    error = innermost(error)
+    message = error.message.strip()
+    return message.split(": ", 1)[1] if error.cls_name == "Failure" and ": " in message else message
 
 
 class ExperimentRunner:
@@ -105,10 +114,20 @@ class ExperimentRunner:
 
     def _ensure_base_policy(self) -> None:
         if not self._base_policy_ready():
+            self._check_base_model()
             made = f"import {self.config.base_model}" if self.config.base_model else "build the built-in model"
             warm = ", then warm it up on reference solutions" if self.config.base.sft_steps else ""
             console.rule(f"base policy of {self.config.name!r}: {made}{warm}")
             self._execute("base_policy_job", partition_key=self.config.name)
+
+    def _check_base_model(self) -> None:
+        """A base_model that cannot be post-trained is refused before any run starts."""
+        if self.config.base_model is None:
+            return
+        try:
+            check_source(resolve_source(self.config.base_model), self.config.episode_max_tokens)
+        except ModelImportError as error:
+            raise UserError(str(error)) from None
 
     def _base_policy_ready(self) -> bool:
         """Materialized in this instance and intact on disk (a half-deleted one is rebuilt)."""
@@ -131,7 +150,7 @@ class ExperimentRunner:
         )
         if not result.success:
             failures = [
-                innermost(event.step_failure_data.error).message.strip()
+                reason(event.step_failure_data.error)
                 for event in result.all_events
                 if event.is_step_failure and event.step_failure_data.error
             ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,23 @@ def test_a_name_that_is_neither_a_directory_nor_cached_is_refused(tmp_path, monk
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(ModelImportError, match="neither a directory nor a model in the local Hugging Face cache"):
         import_model("nobody/no-such-model", tmp_path / "out", context_tokens=1024)
+
+
+def test_crucible_run_refuses_a_base_model_it_cannot_post_train_before_any_run(source, tmp_path):
+    broken = tmp_path / "no-template"
+    shutil.copytree(source, broken)
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    (broken / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "chat_template"}))
+    (tmp_path / "x.toml").write_text(f'name = "x"\nbase_model = "{broken}"\n')
+    environment = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "HF_HUB_OFFLINE": "1",
+                   "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"), "CRUCIBLE_CHECKPOINT_ROOT": str(tmp_path / "ckpt")}
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", str(tmp_path / "x.toml")],
+                         env=environment, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    [line] = run.stderr.strip().splitlines()  # one sentence, no traceback
+    assert line.startswith(f"error: {broken}: the tokenizer has no chat template")
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    assert not crucible.base_policy_dir("x").exists()
 
 
 @pytest.mark.slow
