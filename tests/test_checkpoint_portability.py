@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy
 import pytest
 import torch
-from model_families import FAMILIES, make_model
+from model_families import FAMILIES, shared_model
 
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import save_checkpoint
@@ -31,7 +31,7 @@ MESSAGES = [{"role": "user", "content": "Write a function f(x) that returns x sq
 def trained(request, tmp_path_factory) -> Path:
     """A checkpoint as a training step leaves it, saved by transformers 5 from an imported model."""
     root = tmp_path_factory.mktemp(request.param)
-    base = import_model(str(make_model(request.param, root / "source")), root / "base", context_tokens=1024)
+    base = import_model(str(shared_model(request.param, tmp_path_factory)), root / "base", context_tokens=1024)
     model, _ = load_policy(base)
     return save_checkpoint(model, base, root / "trained", {"kind": "grpo"})
 

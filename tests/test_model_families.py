@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from model_families import FAMILIES, make_model
+from model_families import FAMILIES, shared_model
 
 from assets.resources import CrucibleResource
 from task_sets.importers.records import write_task_set
@@ -35,7 +35,7 @@ def family(request) -> str:
 
 @pytest.fixture(scope="module")
 def source(family, tmp_path_factory) -> Path:
-    return make_model(family, tmp_path_factory.mktemp(family) / "model")
+    return shared_model(family, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_observations_take_the_tool_role_where_the_template_has_one(family, impo
 ])
 def test_a_directory_that_cannot_be_post_trained_is_refused_in_one_sentence(source, tmp_path, mutilate, message):
     broken = tmp_path / "broken"
-    subprocess.run(["cp", "-r", str(source), str(broken)], check=True)
+    shutil.copytree(source, broken)
     mutilate(broken)
     with pytest.raises(ModelImportError, match=message):
         import_model(str(broken), tmp_path / "out", context_tokens=1024)
