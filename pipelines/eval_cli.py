@@ -6,13 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 
 from rich.console import Console
 from rich.table import Table
 
 from pipelines.errors import UserError
 
-console = Console()
+# Piped output has no terminal width; the report's tables need ~100 columns.
+console = Console(width=shutil.get_terminal_size((120, 40)).columns)
 
 
 def add_commands(commands) -> None:
