@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 
+import requests
 from rich.console import Console
 from rich.table import Table
 
@@ -21,7 +22,7 @@ def add_commands(commands) -> None:
     evaluate = commands.add_parser("eval", help="evaluate a model on a task set's held-out tasks, without training")
     evaluate.add_argument("--task-set", required=True, help="built-in task set name or a path")
     evaluate.add_argument("--model", help="a model directory (or hub id in the local cache) for the local engines; "
-                          "the name the server answers to for --engine openai")
+                          "the name the server answers to for --engine openai (default: the one it lists)")
     evaluate.add_argument("--engine", choices=("transformers", "vllm", "openai"), default="transformers")
     evaluate.add_argument("--base-url", help="the OpenAI-compatible server (--engine openai)")
     evaluate.add_argument("--api", choices=("completions", "chat"), default="chat",
@@ -49,9 +50,11 @@ def command_eval(args: argparse.Namespace) -> int:
 
     if args.storage:
         os.environ["CRUCIBLE_STORAGE_ROOT"] = args.storage
-    if args.engine == "openai" and not (args.base_url and args.model):
-        raise UserError("--engine openai needs --base-url and --model (the name the server answers to)")
-    if args.engine != "openai" and not args.model:
+    if args.engine == "openai":
+        if not args.base_url:
+            raise UserError("--engine openai needs --base-url (the server's root, e.g. http://127.0.0.1:8000)")
+        args.model = args.model or served_model(args.base_url)
+    elif not args.model:
         raise UserError(f"--engine {args.engine} needs --model: a model directory or a hub id in the local cache")
     try:
         chat_dir = resolve_source(args.tokenizer or args.model)
@@ -70,6 +73,19 @@ def command_eval(args: argparse.Namespace) -> int:
     console.print(f"\n[bold]Data[/bold]: the model_evaluations dataset in {crucible.storage_root} (experiment = "
                   f"{name!r}); e.g. crucible sql \"SELECT * FROM model_eval_pass_rates WHERE evaluation = '{name}'\"")
     return 0
+
+
+def served_model(base_url: str) -> str:
+    """The one model a server lists at /v1/models (vllm serve and SGLang list what they serve)."""
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        listed = [model["id"] for model in requests.get(url, timeout=30).json()["data"]]
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        listed = []
+    if len(listed) != 1:
+        raise UserError(f"{url} does not name one model ({len(listed)} listed): give --model, the name the server "
+                        "answers to")
+    return listed[0]
 
 
 REPORT = {

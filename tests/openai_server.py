@@ -1,5 +1,5 @@
-"""A real OpenAI-compatible server for the HTTP engine's tests: `/v1/completions` and
-`/v1/chat/completions` over HTTP, answered by the local transformers engine on a real checkpoint
+"""A real OpenAI-compatible server for the HTTP engine's tests: `/v1/completions`,
+`/v1/chat/completions` and `/v1/models` over HTTP, answered by the local transformers engine on a real checkpoint
 (chat messages through the checkpoint's own chat template), with vLLM's token-id and log-prob
 extensions on completions. Knobs make it behave like other servers: `text_only` (a hosted API that
 returns text alone) and `fail_next` (that many 503s before answering)."""
@@ -75,7 +75,12 @@ class CompletionsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):  # noqa: N802 (http.server's naming)
+                if self.path != "/v1/models":
+                    return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
+
+            def do_POST(self):  # noqa: N802
                 if self.path not in ("/v1/completions", "/v1/chat/completions"):
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 try:

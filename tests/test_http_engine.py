@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from openai_server import CompletionsServer
 
+from pipelines.errors import UserError
+from pipelines.eval_cli import served_model
 from training.agent.prompts import prompt_messages, render_prompt
 from training.inference.engine import SamplingParams
 from training.inference.http_engine import EngineError, OpenAICompatibleEngine
@@ -90,3 +92,9 @@ def test_the_chat_api_refuses_prompts_without_their_conversations(local):
     remote = OpenAICompatibleEngine("http://127.0.0.1:9", "m", local.chat, api="chat")
     with pytest.raises(EngineError, match="without their conversations"):
         remote.generate(prompts(local), SAMPLED)
+
+
+def test_crucible_eval_asks_the_server_which_model_it_serves(server):
+    assert served_model(server.url) == "crucible-tiny"
+    with pytest.raises(UserError, match=r"/v1/models does not name one model \(0 listed\): give --model"):
+        served_model("http://127.0.0.1:9")
