@@ -1,5 +1,5 @@
 """`crucible eval`: a model's report card on a task set's held-out tasks, without training it
-(training/evaluation/model_eval.py), as tables here and as the `model_evaluations` dataset."""
+(training/model_eval.py), as tables here and as the `model_evaluations` dataset."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def command_eval(args: argparse.Namespace) -> int:
     from pipelines.resources import crucible_resource
     from training.experiment import ExperimentConfig
     from training.model_eval import evaluate_model
+    from training.policy.chat import ChatFormatError
     from training.policy.importing import ModelImportError, resolve_source
 
     if args.storage:
@@ -67,7 +68,10 @@ def command_eval(args: argparse.Namespace) -> int:
                                   eval_tasks=args.tasks, eval_samples=args.samples, max_new_tokens=args.max_new_tokens,
                                   max_turns=args.max_turns, temperature=args.temperature)
     crucible = crucible_resource()
-    rows = evaluate_model(crucible, experiment, args.model, chat_dir, log=console.print)
+    try:
+        rows = evaluate_model(crucible, experiment, args.model, chat_dir, log=console.print)
+    except ChatFormatError as error:
+        raise UserError(f"{chat_dir}: {error}") from None
     crucible.store().write_partition("model_evaluations", name, 0, rows_to_table("model_evaluations", rows))
     print_report(crucible.storage_root, name)
     console.print(f"\n[bold]Data[/bold]: the model_evaluations dataset in {crucible.storage_root} (experiment = "

@@ -119,7 +119,10 @@ def test_observations_take_the_tool_role_where_the_template_has_one(family, impo
         {k: v for k, v in json.loads((d / "tokenizer_config.json").read_text()).items() if k != "chat_template"})),
      "has no chat template"),
     (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "distilbert", "vocab_size": 10})),
-     "'distilbert' model is not a causal language model"),
+     "'distilbert' model \\(no architecture named\\) is not a causal language model"),
+    (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"],
+                                                          "vocab_size": 10})),
+     "'bert' model \\(BertForMaskedLM\\) is not a causal language model"),
     (lambda d: [(d / name).unlink() for name in TOKENIZER_FILES if (d / name).is_file()], "no tokenizer files"),
 ])
 def test_a_directory_that_cannot_be_post_trained_is_refused_in_one_sentence(source, tmp_path, mutilate, message):

@@ -81,3 +81,12 @@ def test_other_engine_settings_replace_the_live_engine(llm, checkpoints):
     first = engines.open_engine("vllm", checkpoints[0], "base")
     second = engines.open_engine("vllm", checkpoints[0], "base", vllm=VLLMSettings(gpu_memory_utilization=0.8))
     assert first is not second and [c[0] for c in llm.calls] == ["LLM", "LLM"]
+
+
+def test_new_content_at_the_same_path_is_reloaded_and_another_model_gets_its_own_engine(llm, checkpoints, tmp_path):
+    engine = engines.open_engine("vllm", checkpoints[0], "v1")
+    assert engines.open_engine("vllm", checkpoints[0], "v2") is engine  # rewritten in place: a new content hash
+    assert llm.calls[1] == ("collective_rpc", "reload_weights", {"weights_path": str(checkpoints[0])})
+    other = build_base_policy(tmp_path / "wider", TINY.model_copy(update={"hidden_size": 128}))
+    assert engines.open_engine("vllm", other, "w") is not engine
+    assert [call[0] for call in llm.calls] == ["LLM", "collective_rpc", "reset_prefix_cache", "LLM"]

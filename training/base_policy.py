@@ -32,7 +32,7 @@ def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: P
             return {"examples": 0}
         examples = warmup_examples(ChatFormat.from_pretrained(initial, experiment.observation_role), task_set.train(),
                                    episodes=experiment.base.episode_demonstrations)
-        metrics = supervised_warmup(initial, examples, out_dir, SFTConfig(seed=experiment.seed, steps=steps), progress)
+        metrics = supervised_warmup(initial, examples, out_dir, SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr), progress)
     return {"examples": len(examples), **{f"sft/{key}": value for key, value in metrics.items()
                                           if isinstance(value, (int, float))}}
 

@@ -24,6 +24,9 @@ from training.rl.trainer import GRPOConfig
 from training.sft.warmup import SFTConfig
 
 
+IMPORTED_SFT_LR = 1e-5  # a usual fine-tuning rate for a pretrained model of 0.5-8B parameters
+
+
 class BasePolicySettings(BaseModel):
     """How the experiment's own base policy is made: the built-in model's size (unless the
     experiment imports a `base_model`), and the warm-up on its task set's train split."""
@@ -35,6 +38,9 @@ class BasePolicySettings(BaseModel):
     sft_steps: int | None = Field(None, ge=0, description="warm-up optimizer steps on the train references (0: "
                                   f"none); default {SFTConfig.model_fields['steps'].default} for the built-in "
                                   "model, 0 for an imported base_model")
+    sft_lr: float | None = Field(None, gt=0, description="the warm-up's peak learning rate; default "
+                                 f"{SFTConfig.model_fields['lr'].default} for the built-in model (small, from scratch), "
+                                 f"{IMPORTED_SFT_LR} for an imported base_model (pretrained: a high rate would undo it)")
     episode_demonstrations: bool = Field(False, description="also warm up on the references as episodes of actions "
                                          "(write, then submit): multi-turn experiments (max_turns > 1) need it")
 
@@ -109,9 +115,12 @@ class ExperimentConfig(BaseModel):
         if (self.engine == "openai") != (self.server is not None):
             raise PydanticCustomError("engine_server", "engine = \"openai\" samples from the [server] the settings "
                                       "describe (base_url, model), and only that engine has one")
-        if self.base.sft_steps is None:
-            default = 0 if self.base_model is not None else SFTConfig.model_fields["steps"].default
-            self.base = self.base.model_copy(update={"sft_steps": default})
+        imported = self.base_model is not None
+        defaults = {"sft_steps": 0 if imported else SFTConfig.model_fields["steps"].default,
+                    "sft_lr": IMPORTED_SFT_LR if imported else SFTConfig.model_fields["lr"].default}
+        unset = {name: value for name, value in defaults.items() if getattr(self.base, name) is None}
+        if unset:
+            self.base = self.base.model_copy(update=unset)
         return self
 
     @model_validator(mode="before")

@@ -152,7 +152,9 @@ def _act(episode: Episode, completion: Completion, generate_s: float, chat: Chat
     if isinstance(action, Submit):
         episode.finish_reason = "submitted"
         return
-    observed = chat.observation_ids(observation, reply_closed=completion.finish_reason == "stop")
+    # Closed only by the template's own end of turn: a reply that stopped at another stop token,
+    # was cut at its budget, or came back as a server's text gets the template's close.
+    observed = chat.observation_ids(observation, reply_closed=completion.token_ids[-1:] == [chat.end_of_turn_id])
     episode.messages = [*episode.messages, {"role": "assistant", "content": reply},
                         {"role": chat.observation_role, "content": observation}]
     episode.response_ids += observed

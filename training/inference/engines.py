@@ -9,6 +9,9 @@ sleeps while the training step has the GPU (`gpu_released`).
 from __future__ import annotations
 
 import contextlib
+import gc
+import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +21,12 @@ from training.inference.http_engine import OpenAICompatibleEngine
 from training.inference.settings import ServerSettings, VLLMSettings
 from training.inference.transformers_engine import TransformersEngine
 from training.policy.chat import ChatFormat
+from training.policy.checkpoint import TOKENIZER_FILES
 
 ENGINES = ("transformers", "vllm", "openai")
-_live_vllm: dict[tuple, object] = {}  # (options) -> the process's one VLLMEngine
+_live_vllm: dict[tuple, object] = {}  # (model identity, options) -> the process's one VLLMEngine
+_ARCHITECTURE_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings")
 
 
 def open_engine(kind: str, checkpoint_dir: str | Path, policy_version: str, *, server: ServerSettings | None = None,
@@ -49,15 +55,27 @@ def _vllm_engine(checkpoint_dir: str | Path, policy_version: str, settings: VLLM
                  max_model_len: int | None, observation_role: str) -> InferenceEngine:
     from training.inference.vllm_engine import VLLMEngine
 
-    options = (settings.model_dump_json(), settings.max_model_len or max_model_len, observation_role)
+    options = (model_identity(checkpoint_dir), settings.model_dump_json(), settings.max_model_len or max_model_len)
     engine = _live_vllm.get(options)
     if engine is None:
-        _live_vllm.clear()  # other options: the old engine's GPU memory goes first
+        _live_vllm.clear()  # another model or other options: the old engine is dropped before the new one starts
+        gc.collect()
         engine = _live_vllm[options] = VLLMEngine(checkpoint_dir, policy_version, settings,
-                                                  max_model_len=options[1], observation_role=observation_role)
+                                                  max_model_len=options[2], observation_role=observation_role)
     else:
-        engine.load(checkpoint_dir, policy_version)
+        engine.load(checkpoint_dir, policy_version, observation_role)
     return engine
+
+
+def model_identity(checkpoint_dir: str | Path) -> str:
+    """What checkpoints of one lineage share, and a live engine can load in place: the
+    architecture (config.json's shape, not its training-time keys) and the tokenizer's files."""
+    root = Path(checkpoint_dir)
+    config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    shape = {key: config.get(key) for key in _ARCHITECTURE_KEYS}
+    tokenizer = {name: hashlib.sha256((root / name).read_bytes()).hexdigest()
+                 for name in TOKENIZER_FILES if (root / name).is_file()}
+    return json.dumps([shape, tokenizer], sort_keys=True)
 
 
 @contextlib.contextmanager

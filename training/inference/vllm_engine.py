@@ -42,14 +42,14 @@ class VLLMEngine:
         self.chat = ChatFormat.from_pretrained(self.checkpoint_dir, self.observation_role)  # stop ids as on CPU
         self.stop_ids = list(self.chat.stop_ids)
 
-    def load(self, checkpoint_dir: str | Path, policy_version: str) -> None:
-        """Sample `checkpoint_dir` from now on: its weights replace the live engine's in place
-        (a lineage keeps its architecture and tokenizer), and the prefix cache, computed by the
-        old weights, is dropped."""
-        if (Path(checkpoint_dir), policy_version) == (self.checkpoint_dir, self.policy_version):
-            return
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint_dir)})
-        self.llm.reset_prefix_cache()
+    def load(self, checkpoint_dir: str | Path, policy_version: str, observation_role: str = "user") -> None:
+        """Sample `checkpoint_dir` (content hash `policy_version`) from now on: its weights
+        replace the live engine's in place (engines.py keeps one engine per architecture and
+        tokenizer), and the prefix cache, computed by the old weights, is dropped."""
+        self.observation_role = observation_role
+        if (Path(checkpoint_dir), policy_version) != (self.checkpoint_dir, self.policy_version):
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint_dir)})
+            self.llm.reset_prefix_cache()
         self._serve(checkpoint_dir, policy_version)
 
     def sleep(self) -> None:

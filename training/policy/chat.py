@@ -7,8 +7,8 @@ framed, are read off the template by rendering a conversation around a marker an
 what the template put after it.
 
 Conventions that differ between model families, and what is done about each:
-- No system role (Gemma, Mistral raise on one): the system message goes in front of the first
-  user message, separated by a blank line.
+- No system role (Gemma and Mistral raise on one, some templates drop it): the system message
+  goes in front of the first user message, separated by a blank line.
 - No pad token (Llama 3): padding uses the end-of-turn token. Padded positions are masked out of
   attention and loss, so the id only has to be a real one.
 - An observation is a turn of `observation_role` (default "user", which every template has;
@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import TemplateError
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 # Private-use code points: no tokenizer or template gives them a meaning, and no reply holds them.
 _MARK = "\ue000crucible-reply\ue001"
 _PROBE = "\ue000crucible-probe\ue001"
+_SYSTEM_PROBE = "\ue000crucible-system\ue001"
 
 
 class ChatFormatError(ValueError):
@@ -52,7 +53,8 @@ class ChatFormat:
         if not stop_ids:
             raise ChatFormatError("neither generation_config.json nor the tokenizer names an end-of-sequence token, "
                                   "so generation would never stop: set eos_token_id in generation_config.json")
-        system_role = _renders(tokenizer, [{"role": "system", "content": _PROBE}, {"role": "user", "content": _PROBE}])
+        system_role = _SYSTEM_PROBE in _rendered(tokenizer, [{"role": "system", "content": _SYSTEM_PROBE},
+                                                             {"role": "user", "content": _PROBE}])
         end = _end_of_turn(tokenizer, stop_ids)
         chat = cls(tokenizer, stop_ids, end, system_role, observation_role)
         if _PROBE not in tokenizer.decode(chat.observation_ids(_PROBE, reply_closed=True)):
@@ -63,11 +65,7 @@ class ChatFormat:
     @classmethod
     def from_pretrained(cls, directory: str | Path, observation_role: str = "user") -> ChatFormat:
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        try:
-            generation_config = GenerationConfig.from_pretrained(str(directory))
-        except OSError:  # no generation_config.json: the tokenizer's eos token alone
-            generation_config = None
-        return cls.of(tokenizer, generation_config, observation_role)
+        return cls.of(tokenizer, generation_config_of(directory), observation_role)
 
     @property
     def pad_id(self) -> int:
@@ -123,7 +121,17 @@ class ChatFormat:
 
     @property
     def _stop_texts(self) -> list[str]:
-        return [self.tokenizer.decode([token]) for token in self.stop_ids]
+        """The stop tokens as text; an id the tokenizer has no text for (a padded vocabulary's) is none."""
+        return [text for text in (self.tokenizer.decode([token]) for token in self.stop_ids) if text]
+
+
+def generation_config_of(directory: str | Path) -> GenerationConfig:
+    """A model directory's generation config; made from its config.json where it has none (as
+    transformers does when it loads the model)."""
+    try:
+        return GenerationConfig.from_pretrained(str(directory))
+    except OSError:
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(directory)))
 
 
 def stop_token_ids(tokenizer, generation_config: GenerationConfig | None) -> tuple[int, ...]:
@@ -134,12 +142,12 @@ def stop_token_ids(tokenizer, generation_config: GenerationConfig | None) -> tup
     return tuple(dict.fromkeys(int(token) for token in ids if token is not None))
 
 
-def _renders(tokenizer, messages: list[dict[str, str]]) -> bool:
+def _rendered(tokenizer, messages: list[dict[str, str]]) -> str:
+    """The conversation as the template renders it; "" where the template refuses it."""
     try:
-        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except TemplateError:
-        return False
-    return True
+        return ""
 
 
 def _end_of_turn(tokenizer, stop_ids: tuple[int, ...]) -> int:

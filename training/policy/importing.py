@@ -15,15 +15,16 @@ safetensors, in their own dtype.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from training.policy.chat import ChatFormat, ChatFormatError
+from training.policy.chat import ChatFormat, ChatFormatError, generation_config_of
 from training.policy.checkpoint import (
     TOKENIZER_FILES,
     copy_tokenizer_files,
@@ -32,12 +33,16 @@ from training.policy.checkpoint import (
     write_checkpoint_dir,
 )
 
-_SAFETENSORS = "*.safetensors"
-_WEIGHT_INDEX = "model.safetensors.index.json"
+_WEIGHTS, _WEIGHT_INDEX = "model.safetensors", "model.safetensors.index.json"
+_CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # the classes AutoModelForCausalLM loads
 
 
 class ModelImportError(ValueError):
     """The source is not a model Crucible can post-train; the message says why in one sentence."""
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def resolve_source(source: str) -> Path:
@@ -58,18 +63,22 @@ def check_source(directory: Path, context_tokens: int) -> ChatFormat:
     try:
         config = AutoConfig.from_pretrained(directory)
     except (OSError, ValueError, KeyError) as error:
-        raise ModelImportError(f"{directory}: config.json cannot be read as a Hugging Face model config ({error})") from None
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ModelImportError(f"{directory}: a {config.model_type!r} model is not a causal language model that "
-                           "transformers can load with AutoModelForCausalLM")
+        raise ModelImportError(f"{directory}: config.json cannot be read as a Hugging Face model config "
+                               f"({_first_line(error)})") from None
+    architectures = config.architectures or []
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
+            architectures and not any(name.endswith(_CAUSAL_HEADS) for name in architectures)):
+        named = ", ".join(architectures) or "no architecture named"
+        raise ModelImportError(f"{directory}: a {config.model_type!r} model ({named}) is not a causal language model "
+                               "that transformers can load with AutoModelForCausalLM")
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise ModelImportError(f"{directory}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, …)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError, KeyError) as error:
-        raise ModelImportError(f"{directory}: the tokenizer cannot be loaded ({error})") from None
+        raise ModelImportError(f"{directory}: the tokenizer cannot be loaded ({_first_line(error)})") from None
     try:
-        chat = ChatFormat.of(tokenizer, _generation_config(directory, config))
+        chat = ChatFormat.of(tokenizer, generation_config_of(directory))
     except ChatFormatError as error:
         raise ModelImportError(f"{directory}: {error}") from None
     vocabulary = getattr(config.get_text_config(), "vocab_size", None)
@@ -79,9 +88,10 @@ def check_source(directory: Path, context_tokens: int) -> ChatFormat:
     positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     if positions is not None and positions < context_tokens:
         raise ModelImportError(f"{directory}: the model's context is {positions} tokens, shorter than the experiment's "
-                           f"budget of {context_tokens} (episode_max_tokens, or prompt plus max_new_tokens)")
-    if not _weights(directory) and not list(directory.glob("*.bin")):
-        raise ModelImportError(f"{directory}: no weights (*.safetensors or pytorch_model*.bin)")
+                           f"budget of {context_tokens} (episode_max_tokens)")
+    if not _weights(directory) and not list(directory.glob("pytorch_model*.bin")):
+        raise ModelImportError(f"{directory}: no weights ({_WEIGHTS}, its shards with {_WEIGHT_INDEX}, or "
+                               "pytorch_model*.bin)")
     return chat
 
 
@@ -98,7 +108,7 @@ def import_model(source: str, out_dir: str | Path, context_tokens: int) -> Path:
         if (directory / "generation_config.json").is_file():
             shutil.copyfile(directory / "generation_config.json", tmp / "generation_config.json")
         else:
-            GenerationConfig.from_model_config(AutoConfig.from_pretrained(directory)).save_pretrained(tmp)
+            generation_config_of(directory).save_pretrained(tmp)
         copy_tokenizer_files(directory, tmp)
 
     manifest = {"kind": "imported", "source": source, "source_dir": str(directory), "source_files": source_files}
@@ -106,24 +116,20 @@ def import_model(source: str, out_dir: str | Path, context_tokens: int) -> Path:
 
 
 def _weights(directory: Path) -> list[Path]:
-    return sorted(directory.glob(_SAFETENSORS))
+    """The safetensors files transformers loads: model.safetensors, or the shards its index names
+    (not a repository's other copies, such as Mistral's consolidated.safetensors)."""
+    if (directory / _WEIGHT_INDEX).is_file():
+        shards = json.loads((directory / _WEIGHT_INDEX).read_text())["weight_map"].values()
+        return [directory / _WEIGHT_INDEX, *(directory / name for name in sorted(set(shards)))]
+    return [directory / _WEIGHTS] if (directory / _WEIGHTS).is_file() else []
 
 
 def _copy_weights(directory: Path, tmp: Path) -> None:
-    """The safetensors files (and shard index) as they are; pickled weights converted once
+    """The safetensors weights (and shard index) as they are; pickled weights converted once
     (config.json and generation_config.json, which that also writes, are replaced after)."""
     weights = _weights(directory)
     if not weights:
         AutoModelForCausalLM.from_pretrained(directory, dtype="auto").save_pretrained(tmp)
-        return
-    for path in [*weights, directory / _WEIGHT_INDEX]:
-        if path.is_file():
-            shutil.copyfile(path, tmp / path.name)
+    for path in weights:
+        shutil.copyfile(path, tmp / path.name)
 
-
-def _generation_config(directory: Path, config) -> GenerationConfig:
-    """The source's generation config, or one made from its model config."""
-    try:
-        return GenerationConfig.from_pretrained(directory)
-    except OSError:
-        return GenerationConfig.from_model_config(config)
