@@ -207,7 +207,10 @@ def test_sql_answers_over_the_stored_iteration(finished_run, environment, store)
 def test_every_view_has_rows_after_an_iteration(finished_run, environment):
     con = catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"])
     empty = {view for view in catalog.VIEWS if con.execute(f"SELECT count(*) FROM {view}").fetchone() == (0,)}
-    assert empty == {"regrades", "regraded"}  # re-grading is launched on demand (tests/test_regrades.py)
+    # Re-grading is launched on demand (tests/test_regrades.py); model evaluations by `crucible eval`
+    # (tests/test_transformers_serve.py).
+    model_evaluation = {"model_evaluations", *(view for view in catalog.VIEWS if view.startswith("model_eval_"))}
+    assert empty == {"regrades", "regraded", *model_evaluation}
     sampled, tasks, eval_tasks = con.execute("SELECT count(*) FILTER (WHERE sampled), count(*), count(*) FILTER "
                                              "(WHERE split = 'eval') FROM tasks WHERE experiment = 'tiny'").fetchone()
     assert sampled == 4 and tasks > eval_tasks > 0  # the whole set, as the iteration saw it
