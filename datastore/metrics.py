@@ -108,7 +108,8 @@ METRIC_VIEWS = {
     "model_eval_pass_rates": """
         SELECT evaluation, any_value(model) AS model, task_set,
                CASE WHEN grouping(domain) = 1 THEN '(all)' ELSE domain END AS domain,
-               CASE WHEN grouping(difficulty) = 1 THEN '(all)' ELSE difficulty END AS difficulty, count(*) AS tasks, sum(scored)::BIGINT AS samples,
+               CASE WHEN grouping(difficulty) = 1 THEN '(all)' ELSE difficulty END AS difficulty,
+               count(*) AS tasks, sum(scored)::BIGINT AS samples,
                avg(pass_rate) AS pass_rate, coalesce(stddev_samp(pass_rate) / sqrt(count(*)), 0) AS stderr
         FROM model_eval_tasks WHERE scored > 0
         GROUP BY GROUPING SETS ((evaluation, task_set), (evaluation, task_set, domain),

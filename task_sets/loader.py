@@ -37,6 +37,9 @@ TASK_SET_NAME = re.compile(r"[A-Za-z0-9_\-]+")  # no dot or slash: anything else
 Record = tuple[str, object]
 
 
+SYSTEM_MESSAGE_FILE = "system.md"  # optional, beside the task files
+
+
 class TaskSetError(ValueError):
     """A task set could not be loaded; the message names the file, line, task and field."""
 
@@ -46,12 +49,15 @@ class TaskSet:
     name: str
     tasks: tuple[Task, ...]
     reward: RewardFunction = DEFAULT  # configured by the set's reward.toml
+    system_message: str | None = None  # the set's system.md: what every prompt of the set starts with
 
     @cached_property
     def version(self) -> str:
-        """Content hash over the task versions: changes when any task is edited, added or removed."""
+        """Content hash over the task versions (and the system message, where the set has one):
+        changes when any task is edited, added or removed."""
         task_versions = "\n".join(sorted(task.version for task in self.tasks))
-        return hashlib.sha256(task_versions.encode()).hexdigest()[:16]
+        system = "" if self.system_message is None else f"\nsystem:{self.system_message}"
+        return hashlib.sha256((task_versions + system).encode()).hexdigest()[:16]
 
     @cached_property
     def by_id(self) -> Mapping[str, Task]:
@@ -102,7 +108,9 @@ def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
         reward = load_reward_function(root if root.is_dir() else None)
     except RewardError as e:
         raise TaskSetError(str(e)) from None
-    return TaskSet(name=name, tasks=tuple(tasks), reward=reward)
+    system = root / SYSTEM_MESSAGE_FILE if root.is_dir() else None
+    system_message = system.read_text(encoding="utf-8").strip() if system and system.is_file() else None
+    return TaskSet(name=name, tasks=tuple(tasks), reward=reward, system_message=system_message or None)
 
 
 def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:

@@ -94,6 +94,20 @@ def test_the_reference_solution_scores_one_when_the_model_ends_its_turn_with_its
     assert grade_solution(task, rollout.solution, reward=COMPOSE.reward).reward == 1.0
 
 
+def test_a_task_sets_system_message_opens_every_prompt(family, imported, tmp_path):
+    compose = load_task_set("compose")
+    write_task_set([*compose.train()[:1], *compose.eval()[:1]], tmp_path / "set")
+    (tmp_path / "set" / "system.md").write_text("You are a careful Python programmer.\n")
+    task_set = load_task_set(tmp_path / "set")
+    assert task_set.system_message == "You are a careful Python programmer."
+    (tmp_path / "set" / "system.md").unlink()
+    assert load_task_set(tmp_path / "set").version != task_set.version  # it shapes every prompt
+    chat = ChatFormat.from_pretrained(imported)
+    [rollout] = sample_rollouts(EmitsExactly(chat, "x = 1"), chat, task_set.eval(), SamplingParams(n=1), "g",
+                                system=task_set.system_message)
+    assert "You are a careful Python programmer." in chat.tokenizer.decode(rollout.prompt_ids)
+
+
 def test_an_observation_after_a_closed_reply_is_framed_as_the_template_renders_the_conversation(imported):
     chat = ChatFormat.from_pretrained(imported)
     conversation = [*chat.messages("Be brief.", "Write f."), {"role": "assistant", "content": "<run>ls</run>"},

@@ -30,8 +30,8 @@ TAMPERED = make_patch(TASK.files, {**apply_patch(TASK.files, TASK.reference_solu
 def verified() -> VerifiedRollout:
     grade = grade_solution(TASK, TAMPERED, reward=SHOPCART.reward)
     rollout = Rollout(task_id=TASK.id, group_id="g", sample_index=0, policy_version="p", prompt_ids=[1, 2],
-                      response_ids=[3], behaviour_logprobs=[-0.1], finish_reason="stop", response_text=TAMPERED, solution=TAMPERED,
-                      generate_s=0.1)
+                      response_ids=[3], behaviour_logprobs=[-0.1], finish_reason="stop", response_text=TAMPERED,
+                      generate_s=0.1, solution=TAMPERED)
     return VerifiedRollout(rollout, TASK, grade, verify_s=0.1)
 
 

@@ -30,9 +30,11 @@ def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: P
         initial = _initial_policy(experiment, out_dir if steps == 0 else Path(scratch) / "initial")
         if steps == 0:
             return {"examples": 0}
-        examples = warmup_examples(ChatFormat.from_pretrained(initial, experiment.observation_role), task_set.train(),
-                                   episodes=experiment.base.episode_demonstrations)
-        metrics = supervised_warmup(initial, examples, out_dir, SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr), progress)
+        chat = ChatFormat.from_pretrained(initial, experiment.observation_role)
+        examples = warmup_examples(chat, task_set.train(), episodes=experiment.base.episode_demonstrations,
+                                   system=task_set.system_message)
+        sft = SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr)
+        metrics = supervised_warmup(initial, examples, out_dir, sft, progress)
     return {"examples": len(examples), **{f"sft/{key}": value for key, value in metrics.items()
                                           if isinstance(value, (int, float))}}
 

@@ -23,7 +23,6 @@ from training.policy.model import PolicyConfig
 from training.rl.trainer import GRPOConfig
 from training.sft.warmup import SFTConfig
 
-
 IMPORTED_SFT_LR = 1e-5  # a usual fine-tuning rate for a pretrained model of 0.5-8B parameters
 
 

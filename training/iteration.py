@@ -233,11 +233,13 @@ class Iteration:
         experiment = self.experiment
         if experiment.max_turns == 1:
             return sample_rollouts(engine, engine.chat, tasks, params, group_prefix,
-                                   progress=lambda done, total: self.log(f"sampled {done}/{total} tasks"))
+                                   progress=lambda done, total: self.log(f"sampled {done}/{total} tasks"),
+                                   system=self.task_set.system_message)
         limits = EpisodeLimits(max_turns=experiment.max_turns, max_tokens=experiment.episode_max_tokens,
                                command_timeout_s=experiment.command_timeout_s)
         episodes = run_episodes(engine, engine.chat, tasks, params, limits, self.env.open_session, group_prefix,
-                                progress=lambda turn, turns: self.log(f"episodes: turn {turn}/{turns} done"))
+                                progress=lambda turn, turns: self.log(f"episodes: turn {turn}/{turns} done"),
+                                system=self.task_set.system_message)
         return [as_rollout(episode, engine.chat) for episode in episodes]
 
     def grade(self, work: list[tuple[TaskBase, Rollout]]) -> list[VerifiedRollout]:

@@ -78,11 +78,12 @@ def run_episodes(
     open_session: Callable[[Task], Session],
     group_prefix: str,
     progress: Callable[[int, int], None] | None = None,
+    system: str | None = None,
 ) -> list[Episode]:
     """`params.n` episodes for every task, run together; `open_session(task)` gives a fresh
-    session holding the task's starting files."""
+    session holding the task's starting files; `system` is the task set's system message."""
     def start(task: Task, index: int) -> Episode:
-        messages = episode_messages(chat, task)
+        messages = episode_messages(chat, task, system)
         return Episode(task, f"{group_prefix}/{task.id}", index, engine.policy_version, chat.prompt_ids(messages),
                        messages)
 
@@ -119,8 +120,10 @@ def starting_files(task: Task) -> dict[str, str]:
     return {**task.files, SOLUTION_FILE: task.solution_prefix}
 
 
-def episode_messages(chat: ChatFormat, task: Task) -> list[dict[str, str]]:
-    return chat.messages(SYSTEM_MESSAGE, task.prompt)
+def episode_messages(chat: ChatFormat, task: Task, system: str | None = None) -> list[dict[str, str]]:
+    """The system message (the task set's, followed by the actions' usage; else SYSTEM_MESSAGE)
+    and the task as the user's."""
+    return chat.messages(f"{system}\n\n{USAGE}" if system else SYSTEM_MESSAGE, task.prompt)
 
 
 def _open(episode: Episode, open_session: Callable[[Task], Session]) -> None:

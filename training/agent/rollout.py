@@ -60,12 +60,14 @@ def sample_rollouts(
     params: SamplingParams,
     group_prefix: str,
     progress: Callable[[int, int], None] | None = None,
+    system: str | None = None,
 ) -> list[Rollout]:
-    """`params.n` samples for every task; samples of one task share the group `prefix/task_id`."""
+    """`params.n` samples for every task (prompted with `system`, the task set's system message,
+    if it has one); samples of one task share the group `prefix/task_id`."""
     rollouts: list[Rollout] = []
     for start in range(0, len(tasks), TASKS_PER_CALL):
         chunk = tasks[start : start + TASKS_PER_CALL]
-        conversations = [prompt_messages(chat, task.prompt) for task in chunk]
+        conversations = [prompt_messages(chat, task.prompt, system) for task in chunk]
         prompts = [chat.prompt_ids(messages) for messages in conversations]
         began = time.perf_counter()
         completions = engine.generate(prompts, params, conversations)

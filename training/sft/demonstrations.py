@@ -23,24 +23,26 @@ from training.policy.chat import ChatFormat
 Example = tuple[list[int], list[int]]
 
 
-def warmup_examples(chat: ChatFormat, tasks: Iterable[Task], episodes: bool = True) -> list[Example]:
+def warmup_examples(chat: ChatFormat, tasks: Iterable[Task], episodes: bool = True,
+                    system: str | None = None) -> list[Example]:
     """For every task: its single-turn example (function tasks) and, with `episodes`, its
-    episode's turns."""
+    episode's turns, prompted with `system` (the task set's system message) if it has one."""
     examples = []
     for task in tasks:
         if not isinstance(task, RepositoryTask):
-            examples += single_turn_examples(chat, [(task.prompt, task.reference_solution)])
+            examples += single_turn_examples(chat, [(task.prompt, task.reference_solution)], system)
         if episodes:
-            examples += episode_examples(chat, task)
+            examples += episode_examples(chat, task, system)
     return examples
 
 
-def single_turn_examples(chat: ChatFormat, pairs: Iterable[tuple[str, str]]) -> list[Example]:
-    return [(render_prompt(chat, prompt), chat.reply_ids(solution)) for prompt, solution in pairs]
+def single_turn_examples(chat: ChatFormat, pairs: Iterable[tuple[str, str]],
+                         system: str | None = None) -> list[Example]:
+    return [(render_prompt(chat, prompt, system), chat.reply_ids(solution)) for prompt, solution in pairs]
 
 
-def episode_examples(chat: ChatFormat, task: Task) -> list[Example]:
-    context, examples = chat.prompt_ids(episode_messages(chat, task)), []
+def episode_examples(chat: ChatFormat, task: Task, system: str | None = None) -> list[Example]:
+    context, examples = chat.prompt_ids(episode_messages(chat, task, system)), []
     for path, content in _files_to_write(task):
         reply = chat.reply_ids(f'<write path="{path}">\n{content}</write>')
         examples.append((context, reply))

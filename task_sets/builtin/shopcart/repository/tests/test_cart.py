@@ -1,5 +1,4 @@
 import pytest
-
 from shopcart.cart import Cart
 from shopcart.catalog import Catalog, Product, UnknownProduct
 from shopcart.discounts import FixedOff

@@ -1,5 +1,4 @@
 import pytest
-
 from shopcart.catalog import Catalog, Product, UnknownProduct
 from shopcart.money import Money
 

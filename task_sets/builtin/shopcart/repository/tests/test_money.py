@@ -1,5 +1,4 @@
 import pytest
-
 from shopcart.money import Money
 
 
