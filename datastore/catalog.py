@@ -1,9 +1,10 @@
 """DuckDB views over every stored dataset, for analysts and for the run summary.
 
 Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, training_steps,
-regrades);
+regrades, outputs, model_evaluations);
 the metrics of datastore/metrics.py (task_rewards, difficulty_rewards and iteration_rewards: the
-reward analytics; held_out_tasks and held_out: the held-out evaluation); test_results (one row
+reward analytics; held_out_tasks and held_out: the held-out evaluation; model_eval_*: the report
+of `crucible eval`); test_results (one row
 per hidden test), turns (one row per episode turn), rewards (one row per reward component of
 each sample), regraded (each re-graded sample beside its original reward and verdict), and
 iterations (the run summary).
