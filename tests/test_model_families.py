@@ -25,6 +25,9 @@ from training.policy.checkpoint import TOKENIZER_FILES, verify_checkpoint
 from training.policy.importing import ModelImportError, import_model
 
 ROOT = Path(__file__).parent.parent
+# An imported model starts RL as it is (sft_steps 0); one family (the smallest vocabulary, the
+# cheapest warm-up on CPU) is warmed up too, through the same path.
+WARM_UP_STEPS = {"qwen2": 0, "llama3": 0, "mistral": 2}
 COMPOSE = load_task_set("compose")
 
 
@@ -41,6 +44,11 @@ def source(family, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def imported(source, tmp_path_factory) -> Path:
     return import_model(str(source), tmp_path_factory.mktemp("imported") / "base", context_tokens=1024)
+
+
+@pytest.fixture(scope="module")
+def chat(imported) -> ChatFormat:
+    return ChatFormat.from_pretrained(imported)
 
 
 def test_an_import_keeps_the_weights_tokenizer_and_chat_template_byte_for_byte(source, imported):
@@ -60,8 +68,7 @@ def test_the_imported_config_states_the_rope_base_where_transformers_4_reads_it(
     assert config["rope_parameters"] == written["rope_parameters"]
 
 
-def test_the_chat_format_is_the_familys_own(family, imported):
-    chat = ChatFormat.from_pretrained(imported)
+def test_the_chat_format_is_the_familys_own(family, chat):
     end_of_turn = FAMILIES[family].end_of_turn
     assert chat.tokenizer.convert_ids_to_tokens(chat.end_of_turn_id) == end_of_turn
     assert chat.end_of_turn_id in chat.stop_ids
@@ -86,15 +93,14 @@ class EmitsExactly:
         return [[Completion(self.ids, [0.0] * len(self.ids), "stop", text)] * params.n for _ in prompts]
 
 
-def test_the_reference_solution_scores_one_when_the_model_ends_its_turn_with_its_own_token(imported):
-    chat = ChatFormat.from_pretrained(imported)
+def test_the_reference_solution_scores_one_when_the_model_ends_its_turn_with_its_own_token(chat):
     task = COMPOSE.eval()[0]
     [rollout] = sample_rollouts(EmitsExactly(chat, task.reference_solution), chat, [task], SamplingParams(n=1), "g")
     assert rollout.solution == task.reference_solution
     assert grade_solution(task, rollout.solution, reward=COMPOSE.reward).reward == 1.0
 
 
-def test_a_task_sets_system_message_opens_every_prompt(family, imported, tmp_path):
+def test_a_task_sets_system_message_opens_every_prompt(family, chat, tmp_path):
     compose = load_task_set("compose")
     write_task_set([*compose.train()[:1], *compose.eval()[:1]], tmp_path / "set")
     (tmp_path / "set" / "system.md").write_text("You are a careful Python programmer.\n")
@@ -102,14 +108,12 @@ def test_a_task_sets_system_message_opens_every_prompt(family, imported, tmp_pat
     assert task_set.system_message == "You are a careful Python programmer."
     (tmp_path / "set" / "system.md").unlink()
     assert load_task_set(tmp_path / "set").version != task_set.version  # it shapes every prompt
-    chat = ChatFormat.from_pretrained(imported)
     [rollout] = sample_rollouts(EmitsExactly(chat, "x = 1"), chat, task_set.eval(), SamplingParams(n=1), "g",
                                 system=task_set.system_message)
     assert "You are a careful Python programmer." in chat.tokenizer.decode(rollout.prompt_ids)
 
 
-def test_an_observation_after_a_closed_reply_is_framed_as_the_template_renders_the_conversation(imported):
-    chat = ChatFormat.from_pretrained(imported)
+def test_an_observation_after_a_closed_reply_is_framed_as_the_template_renders_the_conversation(chat):
     conversation = [*chat.messages("Be brief.", "Write f."), {"role": "assistant", "content": "<run>ls</run>"},
                     {"role": "user", "content": "x.py"}]
     rendered = chat.tokenizer.decode(chat.prompt_ids(conversation)).split("<run>ls</run>", 1)[1]
@@ -183,7 +187,7 @@ def test_crucible_run_with_base_model_runs_a_whole_iteration(family, source, tmp
     config = tmp_path / f"{family}.toml"
     config.write_text(f'name = "{family}-tiny"\nbase_model = "{source}"\ntask_set = "{tmp_path / "set"}"\n'
                       "iterations = 1\ntasks_per_iteration = 2\nsamples_per_task = 2\nmax_new_tokens = 12\n"
-                      "eval_samples = 1\nregrade_fraction = 0\n[base]\nsft_steps = 2\n")
+                      f"eval_samples = 1\nregrade_fraction = 0\n[base]\nsft_steps = {WARM_UP_STEPS[family]}\n")
     environment = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "HF_HUB_OFFLINE": "1",
                    "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"), "CRUCIBLE_CHECKPOINT_ROOT": str(tmp_path / "ckpt")}
     run = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", str(config)], env=environment,
