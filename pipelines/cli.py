@@ -46,14 +46,9 @@ def prepare_instance() -> Path:
     return home
 
 
-def _use_storage(storage: str | None) -> None:
-    if storage:
-        os.environ["CRUCIBLE_STORAGE_ROOT"] = storage
-
-
 def command_run(args: argparse.Namespace) -> int:
     prepare_instance()
-    _use_storage(args.storage)
+    environment.use_storage(args.storage)
     DatasetStore(environment.storage_root()).check()  # before minutes of set-up, not after
     # torch and dagster load only when running
     from pipelines.experiment_runner import ExperimentRunner
@@ -86,7 +81,7 @@ def command_run(args: argparse.Namespace) -> int:
 def command_continue(args: argparse.Namespace) -> int:
     """Switch continuous training of one experiment on (or off): what the advance_iterations
     sensor, once switched on in the UI, follows."""
-    _use_storage(args.storage)
+    environment.use_storage(args.storage)
     from pipelines.resources import crucible_resource
     from training.experiment import ExperimentFileError
 
@@ -138,7 +133,7 @@ def print_summary(storage_root: str, experiment: str) -> None:
 
 
 def command_sql(args: argparse.Namespace) -> int:
-    _use_storage(args.storage)
+    environment.use_storage(args.storage)
     if args.export_db:
         return _export_database(args)
     if not args.query:
@@ -187,7 +182,7 @@ def command_curve(args: argparse.Namespace) -> int:
     """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
     from assets.charts import eval_curve_png
 
-    _use_storage(args.storage)
+    environment.use_storage(args.storage)
     rows = catalog.records(catalog.connect(environment.storage_root()),
                            "SELECT * FROM held_out WHERE experiment = ? ORDER BY iteration", [args.experiment])
     if not rows or rows[0]["iteration"] != 0:
@@ -211,7 +206,7 @@ def command_curve(args: argparse.Namespace) -> int:
 
 def command_ui(args: argparse.Namespace) -> int:
     prepare_instance()
-    _use_storage(args.storage)
+    environment.use_storage(args.storage)
     environment.pin_locations()  # dagster dev runs from the project folder; the data is this folder's
     # dagster dev started from a background shell would otherwise inherit ignored SIGINT/SIGTERM
     # and outlive its caller.

@@ -23,6 +23,12 @@ def _local_or_uri(value: str) -> str:
     return value if "://" in value else str(Path(value).resolve())
 
 
+def use_storage(storage: str | None) -> None:
+    """A command's --storage, when given, is this process's storage root."""
+    if storage:
+        os.environ["CRUCIBLE_STORAGE_ROOT"] = storage
+
+
 def storage_root() -> str:
     return _local_or_uri(os.environ.get("CRUCIBLE_STORAGE_ROOT", str(DEFAULT_HOME / "data")))
 

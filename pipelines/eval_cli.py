@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 
@@ -12,6 +11,7 @@ import requests
 from rich.console import Console
 from rich.table import Table
 
+from pipelines import environment
 from pipelines.errors import UserError
 
 # Piped output has no terminal width; the report's tables need ~100 columns.
@@ -49,8 +49,7 @@ def command_eval(args: argparse.Namespace) -> int:
     from training.policy.chat import ChatFormatError
     from training.policy.importing import ModelImportError, resolve_source
 
-    if args.storage:
-        os.environ["CRUCIBLE_STORAGE_ROOT"] = args.storage
+    environment.use_storage(args.storage)
     if args.engine == "openai":
         if not args.base_url:
             raise UserError("--engine openai needs --base-url (the server's root, e.g. http://127.0.0.1:8000)")

@@ -18,8 +18,9 @@ TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, i
 
 @pytest.fixture
 def llm(monkeypatch):
-    monkeypatch.setattr(engines, "_live_vllm", {})
-    return vllm_stand_in.install(monkeypatch)
+    engines.close_engines()  # each test starts without a live engine, and leaves none
+    yield vllm_stand_in.install(monkeypatch)
+    engines.close_engines()
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,7 @@ def _vllm_engine(checkpoint_dir: str | Path, policy_version: str, settings: VLLM
     options = (model_identity(checkpoint_dir), settings.model_dump_json(), settings.max_model_len or max_model_len)
     engine = _live_vllm.get(options)
     if engine is None:
-        _live_vllm.clear()  # another model or other options: the old engine is dropped before the new one starts
-        gc.collect()
+        close_engines()  # another model or other options: the old engine goes before the new one starts
         engine = _live_vllm[options] = VLLMEngine(checkpoint_dir, policy_version, settings,
                                                   max_model_len=options[2], observation_role=observation_role)
     else:
@@ -76,6 +75,12 @@ def model_identity(checkpoint_dir: str | Path) -> str:
     tokenizer = {name: hashlib.sha256((root / name).read_bytes()).hexdigest()
                  for name in TOKENIZER_FILES if (root / name).is_file()}
     return json.dumps([shape, tokenizer], sort_keys=True)
+
+
+def close_engines() -> None:
+    """Drop the process's live vLLM engine; the next open starts a new one."""
+    _live_vllm.clear()
+    gc.collect()
 
 
 @contextlib.contextmanager

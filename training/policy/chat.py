@@ -18,6 +18,7 @@ Conventions that differ between model families, and what is done about each:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from jinja2 import TemplateError
@@ -119,7 +120,7 @@ class ChatFormat:
         """`text` as ids; special tokens written in it (a template's) are parsed, none added."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    @property
+    @cached_property
     def _stop_texts(self) -> list[str]:
         """The stop tokens as text; an id the tokenizer has no text for (a padded vocabulary's) is none."""
         return [text for text in (self.tokenizer.decode([token]) for token in self.stop_ids) if text]
