@@ -458,7 +458,7 @@ def test_train_policy_moves_towards_rewarded_samples(engine, sft_result, chat, t
 
     out = tmp_path / "policy-1"
     steps = []
-    config = one_pass(lr=1e-3, minibatch_size=16, micro_batch_size=2)
+    config = one_pass(lr=1e-3, minibatch_size=16, micro_batch_tokens=64)
     metrics = train_policy(sft_result[0], samples, out, config, progress=lambda *a: steps.append(a),
                            temperature=1.5)  # as sampled
     manifest = verify_checkpoint(out)
@@ -525,7 +525,7 @@ def test_observation_tokens_are_context_and_never_trained_on(sft_result, tmp_pat
         logprobs = [-1.0 if m else junk for m in mask]
         return [TrainSample(prompt, response, logprobs, reward, "g", loss_mask=mask) for reward in (1.0, 0.0)]
 
-    config = one_pass(lr=1e-2, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False)
+    config = one_pass(lr=1e-2, minibatch_size=2, micro_batch_tokens=64, keep_optimizer_state=False)
     clean = train_policy(sft_result[0], samples(0.0), tmp_path / "clean", config)
     junk = train_policy(sft_result[0], samples(123.0), tmp_path / "junk", config)
     assert clean["response_tokens"] == junk["response_tokens"] == 2 * sum(mask)
@@ -538,7 +538,7 @@ def test_observation_tokens_are_context_and_never_trained_on(sft_result, tmp_pat
 
 def test_training_takes_a_step_with_sequence_aggregation_and_clip_higher(sft_result, tmp_path):
     samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
-    config = one_pass(lr=1e-3, minibatch_size=2, micro_batch_size=1, loss_aggregation="sequence",
+    config = one_pass(lr=1e-3, minibatch_size=2, micro_batch_tokens=1, loss_aggregation="sequence",
                         clip_eps_high=0.28, estimator="rloo", keep_optimizer_state=False)
     metrics = train_policy(sft_result[0], samples, tmp_path / "policy", config)
     assert metrics["optimizer_steps"] == 1 and metrics["grad_norm"] > 0
@@ -561,12 +561,12 @@ def test_truncated_importance_sampling_corrects_an_engine_that_disagrees_with_th
     with torch.no_grad():
         trainer = token_logprobs(model, batch)[0, batch.response_slices[0]].tolist()
     samples = [TrainSample(prompt, response, [v - 1.0 for v in trainer], reward, "g") for reward in (1.0, 0.0)]
-    config = one_pass(lr=1e-3, minibatch_size=2, micro_batch_size=2, tis_cap=2.0, keep_optimizer_state=False)
+    config = one_pass(lr=1e-3, minibatch_size=2, micro_batch_tokens=64, tis_cap=2.0, keep_optimizer_state=False)
     metrics = train_policy(sft_result[0], samples, tmp_path / "tis", config)
     assert metrics["tis_weight_mean"] == pytest.approx(2.0)
     assert metrics["mean_ratio"] == pytest.approx(1.0, abs=1e-4)
     uncorrected = train_policy(sft_result[0], samples, tmp_path / "plain",
-                               one_pass(lr=1e-3, minibatch_size=2, micro_batch_size=2, keep_optimizer_state=False))
+                               one_pass(lr=1e-3, minibatch_size=2, micro_batch_tokens=64, keep_optimizer_state=False))
     assert uncorrected["mean_ratio"] == pytest.approx(math.e, rel=1e-3)  # against the engine's numbers
 
 
@@ -629,7 +629,7 @@ def test_a_crashed_step_resumes_from_its_saved_progress(sft_result, tmp_path):
     """A step that dies after its second optimizer step leaves its progress beside the checkpoint;
     run again, it takes only the remaining steps and ends with the weights of an uninterrupted run."""
     samples = [TrainSample([5, 6, 7], [40 + i, 41], [-1.0, -1.0], float(i % 2), f"g{i // 2}") for i in range(8)]
-    config = one_pass(lr=1e-3, minibatch_size=2)
+    config = one_pass(lr=1e-3, minibatch_size=2, save_progress_every=1)
 
     def crash_after_two(step, total, stats):
         if step == 2:

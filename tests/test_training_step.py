@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=512, seed=0)
 # Four passes over one batch of 16: the surrogate of that batch is what the step minimises.
-GRPO = GRPOConfig(lr=1e-3, lr_warmup_steps=0, epochs=4, minibatch_size=16, micro_batch_size=8)
+GRPO = GRPOConfig(lr=1e-3, lr_warmup_steps=0, epochs=4, minibatch_size=16, micro_batch_tokens=512)
 
 
 @pytest.fixture(scope="module")

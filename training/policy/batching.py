@@ -2,7 +2,9 @@
 
 Shared by SFT (maximise response logprobs) and GRPO (ratio against behaviour logprobs).
 Sequences are right-padded, so positions are plain 0..L-1 (the same positions the engine
-derives from its left-padded attention mask) and causal attention never sees a pad.
+derives from its left-padded attention mask) and causal attention never sees a pad. Only the
+positions that are scored reach the LM head, a chunk at a time, so the full-vocabulary logits
+of a batch are never held at once.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+# Rows per LM-head call: 1,024 x 152k (Qwen's vocabulary) x 4 bytes is 0.6 GB of logits.
+DEFAULT_CHUNK_TOKENS = 1024
 
 
 @dataclass
@@ -49,20 +55,69 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     return TokenBatch(input_ids, targets, mask, valid, slices)
 
 
-def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0) -> Tensor:
-    """log_softmax(logits / temperature)[target] at every position: [B, L] (meaningful where mask)."""
-    return token_logprobs_and_entropy(model, batch, temperature)[0]
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0,
+                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS, scored: Tensor | None = None) -> Tensor:
+    """log_softmax(logits / temperature)[target] where `scored` (default: the batch's mask) is
+    set: [B, L], 0 elsewhere."""
+    return token_logprobs_and_entropy(model, batch, temperature, chunk_tokens, scored)[0]
 
 
-def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch,
-                               temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """The targets' log-probs, and the entropy of the (tempered) next-token distribution at
-    every position, detached: a collapsing entropy is the first sign of a policy that stopped
-    exploring."""
-    logits = model(input_ids=batch.input_ids).logits.float()
+def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0,
+                               chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                               scored: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The targets' log-probs (float32, with gradients) and the entropy of the tempered
+    next-token distribution (detached) where `scored` (default: the batch's mask, the response
+    targets) is set: [B, L] each, 0 elsewhere.
+    A collapsing entropy is the first sign of a policy that stopped exploring.
+
+    Only the scored positions reach the LM head, `chunk_tokens` rows at a time, and each chunk's
+    logits are recomputed in the backward pass rather than kept (activation checkpointing): the
+    peak is one [chunk_tokens, vocab] float32 tensor, whatever the batch. The head is the model's
+    output embedding (with Gemma-style final soft-capping where the config sets it); the
+    model-family tests pin it against the model's own logits.
+    """
+    hidden = model.get_decoder()(input_ids=batch.input_ids.to(_device(model)), use_cache=False).last_hidden_state
+    scored = batch.mask if scored is None else scored
+    where = scored.flatten().nonzero().squeeze(-1)
+    rows = hidden.flatten(0, 1).index_select(0, where.to(hidden.device))
+    targets = batch.targets.flatten()[where].to(hidden.device)
+    head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
+    chunks = [checkpoint(_score_chunk, head, rows[k : k + chunk_tokens], targets[k : k + chunk_tokens],
+                         temperature, softcap, use_reentrant=False)
+              for k in range(0, len(where), chunk_tokens)]
+    logprobs = torch.zeros(batch.mask.numel(), device=hidden.device)
+    entropy = torch.zeros(batch.mask.numel(), device=hidden.device)
+    if chunks:
+        logprobs = logprobs.index_put((where.to(hidden.device),), torch.cat([lp for lp, _ in chunks]))
+        entropy = entropy.index_put((where.to(hidden.device),), torch.cat([h for _, h in chunks]))
+    return logprobs.view_as(scored), entropy.view_as(scored)
+
+
+def _score_chunk(head: torch.nn.Module, rows: Tensor, targets: Tensor, temperature: float,
+                 softcap: float | None) -> tuple[Tensor, Tensor]:
+    logits = head(rows).float()  # float32 however the model computes: the ratio needs it
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
     with torch.no_grad():
         entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-    return logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), entropy
+    return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def micro_batches_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices into `lengths` grouped so that each group, padded to its longest member, holds at
+    most `budget` tokens (a sequence longer than the budget goes alone). Sorted by length first,
+    so that neighbours pad little."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups

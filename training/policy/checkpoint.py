@@ -77,21 +77,43 @@ def save_checkpoint(
     out_dir: str | Path,
     manifest: dict[str, Any],
     extra: Callable[[Path], None] | None = None,
+    weights: dict[str, Any] | None = None,
+    dtype: str | None = None,
+    max_shard_size: str = "5GB",
 ) -> Path:
-    """Save `model` (HF PreTrainedModel, safetensors) with the tokenizer files of
-    `tokenizer_dir` (the checkpoint it was trained from), atomically, with a manifest.
+    """Save `model` (HF PreTrainedModel, safetensors, in shards of at most `max_shard_size`)
+    with the tokenizer files of `tokenizer_dir` (the checkpoint it was trained from),
+    atomically, with a manifest.
 
-    `extra(tmp_dir)` may add more files (e.g. optimizer state); they are hashed too.
+    `weights` (a full state dict) replaces the model's own, as gathered from sharded training;
+    `dtype` is what config.json then records (theirs); `extra(tmp_dir)` may add more files
+    (e.g. optimizer state); they are hashed too.
     """
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=weights, max_shard_size=max_shard_size)
+        if dtype is not None:
+            _record_dtype(tmp / "config.json", dtype)
         portable_config(tmp / "config.json")
         copy_tokenizer_files(tokenizer_dir, tmp)
         if extra is not None:
             extra(tmp)
 
     return write_checkpoint_dir(out_dir, write, manifest)
+
+
+def checkpoint_dtype(checkpoint_dir: str | Path) -> str:
+    """The dtype a checkpoint's weights are stored in, as its config.json records it."""
+    config = json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8"))
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
+def _record_dtype(path: Path, dtype: str) -> None:
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["dtype"] = dtype
+    if "torch_dtype" in config:
+        config["torch_dtype"] = dtype
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def copy_tokenizer_files(source: str | Path, destination: Path) -> list[str]:

@@ -5,6 +5,7 @@ beside the checkpoint it was writing: the weights, optimizer and schedule after 
 completed optimizer step, with the statistics so far. Run again on the same inputs, it goes on
 from there and ends with the same checkpoint as an uninterrupted run. The file is keyed by a
 fingerprint of the inputs (parent checkpoint, samples, settings), so a changed input starts over.
+It holds full (unsharded) states, so a step may resume on another number of ranks.
 """
 
 from __future__ import annotations
@@ -39,25 +40,21 @@ class ProgressFile:
         self.path = out.parent / f".{out.name}.progress.pt"
         self.key = key
 
-    def load(self, model, optimizer, schedule) -> StepProgress:
-        """Restore the saved states into the given objects; an empty progress if none matches."""
+    def load(self) -> dict | None:
+        """The saved state (`model`, `optimizer`, `schedule`, `progress`), or None if none matches."""
         if not self.path.is_file():
-            return StepProgress()
+            return None
         state = torch.load(self.path, map_location="cpu", weights_only=True)
         if state.get("key") != self.key:
-            self.clear()  # another step's leftovers: its inputs differ
-            return StepProgress()
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        return StepProgress(state["done"], state["totals"], state["steps"])
+            return None  # another step's leftovers: its inputs differ (the writer clears them)
+        return {**state, "progress": StepProgress(**state["progress"])}
 
-    def save(self, model, optimizer, schedule, progress: StepProgress) -> None:
+    def save(self, model_state: dict, optimizer_state: dict, schedule_state: dict, progress: StepProgress) -> None:
+        """Full (unsharded) states, written by one rank."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        torch.save({"key": self.key, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(), "done": progress.done, "totals": progress.totals,
-                    "steps": progress.steps}, tmp)
+        torch.save({"key": self.key, "model": model_state, "optimizer": optimizer_state, "schedule": schedule_state,
+                    "progress": {"done": progress.done, "totals": progress.totals, "steps": progress.steps}}, tmp)
         os.replace(tmp, self.path)  # a crash while saving keeps the previous progress
 
     def clear(self) -> None:

@@ -15,8 +15,17 @@ After the last optimizer step, one more pass without gradients measures `final_k
 between the policy that sampled and the policy the step saved, on the trained tokens: what the
 divergence monitor judges. Each optimizer step's own `approx_kl` is measured before it updates.
 
+The step runs on the GPU when there is one (`device`), in bf16 autocast over float32 weights
+and optimizer state there (`precision`), and under torchrun as data parallel ranks (DDP or
+FSDP2, `parallel`; training/rl/distributed.py): the samples are shared out, gradients averaged,
+and rank 0 alone writes. Micro-batches are sized in tokens and the LM head runs in chunks
+(training/rl/forward.py), so memory is bounded by settings, not by the batch.
+
 The step saves its progress after every `save_progress_every` optimizer steps
-(training/rl/resume.py): run again after a crash, it resumes there.
+(training/rl/resume.py): run again after a crash, it resumes there. The checkpoint's weights
+are written in the parent's dtype (an imported bf16 model stays bf16), with the float32
+weights beside the optimizer state when that loses precision, so that small updates are not
+rounded away between iterations.
 """
 
 from __future__ import annotations
@@ -24,22 +33,38 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from training.policy.batching import TokenBatch, make_batch, token_logprobs, token_logprobs_and_entropy
 from training.policy.chat import ChatFormat
-from training.policy.checkpoint import read_manifest, save_checkpoint
+from training.policy.checkpoint import checkpoint_dtype, read_manifest, save_checkpoint
 from training.policy.model import load_policy
+from training.rl.distributed import (
+    DeviceSetting,
+    Parallel,
+    Ranks,
+    all_sum,
+    barrier,
+    current_ranks,
+    full_model_state,
+    full_optimizer_state,
+    gradient_sync,
+    load_full_state,
+    parallelize,
+    training_device,
+)
+from training.rl.forward import Forward, MicroBatch, TokenScorer
 from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
 from training.rl.resume import ProgressFile, StepProgress, fingerprint
+from training.rl.sample import TrainSample
 from training.rl.schedule import Schedule, lr_factor
 
 OPTIMIZER_FILE = "optimizer.pt"
+MASTER_WEIGHTS_FILE = "master_weights.pt"  # float32 weights, kept when the published ones are bf16 or fp16
 ProgressFn = Callable[[int, int, dict], None]  # (optimizer step, total steps, that step's statistics)
 STEP_STATS = ("loss", "clip_fraction", "approx_kl", "kl_to_reference", "entropy", "grad_norm", "lr", "tokens")
 
@@ -65,7 +90,19 @@ class GRPOConfig(BaseModel):
     epochs: int = Field(4, ge=1, description="passes over the samples (PPO epochs); the clipped ratio keeps later "
                         "passes near the policy that sampled them")
     minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
-    micro_batch_size: int = Field(16, ge=1, description="samples per forward pass (memory only; the loss is unchanged)")
+    micro_batch_tokens: int = Field(4096, ge=1, description="tokens per forward pass, padded (rows x longest row; "
+                                    "memory only: the loss is unchanged); a longer sample goes alone")
+    logprob_chunk_tokens: int = Field(1024, ge=1, description="positions per LM-head call: the peak of the "
+                                      "log-prob computation is one [chunk, vocabulary] float32 tensor")
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
+                                         "backward pass (less memory, ~30% more compute)")
+    device: DeviceSetting = Field("auto", description="auto: this rank's GPU when CUDA is present, else the CPU")
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto: bfloat16 autocast on a GPU, float32 on the CPU; weights, gradients and optimizer "
+        "state stay float32 either way, and log-probs are taken in float32")
+    parallel: Parallel = Field("ddp", description="under torchrun with several ranks: ddp (every rank holds the "
+                               "model) or fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded)")
+    max_shard_size: str = Field("5GB", description="largest safetensors file of a saved checkpoint")
     estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator "
                                                                "(training/rl/grpo.py)")
     scale_by_std: bool = Field(True, description="GRPO's std normalisation; False: Dr. GRPO's centring only")
@@ -94,10 +131,11 @@ class GRPOConfig(BaseModel):
     lora_target_modules: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"),
                                                  description="modules that get adapters")
     skip_zero_advantage: bool = Field(True, description="exact: such samples have zero gradient")
-    save_progress_every: int = Field(1, ge=1, description="optimizer steps between resumable progress saves")
+    save_progress_every: int = Field(4, ge=1, description="optimizer steps between resumable progress saves (each "
+                                     "writes the weights and the optimizer state)")
     seed: int = Field(0, description="minibatch shuffling")
-    threads: int | None = Field(2, ge=1, description="training is compute-bound: 2 threads ~1.7x faster than 1 "
-                                "on the 2-core machine")
+    threads: int | None = Field(2, ge=1, description="CPU threads of the step, shared by the ranks of a node: "
+                                "training is compute-bound, 2 threads ~1.7x faster than 1 on the 2-core machine")
 
     @model_validator(mode="after")
     def _decay_needs_a_horizon(self) -> GRPOConfig:
@@ -105,21 +143,16 @@ class GRPOConfig(BaseModel):
             raise ValueError(f"lr_schedule {self.lr_schedule!r} needs lr_decay_steps (where the decay ends)")
         return self
 
+    @model_validator(mode="after")
+    def _lora_is_data_parallel(self) -> GRPOConfig:
+        if self.lora_rank and self.parallel == "fsdp":
+            raise ValueError("lora_rank trains adapters small enough for every rank to hold: use parallel 'ddp'")
+        return self
 
-@dataclass
-class TrainSample:
-    prompt_ids: list[int]
-    response_ids: list[int]  # as generated, including the stop token if any
-    behaviour_logprobs: list[float]  # one per response token, from the engine (0.0 where loss_mask is 0)
-    reward: float
-    group_id: str  # completions of the same prompt (same rollout round) share it
-    # 1 where the policy sampled the token, 0 where the environment wrote it (a multi-turn
-    # episode's observations); None: every response token was sampled.
-    loss_mask: list[int] | None = None
-
-    @property
-    def trained_tokens(self) -> int:
-        return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)
+    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
+        """bf16 where the step computes in it (autocast), None for plain float32."""
+        bf16 = self.precision == "bfloat16" or (self.precision == "auto" and device.type == "cuda")
+        return torch.bfloat16 if bf16 else None
 
 
 def train_policy(
@@ -137,23 +170,32 @@ def train_policy(
 
     `lineage` (parent checkpoint, trajectories, task set, settings) goes into the manifest;
     `reference_dir` is the frozen policy of the KL penalty (needed when kl_coef > 0);
-    `temperature` is the one the samples were drawn at.
+    `temperature` is the one the samples were drawn at. Under torchrun every rank calls it
+    with the same arguments; rank 0 writes the checkpoint and reports `progress`.
     """
     _validate(samples, config, reference_dir)
+    ranks = current_ranks()
+    device = training_device(config.device, ranks)
     if config.threads is not None:
-        torch.set_num_threads(config.threads)
+        torch.set_num_threads(max(1, config.threads // ranks.local_world_size))
     batch = _informative(samples) if config.zero_variance_groups == "drop" else samples
     parent = read_manifest(policy_dir)
-    model, tokenizer = load_policy(policy_dir)
+    model, tokenizer = _load_trainable(policy_dir, device)
     pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
     advantages = _advantages(batch, config)
-    forward = Forward(pad_id, config.micro_batch_size, temperature)
-    rollout_logprobs = forward.logprobs(model, batch) if config.tis_cap and batch else None
-    reference_logprobs = forward.logprobs(load_policy(reference_dir)[0], batch) if config.kl_coef and batch else None
+    forward = Forward(pad_id, config.micro_batch_tokens, temperature, ranks)
+    scorer = partial(TokenScorer, chunk_tokens=config.logprob_chunk_tokens, autocast_dtype=config.autocast_dtype(device))
+    rollout_logprobs = forward.logprobs(scorer(model), batch) if config.tis_cap and batch else None
+    reference_logprobs = None
+    if config.kl_coef and batch:
+        reference_logprobs = forward.logprobs(scorer(load_policy(reference_dir)[0].to(device)), batch)
     if config.lora_rank:
         model = _with_lora(model, config)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    optimizer = _optimizer(model, policy_dir, config)
+    policy = parallelize(scorer(model), config.parallel, device, model._no_split_modules or ())
+    optimizer = _optimizer(policy, policy_dir, config)
     first_step = int(parent.get("global_step", 0))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
         first_step + s, config.lr_schedule, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio))
@@ -161,11 +203,11 @@ def train_policy(
     resume = ProgressFile(out_dir, fingerprint(
         parent.get("content_hash"), config.model_dump(mode="json"), str(reference_dir), temperature,
         [(s.prompt_ids, s.response_ids, s.loss_mask, s.reward, s.group_id) for s in samples]))
-    done = resume.load(model, optimizer, schedule)
+    done = _resume(resume, policy, optimizer, schedule)
     start = time.perf_counter()
     for rows in minibatches[done.done:]:
         lr = optimizer.param_groups[0]["lr"]
-        sums = _step(model, optimizer, batch, advantages, rows, forward, config, rollout_logprobs,
+        sums = _step(policy, optimizer, batch, advantages, rows, forward, config, rollout_logprobs,
                      reference_logprobs)
         schedule.step()
         done.done += 1
@@ -173,19 +215,20 @@ def train_policy(
         for key, value in sums.items():
             done.totals[key] = done.totals.get(key, 0.0) + value
         if done.done % config.save_progress_every == 0 and done.done < len(minibatches):
-            resume.save(model, optimizer, schedule, done)
-        if progress is not None:
+            _save_progress(resume, policy, optimizer, schedule, done, ranks)
+        if progress is not None and ranks.writes:
             progress(done.done, len(minibatches), done.steps[-1])
     metrics = _metrics(samples, batch, advantages, done, time.perf_counter() - start, config)
-    metrics["final_kl"] = _final_kl(model, batch, forward, rollout_logprobs)
-    if config.lora_rank:
-        model = model.merge_and_unload()  # the checkpoint stays a plain model any engine loads
+    metrics["final_kl"] = _final_kl(policy, batch, forward, rollout_logprobs)
     manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + len(minibatches),
                 "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
+                "world_size": ranks.world_size, "device": device.type, "parallel": config.parallel,
+                "precision": str(config.autocast_dtype(device) or torch.float32).removeprefix("torch."),
                 "lineage": lineage or {}}
-    model.eval()
-    save_checkpoint(model, policy_dir, out_dir, manifest, extra=_optimizer_writer(optimizer, config))
-    resume.clear()
+    _save(policy, model, optimizer, policy_dir, out_dir, manifest, config, ranks)
+    if ranks.writes:
+        resume.clear()
+    barrier()
     return metrics
 
 
@@ -203,6 +246,16 @@ def _validate(samples: list[TrainSample], config: GRPOConfig, reference_dir: str
             )
         if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
             raise ValueError(f"sample {i}: a loss mask of {len(s.loss_mask)} for {len(s.response_ids)} tokens")
+
+
+def _load_trainable(policy_dir: str | Path, device: torch.device):
+    """The policy in float32 on `device`: its float32 weights where the checkpoint keeps them
+    beside lower-precision published ones."""
+    model, tokenizer = load_policy(policy_dir)
+    master = Path(policy_dir) / MASTER_WEIGHTS_FILE
+    if master.is_file():
+        model.load_state_dict(torch.load(master, map_location="cpu", weights_only=True))
+    return model.to(device), tokenizer
 
 
 def _group_labels(samples: list[TrainSample]) -> torch.Tensor:
@@ -232,21 +285,58 @@ def _with_lora(model, config: GRPOConfig):
                                             target_modules=list(config.lora_target_modules), bias="none"))
 
 
-def _optimizer(model: torch.nn.Module, policy_dir: str | Path, config: GRPOConfig) -> torch.optim.Optimizer:
-    trainable = [p for p in model.parameters() if p.requires_grad]
+def _optimizer(policy: torch.nn.Module, policy_dir: str | Path, config: GRPOConfig) -> torch.optim.Optimizer:
+    trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+    for group in optimizer.param_groups:  # as the schedule left the saved state: the same keys load into it
+        group["initial_lr"] = config.lr
     state_path = Path(policy_dir) / OPTIMIZER_FILE
     if config.keep_optimizer_state and not config.lora_rank and state_path.is_file():
-        optimizer.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=True))
+        load_full_state(policy, optimizer, None, torch.load(state_path, map_location="cpu", weights_only=True))
     for group in optimizer.param_groups:  # this step's settings win over the saved ones
         group.update(lr=config.lr, initial_lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     return optimizer
 
 
-def _optimizer_writer(optimizer: torch.optim.Optimizer, config: GRPOConfig) -> Callable[[Path], None] | None:
-    if not config.keep_optimizer_state or config.lora_rank:
-        return None
-    return lambda directory: torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
+def _resume(resume: ProgressFile, policy, optimizer, schedule) -> StepProgress:
+    state = resume.load()
+    if state is None:
+        return StepProgress()
+    load_full_state(policy, optimizer, state["model"], state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    return state["progress"]
+
+
+def _save_progress(resume: ProgressFile, policy, optimizer, schedule, done: StepProgress, ranks: Ranks) -> None:
+    model_state, optimizer_state = full_model_state(policy), full_optimizer_state(policy, optimizer)
+    if ranks.writes:
+        resume.save(model_state, optimizer_state, schedule.state_dict(), done)
+    barrier()
+
+
+def _save(policy, model, optimizer, policy_dir, out_dir, manifest: dict, config: GRPOConfig, ranks: Ranks) -> None:
+    """Write the checkpoint from rank 0: weights in the parent's dtype, and the training state
+    (optimizer moments, float32 weights if the published ones are rounded) unless it is not kept."""
+    keep_state = config.keep_optimizer_state and not config.lora_rank
+    optimizer_state = full_optimizer_state(policy, optimizer) if keep_state else None
+    if config.lora_rank:
+        model = model.merge_and_unload()  # the checkpoint stays a plain model any engine loads
+        weights = model.state_dict()
+    else:
+        weights = {name.removeprefix("model."): value for name, value in full_model_state(policy).items()}
+    if not ranks.writes:
+        return
+    dtype = checkpoint_dtype(policy_dir)
+    published = {name: value.to(getattr(torch, dtype)) for name, value in weights.items()}
+
+    def training_state(directory: Path) -> None:
+        torch.save(optimizer_state, directory / OPTIMIZER_FILE)
+        if dtype != "float32":
+            torch.save(weights, directory / MASTER_WEIGHTS_FILE)
+
+    model.eval()
+    save_checkpoint(model, policy_dir, out_dir, manifest, extra=training_state if keep_state else None,
+                    weights=published, dtype=dtype, max_shard_size=config.max_shard_size)
 
 
 def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
@@ -259,53 +349,15 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
     return out
 
 
-@dataclass(frozen=True)
-class Forward:
-    """How samples go through the model: micro-batches of `micro_batch_size`, log-probs at the
-    sampling temperature."""
-
-    pad_id: int
-    micro_batch_size: int
-    temperature: float
-
-    def micro_batches(self, samples: list[TrainSample], rows: list[int]) -> list[tuple[list[int], TokenBatch]]:
-        """`rows` of `samples` in micro-batches of similar lengths (less padding), each with its
-        tensors; observation tokens (loss mask 0) are taken out of the batch's mask."""
-        rows = sorted(rows, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
-        out = []
-        for k in range(0, len(rows), self.micro_batch_size):
-            micro = rows[k : k + self.micro_batch_size]
-            batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro],
-                               self.pad_id)
-            for row, i in enumerate(micro):
-                if samples[i].loss_mask is not None:  # observations are context, never trained on
-                    span = batch.response_slices[row]
-                    batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
-            out.append((micro, batch))
-        return out
-
-    def logprobs(self, model, samples: list[TrainSample]) -> list[list[float]]:
-        """`model`'s log-prob of every response token of each sample, without gradients: the
-        trainer's own at the weights that sampled them (truncated IS), the frozen reference's
-        (KL penalty), or the trained policy's (final KL)."""
-        out: list[list[float]] = [[] for _ in samples]
-        with torch.no_grad():
-            for micro, batch in self.micro_batches(samples, list(range(len(samples)))):
-                values = token_logprobs(model, batch, self.temperature)
-                for row, i in enumerate(micro):
-                    out[i] = values[row, batch.response_slices[row]].tolist()
-        return out
-
-
-def _final_kl(model, samples: list[TrainSample], forward: Forward,
+def _final_kl(policy, samples: list[TrainSample], forward: Forward,
               rollout_logprobs: list[list[float]] | None) -> float:
-    """KL between the policy that sampled and `model` (the step's result) on the trained tokens
+    """KL between the policy that sampled and `policy` (the step's result) on the trained tokens
     of `samples`, against the log-probs the ratio used (the engine's, or with truncated IS the
     trainer's own at the sampling weights)."""
     if not samples:
         return 0.0
-    model.eval()
-    final = forward.logprobs(model, samples)
+    policy.eval()
+    final = forward.logprobs(policy, samples)
     base = rollout_logprobs or [s.behaviour_logprobs for s in samples]
     mask = _flat(s.loss_mask or [1] * len(s.response_ids) for s in samples).float()
     return approx_kl(_flat(final), _flat(base), mask)
@@ -315,43 +367,67 @@ def _flat(rows: Iterable[list]) -> torch.Tensor:
     return torch.tensor([value for row in rows for value in row])
 
 
-def _step(model, optimizer, samples, advantages, rows, forward: Forward, config: GRPOConfig,
+def _step(policy, optimizer, samples, advantages, rows, forward: Forward, config: GRPOConfig,
           rollout_logprobs: list[list[float]] | None, reference_logprobs: list[list[float]] | None,
           ) -> dict[str, float]:
-    """One optimizer step on the samples `rows`; returns token-weighted sums of the stats."""
+    """One optimizer step on the samples `rows` (this rank's share of them); returns
+    token-weighted sums of the stats over all ranks."""
     per_token = config.loss_aggregation == "token"
     denominator = max(sum(samples[i].trained_tokens if per_token else 1 for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
     optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio", "entropy",
                           "stat_tokens", "tokens", "tis_weight"), 0.0)
-    sums["optimizer_steps"] = 1.0 if active else 0.0
-    for micro, batch in forward.micro_batches(samples, active):
-        behaviour = _per_token(batch, [samples[i].behaviour_logprobs for i in micro])
-        ratio_base = behaviour if rollout_logprobs is None else _per_token(batch, [rollout_logprobs[i] for i in micro])
-        reference = None if reference_logprobs is None else _per_token(batch, [reference_logprobs[i] for i in micro])
-        weights = None
-        if rollout_logprobs is not None:
-            weights = torch.exp(ratio_base - behaviour).clamp(max=config.tis_cap) * batch.mask
-            sums["tis_weight"] += float(weights.sum())
-        logprobs, entropy = token_logprobs_and_entropy(model, batch, forward.temperature)
-        loss, stats = clipped_policy_loss(logprobs, ratio_base, advantages[micro], batch.mask, config.clip_eps,
-                                          config.clip_eps_high, config.loss_aggregation, weights,
-                                          reference, config.kl_coef, config.kl_estimator)
-        # Turns the micro-batch mean into the minibatch mean (over tokens, or over samples).
-        weight = (stats["tokens"] if per_token else stats["sequences"]) / denominator
-        (loss * weight).backward()
-        sums["loss"] += loss.detach().item() * weight
-        for key in ("clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio"):
-            sums[key] += stats[key] * stats["tokens"]
-        sums["entropy"] += float((entropy * batch.mask).sum())
-        sums["stat_tokens"] += stats["tokens"]
-        sums["tokens"] += batch.tokens
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)) if active else 0.0
+    share = forward.share(samples, active)
+    for k, micro in enumerate(share):
+        with gradient_sync(policy, enabled=k == len(share) - 1):
+            loss, stats, entropy, weights = _micro_loss(policy, samples, advantages, micro, forward, config,
+                                                        rollout_logprobs, reference_logprobs)
+            # The micro-batch mean as its share of the minibatch mean (over tokens, or samples);
+            # times the ranks, whose gradients DDP and FSDP average rather than add.
+            share_of_mean = (stats["tokens"] if per_token else stats["sequences"]) / denominator * micro.counted
+            (loss * share_of_mean * forward.ranks.world_size).backward()
+        if micro.counted:
+            sums["loss"] += loss.detach().item() * share_of_mean
+            for key in ("clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio"):
+                sums[key] += stats[key] * stats["tokens"]
+            sums["entropy"] += float((entropy * micro.batch.mask).sum())
+            sums["stat_tokens"] += stats["tokens"]
+            sums["tokens"] += micro.batch.tokens
+            sums["tis_weight"] += float(weights.sum()) if weights is not None else 0.0
+    sums = all_sum(sums)
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    grad_norm = _grad_norm(trainable, config.max_grad_norm) if active else 0.0
     if active:
         optimizer.step()
-    return {**sums, "grad_norm": grad_norm}
+    return {**sums, "optimizer_steps": 1.0 if active else 0.0, "grad_norm": grad_norm}
+
+
+def _micro_loss(policy, samples, advantages, micro: MicroBatch, forward: Forward, config: GRPOConfig,
+                rollout_logprobs, reference_logprobs):
+    batch = micro.batch
+    device = next(policy.parameters()).device
+    behaviour = _per_token(batch, [samples[i].behaviour_logprobs for i in micro.rows])
+    ratio_base = behaviour if rollout_logprobs is None else _per_token(batch, [rollout_logprobs[i] for i in micro.rows])
+    reference = None if reference_logprobs is None else _per_token(batch, [reference_logprobs[i] for i in micro.rows])
+    weights = None
+    if rollout_logprobs is not None:
+        weights = torch.exp(ratio_base - behaviour).clamp(max=config.tis_cap) * batch.mask
+    logprobs, entropy = policy(batch, forward.temperature)
+    loss, stats = clipped_policy_loss(logprobs, ratio_base.to(device), advantages[micro.rows].to(device),
+                                      batch.mask.to(device), config.clip_eps, config.clip_eps_high,
+                                      config.loss_aggregation, _to(weights, device), _to(reference, device),
+                                      config.kl_coef, config.kl_estimator)
+    return loss, stats, entropy.cpu(), weights
+
+
+def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(device)
+
+
+def _grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
 
 
 def _per_token(batch, values: list[list[float]]) -> torch.Tensor:

@@ -82,7 +82,8 @@ def supervised_warmup(
         losses, tokens, start = [], 0, time.perf_counter()
         for step, batch_rows in enumerate(_batches(data, config, rng), start=1):
             batch = make_batch([p for p, _ in batch_rows], [r for _, r in batch_rows], pad_id)
-            lp = token_logprobs(model, batch)
+            scored = batch.valid if config.prompt_loss_weight > 0 else batch.mask
+            lp = token_logprobs(model, batch, scored=scored)
             loss = -(lp * batch.mask).sum() / batch.mask.sum()  # response tokens only
             objective = loss
             if config.prompt_loss_weight > 0:

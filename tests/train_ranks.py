@@ -1,0 +1,36 @@
+"""One training step under torchrun, for the data-parallel tests: every rank builds the same
+samples (a pure function of the seed) and calls train_policy inside the process group.
+
+    torchrun --nproc-per-node N tests/train_ranks.py POLICY OUT SETTINGS_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+from training.rl.distributed import process_group
+from training.rl.trainer import GRPOConfig, TrainSample, train_policy
+
+
+def samples(count: int = 24, seed: int = 0) -> list[TrainSample]:
+    """Groups of 4 of uneven lengths (so micro-batches and rank shares differ), rewards with a spread."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(3, 12))]
+        response = [rng.randrange(3, 200) for _ in range(rng.randrange(2, 20))]
+        out.append(TrainSample(prompt, response, [-3.0] * len(response), float(rng.random() < 0.5), f"g{i // 4}"))
+    return out
+
+
+def main() -> None:
+    policy, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    with process_group():
+        metrics = train_policy(policy, samples(), out, GRPOConfig(**settings))
+    print(json.dumps({key: value for key, value in metrics.items() if isinstance(value, (int, float))}))
+
+
+if __name__ == "__main__":
+    main()

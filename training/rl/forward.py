@@ -1,0 +1,90 @@
+"""How a training step's samples go through the policy.
+
+Micro-batches are sized by tokens (padded rows x longest row, `micro_batch_tokens`), formed the
+same way on every rank from the same samples, and dealt out across ranks (training/rl/distributed.py);
+a rank with fewer than the others pads its share with zero-weight passes. Log-probs are
+teacher-forced at the sampling temperature through `TokenScorer`, the policy as one module
+(what DDP and FSDP wrap), in chunks (training/policy/batching.py) and in the step's precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training.policy.batching import TokenBatch, make_batch, micro_batches_by_tokens, token_logprobs_and_entropy
+from training.rl.distributed import Ranks, all_gather, deal, reshard
+from training.rl.sample import TrainSample
+
+
+class TokenScorer(torch.nn.Module):
+    """A causal LM whose forward is teacher-forced token log-probs and entropy ([B, L] each, at
+    the batch's response targets), under bf16 autocast when `autocast_dtype` is set (the weights,
+    their gradients and the optimizer state stay float32; the log-softmax is float32 either way)."""
+
+    def __init__(self, model: torch.nn.Module, chunk_tokens: int, autocast_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.chunk_tokens = chunk_tokens
+        self.autocast_dtype = autocast_dtype
+
+    def forward(self, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(self.model.parameters()).device
+        with torch.autocast(device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            return token_logprobs_and_entropy(self.model, batch, temperature, self.chunk_tokens)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: list[int]  # indices into the step's samples
+    batch: TokenBatch
+    counted: bool = True  # False: a padding pass that keeps the ranks in step; its loss weighs 0
+
+
+@dataclass(frozen=True)
+class Forward:
+    pad_id: int
+    micro_batch_tokens: int
+    temperature: float
+    ranks: Ranks = Ranks()
+
+    def micro_batches(self, samples: list[TrainSample], rows: list[int]) -> list[MicroBatch]:
+        """`rows` of `samples` in micro-batches of similar lengths, each with its tensors (all of
+        them, the same on every rank); observation tokens (loss mask 0) are taken out of the mask."""
+        lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) - 1 for i in rows]
+        out = []
+        for group in micro_batches_by_tokens(lengths, self.micro_batch_tokens):
+            micro = [rows[k] for k in group]
+            batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro],
+                               self.pad_id)
+            for row, i in enumerate(micro):
+                if samples[i].loss_mask is not None:  # observations are context, never trained on
+                    span = batch.response_slices[row]
+                    batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
+            out.append(MicroBatch(micro, batch))
+        return out
+
+    def share(self, samples: list[TrainSample], rows: list[int]) -> list[MicroBatch]:
+        """This rank's micro-batches of `rows`; every rank gets as many (padding passes repeat
+        the first micro-batch, uncounted)."""
+        every = self.micro_batches(samples, rows)
+        if not every:
+            return []
+        return [micro or MicroBatch(every[0].rows, every[0].batch, counted=False) for micro in deal(every, self.ranks)]
+
+    def logprobs(self, scorer: torch.nn.Module, samples: list[TrainSample]) -> list[list[float]]:
+        """The log-prob of every response token of each sample, without gradients, gathered from
+        all ranks: the trainer's own at the weights that sampled them (truncated IS), the frozen
+        reference's (KL penalty), or the trained policy's (final KL)."""
+        mine: dict[int, list[float]] = {}
+        with torch.no_grad():
+            for micro in self.share(samples, list(range(len(samples)))):
+                values = scorer(micro.batch, self.temperature)[0].cpu()
+                if micro.counted:
+                    mine |= {i: values[row, micro.batch.response_slices[row]].tolist()
+                             for row, i in enumerate(micro.rows)}
+        reshard(scorer)
+        gathered = {i: values for part in all_gather(mine) for i, values in part.items()}
+        return [gathered[i] for i in range(len(samples))]
