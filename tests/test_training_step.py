@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, PipesSubprocessClient, materialize
@@ -49,11 +50,12 @@ def crucible(tmp_path_factory) -> CrucibleResource:
     tasks = load_task_set("default").train()[:4]
     initial = build_base_policy(root / "init", TINY)
     examples = single_turn_examples(ChatFormat.from_pretrained(initial), [(t.prompt, t.reference_solution) for t in tasks])
-    for experiment in ("learns", "diverges"):
+    for experiment in ("learns", "diverges", "ranks"):
         supervised_warmup(initial, examples, resource.base_policy_dir(experiment),
                           SFTConfig(steps=20, lr=1e-2, warmup_steps=2, batch_size=4))
     _store_iteration(resource, "learns", tasks)
     _store_iteration(resource, "diverges", tasks)
+    _store_iteration(resource, "ranks", tasks)
     return resource
 
 
@@ -115,6 +117,15 @@ def diverged(crucible, tmp_path_factory):
     return _train(crucible, "diverges", tmp_path_factory.mktemp("dagster"))
 
 
+@pytest.fixture(scope="module")
+def two_ranks(crucible, tmp_path_factory):
+    """The `ranks` experiment's iteration 1, trained by two data parallel ranks under torchrun."""
+    launcher = f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2"
+    under_torchrun = CrucibleResource(storage_root=crucible.storage_root, checkpoint_root=crucible.checkpoint_root,
+                                      train_launcher=launcher)
+    return _train(under_torchrun, "ranks", tmp_path_factory.mktemp("dagster"))
+
+
 def test_the_step_runs_as_its_own_process_and_its_loss_decreases(crucible, learned):
     result, checks, materialization = learned
     assert result.success
@@ -148,6 +159,17 @@ def test_the_stored_sample_signals_are_the_iteration_rewards_view(crucible, lear
                              "SELECT * FROM iteration_rewards WHERE experiment = 'learns' AND iteration = 1")
     assert {name: row[name] for name in SAMPLE_SIGNALS} == {name: view[name] for name in SAMPLE_SIGNALS}
     assert view["zero_variance_fraction"] < 1.0  # sample 0 of each group rewarded: every group informative
+
+
+def test_under_torchrun_two_ranks_train_the_step_and_rank_0_reports_it(crucible, two_ranks):
+    result, checks, materialization = two_ranks
+    assert result.success
+    assert all(check.passed for name, check in checks.items() if name != "later")
+    manifest = verify_checkpoint(crucible.checkpoint_dir("ranks", 1))
+    assert (manifest["world_size"], manifest["device"], manifest["global_step"]) == (2, "cpu", 4)
+    steps = crucible.store().read_partition("training_steps", "ranks", 1).to_pylist()
+    assert [row["step"] for row in steps] == [1, 2, 3, 4]  # one report per step: rank 0's alone
+    assert materialization.asset_materialization.metadata["content_hash"].value == manifest["content_hash"]
 
 
 def test_a_rerun_of_an_iteration_marks_every_later_checkpoint_off_lineage(crucible, diverged):

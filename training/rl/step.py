@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from datastore.store import DatasetStore
 from sandbox.verdict import RewardStatus
 from training.policy.checkpoint import verify_checkpoint
+from training.rl.distributed import current_ranks
 from training.rl.trainer import GRPOConfig, ProgressFn, TrainSample, train_policy
 
 
@@ -31,8 +32,9 @@ class TrainJob(BaseModel):
     lineage: dict = {}
 
 
-def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[dict, dict]:
-    """Train, then verify what was written; returns (metrics, the new checkpoint's manifest)."""
+def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[dict, dict | None]:
+    """Train, then verify what was written; returns (metrics, the new checkpoint's manifest),
+    the manifest on the writing rank only (None on the others)."""
     table = DatasetStore(job.storage_root).read_files("trajectories", job.trajectory_files)
     samples = train_samples(table)
     if not samples:
@@ -40,7 +42,7 @@ def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[di
                          "(every row is an infrastructure error, invalid, or has no behaviour log-probs)")
     metrics = train_policy(job.parent_dir, samples, job.out_dir, job.grpo, progress=progress,
                            lineage=job.lineage, reference_dir=job.reference_dir, temperature=job.temperature)
-    return metrics, verify_checkpoint(job.out_dir)
+    return metrics, verify_checkpoint(job.out_dir) if current_ranks().writes else None
 
 
 def train_samples(table: pa.Table) -> list[TrainSample]:
