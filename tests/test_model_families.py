@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from model_families import FAMILIES, shared_model
 
 from assets.resources import CrucibleResource
@@ -20,9 +21,11 @@ from task_sets.loader import load_task_set
 from task_sets.submission import grade_solution
 from training.agent.rollout import sample_rollouts
 from training.inference.engine import Completion, SamplingParams
+from training.policy.batching import make_batch, token_logprobs_and_entropy
 from training.policy.chat import ChatFormat, ChatFormatError
 from training.policy.checkpoint import TOKENIZER_FILES, verify_checkpoint
 from training.policy.importing import ModelImportError, import_model
+from training.policy.model import load_policy
 
 ROOT = Path(__file__).parent.parent
 # An imported model starts RL as it is (sft_steps 0); one family (the smallest vocabulary, the
@@ -199,3 +202,23 @@ def test_crucible_run_with_base_model_runs_a_whole_iteration(family, source, tmp
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             assert (checkpoint / name).read_bytes() == (source / name).read_bytes(), name
+
+
+def test_token_logprobs_in_chunks_are_the_models_own_and_never_score_a_whole_batch_at_once(imported):
+    """Only the scored positions reach the LM head, at most `chunk_tokens` rows per call, and
+    what comes out is log_softmax of the model's own logits: the head is the family's own."""
+    model, _ = load_policy(imported)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (3, 12), generator=generator).tolist()
+    batch = make_batch([row[:4] for row in ids], [row[4 : 6 + 2 * k] for k, row in enumerate(ids)], pad_id=0)
+    rows_per_call = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _, args, __: rows_per_call.append(len(args[0])))
+    with torch.no_grad():
+        logprobs, entropy = token_logprobs_and_entropy(model, batch, temperature=0.7, chunk_tokens=4)
+    hook.remove()
+    assert max(rows_per_call) <= 4 and sum(rows_per_call) == int(batch.mask.sum())
+    with torch.no_grad():
+        full = torch.log_softmax(model(input_ids=batch.input_ids).logits.float() / 0.7, dim=-1)
+    expected = full.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) * batch.mask
+    assert torch.allclose(logprobs, expected, atol=1e-5)
+    assert torch.allclose(entropy, -(full.exp() * full).sum(-1) * batch.mask, atol=1e-4)

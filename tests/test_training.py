@@ -15,6 +15,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from task_sets.loader import load_task_set
@@ -37,7 +38,7 @@ from training.policy.tokenizer import (
 )
 from training.rl.grpo import advantages, clipped_policy_loss, group_advantages, informative_samples, kl_to_reference
 from training.rl.schedule import lr_factor
-from training.rl.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, train_policy
+from training.rl.trainer import MASTER_WEIGHTS_FILE, OPTIMIZER_FILE, GRPOConfig, TrainSample, _load_trainable, train_policy
 from training.sft.demonstrations import single_turn_examples
 from training.sft.vocabulary import main as relearn_vocabulary
 from training.sft.warmup import SFTConfig, supervised_warmup
@@ -694,3 +695,30 @@ def test_dynamic_sampling_refills_a_batch_with_zero_variance_groups():
     assert len(done.graded) == len(first) + 8  # the zero-variance groups stay in the data
     assert refill(first, ["f"], sample_and_grade, lambda item: item if item[1] is not None else None,
                   target=4, max_rounds=0).rounds == 0
+
+
+def test_a_bf16_model_is_published_in_bf16_and_trained_on_from_its_float32_weights(sft_result, tmp_path):
+    """An imported bf16 model stays bf16 for the engines; the float32 weights the step ended with
+    go beside the optimizer state, and the next step starts from them, not from the rounded ones."""
+    model, _ = load_policy(sft_result[0])
+    parent = save_checkpoint(model.to(torch.bfloat16), sft_result[0], tmp_path / "bf16", {"kind": "base"})
+    samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
+    train_policy(parent, samples, tmp_path / "step", one_pass(lr=1e-6, minibatch_size=2))
+    assert json.loads((tmp_path / "step" / "config.json").read_text())["dtype"] == "bfloat16"
+    with safe_open(tmp_path / "step" / "model.safetensors", "pt") as weights:
+        assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
+    master = torch.load(tmp_path / "step" / MASTER_WEIGHTS_FILE, weights_only=True)
+    published = load_policy(tmp_path / "step")[0].state_dict()
+    assert all(master[name].dtype == torch.float32 for name in master)
+    assert any(not torch.equal(master[name], published[name]) for name in master)  # finer than bf16
+    resumed, _ = _load_trainable(tmp_path / "step", torch.device("cpu"))
+    assert all(torch.equal(value, master[name]) for name, value in resumed.state_dict().items())
+
+
+def test_a_checkpoint_larger_than_the_shard_size_is_saved_in_shards(sft_result, tmp_path):
+    samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
+    train_policy(sft_result[0], samples, tmp_path / "sharded", one_pass(minibatch_size=2, max_shard_size="100KB"))
+    train_policy(sft_result[0], samples, tmp_path / "whole", one_pass(minibatch_size=2))
+    files = verify_checkpoint(tmp_path / "sharded")["files"]
+    assert "model.safetensors.index.json" in files and sum(name.endswith(".safetensors") for name in files) > 1
+    assert _same_weights(tmp_path / "sharded", tmp_path / "whole")
