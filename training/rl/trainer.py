@@ -40,6 +40,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from training.policy.batching import DEFAULT_CHUNK_TOKENS
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import checkpoint_dtype, read_manifest, save_checkpoint
 from training.policy.model import load_policy
@@ -92,7 +93,7 @@ class GRPOConfig(BaseModel):
     minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
     micro_batch_tokens: int = Field(4096, ge=1, description="tokens per forward pass, padded (rows x longest row; "
                                     "memory only: the loss is unchanged); a longer sample goes alone")
-    logprob_chunk_tokens: int = Field(1024, ge=1, description="positions per LM-head call: the peak of the "
+    logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the peak of the "
                                       "log-prob computation is one [chunk, vocabulary] float32 tensor")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
                                          "backward pass (less memory, ~30% more compute)")
