@@ -10,7 +10,7 @@ import vllm_stand_in
 from training.inference import engines
 from training.inference.engine import SamplingParams
 from training.inference.settings import VLLMSettings
-from training.policy.model import TRAINING_DTYPE, PolicyConfig, build_base_policy
+from training.policy.model import GPU_COMPUTE_DTYPE, PolicyConfig, build_base_policy
 
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=256)
@@ -47,7 +47,7 @@ def test_the_vllm_engine_sends_token_prompts_and_keeps_the_sampled_tokens(llm, c
 
     (_, options), (_, prompts, sampling, use_tqdm) = llm.calls
     assert options | {"model": "", "tokenizer": ""} == {
-        "model": "", "tokenizer": "", "seed": 0, "dtype": TRAINING_DTYPE, "gpu_memory_utilization": 0.4,
+        "model": "", "tokenizer": "", "seed": 0, "dtype": GPU_COMPUTE_DTYPE, "gpu_memory_utilization": 0.4,
         "tensor_parallel_size": 2, "max_model_len": 1024, "enable_sleep_mode": True,
         "logprobs_mode": "processed_logprobs", "enable_prefix_caching": True, "max_logprobs": 20, "max_num_seqs": None,
         "load_format": "auto", "disable_log_stats": False}

@@ -27,8 +27,8 @@ class ServerSettings(BaseModel):
 
 
 class VLLMSettings(BaseModel):
-    """The one vLLM engine a run keeps (`engine = "vllm"`). Its dtype is the trainer's, so that
-    behaviour log-probs and the trainer's agree."""
+    """The one vLLM engine a run keeps (`engine = "vllm"`). It computes in the trainer's GPU
+    dtype (bfloat16, training/policy/model.py), so that behaviour log-probs and the trainer's agree."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from training.inference.engine import Completion, FinishReason, SamplingParams
 from training.inference.settings import VLLMSettings
 from training.policy.chat import ChatFormat
-from training.policy.model import TRAINING_DTYPE
+from training.policy.model import GPU_COMPUTE_DTYPE
 
 
 class VLLMEngine:
@@ -29,7 +29,7 @@ class VLLMEngine:
 
         self._vllm = vllm
         self.llm = vllm.LLM(
-            model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), seed=seed, dtype=TRAINING_DTYPE,
+            model=str(checkpoint_dir), tokenizer=str(checkpoint_dir), seed=seed, dtype=GPU_COMPUTE_DTYPE,
             gpu_memory_utilization=settings.gpu_memory_utilization, tensor_parallel_size=settings.tensor_parallel_size,
             max_model_len=settings.max_model_len or max_model_len, enable_sleep_mode=settings.enable_sleep_mode,
             logprobs_mode="processed_logprobs", enable_prefix_caching=True,

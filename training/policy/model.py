@@ -87,9 +87,12 @@ def build_base_policy(out_dir: str | Path, config: PolicyConfig = PolicyConfig()
         return save_checkpoint(model, tokenizer_dir, out_dir, manifest)
 
 
-# The dtype the trainer computes in, whatever dtype a checkpoint's weights are stored in; an
-# engine that samples for training computes in it too, so behaviour and trainer log-probs agree.
+# The trainer holds weights (and optimizer state) in TRAINING_DTYPE whatever dtype a checkpoint
+# stores, and computes in it on the CPU; on a GPU it computes in GPU_COMPUTE_DTYPE (autocast).
+# vLLM, which samples on the GPU, computes in that dtype too, so that behaviour and trainer
+# log-probs agree as closely as two sets of kernels can (`tis_cap` corrects what remains).
 TRAINING_DTYPE = "float32"
+GPU_COMPUTE_DTYPE = "bfloat16"
 
 
 def load_policy(policy_dir: str | Path, verify: bool = False):

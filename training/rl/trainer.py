@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from training.policy.batching import DEFAULT_CHUNK_TOKENS
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import checkpoint_dtype, read_manifest, save_checkpoint
-from training.policy.model import load_policy
+from training.policy.model import GPU_COMPUTE_DTYPE, load_policy
 from training.rl.distributed import (
     DeviceSetting,
     Parallel,
@@ -151,9 +151,9 @@ class GRPOConfig(BaseModel):
         return self
 
     def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
-        """bf16 where the step computes in it (autocast), None for plain float32."""
+        """bf16 where the step computes in it (autocast; vLLM's dtype on a GPU), None for plain float32."""
         bf16 = self.precision == "bfloat16" or (self.precision == "auto" and device.type == "cuda")
-        return torch.bfloat16 if bf16 else None
+        return getattr(torch, GPU_COMPUTE_DTYPE) if bf16 else None
 
 
 def train_policy(
