@@ -33,7 +33,8 @@ class CrucibleResource(ConfigurableResource):
     sandbox_backend: str = "local"
     grading_workers: int = 2
     train_launcher: str = Field("", description="what runs the training step's module (`-m assets.train_process`"
-                                " follows): empty is this Python; e.g. 'torchrun --nproc-per-node 1'")
+                                " follows): empty is this Python; e.g. 'torchrun --standalone --nproc-per-node 8' for "
+                                "8 data parallel ranks")
     _lock: ExitStack = PrivateAttr(default_factory=ExitStack)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:

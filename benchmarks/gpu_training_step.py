@@ -133,7 +133,8 @@ def crucible_step(policy: Path, samples, scratch: Path, checkpointing: bool, smo
                         device="cpu" if smoke else "cuda")
     marks: list[float] = []
     _reset_peak(smoke)
-    train_policy(policy, samples, scratch / f"out-{checkpointing}", config, progress=lambda *_: marks.append(_now(smoke)))
+    train_policy(policy, samples, scratch / f"out-{checkpointing}", config,
+                 progress=lambda *_: marks.append(_now(smoke)))
     return {"seconds": marks[1] - marks[0], "peak_gb": _peak_gb(smoke)}
 
 

@@ -57,11 +57,15 @@ def main() -> None:
         seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
         for round_ in range(args.rounds):
             for name, (ranks, parallel) in VARIANTS.items():
-                out = Path(scratch) / f"{name.replace(' ', '-')}-{round_}"
+                out = Path(scratch) / f"{_slug(name)}-{round_}"
                 seconds[name].append(run(ranks, parallel, policy, Path(scratch) / "samples.pkl", out, args.epochs))
-        differences = {name: weight_difference(Path(scratch) / "1-rank-0", Path(scratch) / f"{name.replace(' ', '-')}-0")
+        differences = {name: weight_difference(Path(scratch) / "1-rank-0", Path(scratch) / f"{_slug(name)}-0")
                        for name in VARIANTS}
     report(seconds, differences, real_tokens, args)
+
+
+def _slug(variant: str) -> str:
+    return variant.replace(" ", "-")
 
 
 def batch(policy: Path, prompts: int, group: int):

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.train_ranks import samples
 from training.policy.checkpoint import read_manifest, verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy, load_policy
-from training.rl.trainer import OPTIMIZER_FILE
+from training.rl.distributed import Ranks
+from training.rl.forward import Forward
+from training.rl.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, _minibatches
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
@@ -81,11 +82,6 @@ def test_the_optimizer_state_of_a_sharded_step_carries_into_an_unsharded_one(bas
 def test_a_rank_with_fewer_micro_batches_pads_with_uncounted_passes():
     """Three micro-batches over two ranks: rank 1 runs its one and a padding pass that weighs 0,
     so both ranks run two forward and backward passes (DDP and FSDP need as many on each)."""
-    from training.rl.distributed import Ranks
-    from training.rl.forward import Forward
-
-    from training.rl.trainer import TrainSample
-
     batch = [TrainSample([5] * (i + 2), [6, 7], [-1.0, -1.0], 0.0, "g") for i in range(3)]  # lengths rise with i
     shares = [Forward(0, micro_batch_tokens=1, temperature=1.0, ranks=Ranks(rank, 2)).share(batch, [0, 1, 2])
               for rank in (0, 1)]
@@ -96,9 +92,6 @@ def test_a_rank_with_fewer_micro_batches_pads_with_uncounted_passes():
 def test_the_test_batch_leaves_a_rank_short_in_every_step():
     """The step tests above give the ranks unequal micro-batch counts in both optimizer steps
     (7 and 5 micro-batches), so their equality covers the padding passes."""
-    from training.rl.forward import Forward
-    from training.rl.trainer import GRPOConfig, _minibatches
-
     forward = Forward(pad_id=0, micro_batch_tokens=SETTINGS["micro_batch_tokens"], temperature=1.0)
     steps = _minibatches(len(samples()), GRPOConfig(**SETTINGS))
     assert [len(forward.micro_batches(samples(), rows)) % 2 for rows in steps] == [1, 1]

@@ -38,7 +38,14 @@ from training.policy.tokenizer import (
 )
 from training.rl.grpo import advantages, clipped_policy_loss, group_advantages, informative_samples, kl_to_reference
 from training.rl.schedule import lr_factor
-from training.rl.trainer import MASTER_WEIGHTS_FILE, OPTIMIZER_FILE, GRPOConfig, TrainSample, _load_trainable, train_policy
+from training.rl.trainer import (
+    MASTER_WEIGHTS_FILE,
+    OPTIMIZER_FILE,
+    GRPOConfig,
+    TrainSample,
+    _load_trainable,
+    train_policy,
+)
 from training.sft.demonstrations import single_turn_examples
 from training.sft.vocabulary import main as relearn_vocabulary
 from training.sft.warmup import SFTConfig, supervised_warmup

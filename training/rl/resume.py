@@ -25,6 +25,13 @@ class StepProgress:
     totals: dict[str, float] = field(default_factory=dict)
     steps: list[dict[str, float]] = field(default_factory=list)  # per-step statistics
 
+    def record(self, sums: dict[str, float], stats: dict[str, float]) -> None:
+        """One more optimizer step done: its sums add to the totals, its statistics to the list."""
+        self.done += 1
+        self.steps.append(stats)
+        for key, value in sums.items():
+            self.totals[key] = self.totals.get(key, 0.0) + value
+
 
 def fingerprint(*parts: object) -> str:
     """sha256 over the JSON of `parts` (ids, rewards, settings, hashes)."""

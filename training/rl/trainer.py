@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from training.policy.batching import DEFAULT_CHUNK_TOKENS
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import checkpoint_dtype, read_manifest, save_checkpoint
-from training.policy.model import GPU_COMPUTE_DTYPE, load_policy
+from training.policy.model import GPU_COMPUTE_DTYPE, TRAINING_DTYPE, load_policy
 from training.rl.distributed import (
     DeviceSetting,
     Parallel,
@@ -93,8 +93,8 @@ class GRPOConfig(BaseModel):
     minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
     micro_batch_tokens: int = Field(4096, ge=1, description="tokens per forward pass, padded (rows x longest row; "
                                     "memory only: the loss is unchanged); a longer sample goes alone")
-    logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the peak of the "
-                                      "log-prob computation is one [chunk, vocabulary] float32 tensor")
+    logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the "
+                                      "peak of the log-prob computation is one [chunk, vocabulary] float32 tensor")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
                                          "backward pass (less memory, ~30% more compute)")
     device: DeviceSetting = Field("auto", description="auto: this rank's GPU when CUDA is present, else the CPU")
@@ -185,17 +185,13 @@ def train_policy(
     pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
     advantages = _advantages(batch, config)
     forward = Forward(pad_id, config.micro_batch_tokens, temperature, ranks)
-    scorer = partial(TokenScorer, chunk_tokens=config.logprob_chunk_tokens, autocast_dtype=config.autocast_dtype(device))
+    scorer = partial(TokenScorer, chunk_tokens=config.logprob_chunk_tokens,
+                     autocast_dtype=config.autocast_dtype(device))
     rollout_logprobs = forward.logprobs(scorer(model), batch) if config.tis_cap and batch else None
     reference_logprobs = None
     if config.kl_coef and batch:
         reference_logprobs = forward.logprobs(scorer(load_policy(reference_dir)[0].to(device)), batch)
-    if config.lora_rank:
-        model = _with_lora(model, config)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    policy = parallelize(scorer(model), config.parallel, device, model._no_split_modules or ())
+    model, policy = _trainable(model, scorer, config, device)
     optimizer = _optimizer(policy, policy_dir, config)
     first_step = int(parent.get("global_step", 0))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
@@ -211,10 +207,7 @@ def train_policy(
         sums = _step(policy, optimizer, batch, advantages, rows, forward, config, rollout_logprobs,
                      reference_logprobs)
         schedule.step()
-        done.done += 1
-        done.steps.append(_step_stats(sums, lr))
-        for key, value in sums.items():
-            done.totals[key] = done.totals.get(key, 0.0) + value
+        done.record(sums, _step_stats(sums, lr))
         if done.done % config.save_progress_every == 0 and done.done < len(minibatches):
             _save_progress(resume, policy, optimizer, schedule, done, ranks)
         if progress is not None and ranks.writes:
@@ -223,14 +216,18 @@ def train_policy(
     metrics["final_kl"] = _final_kl(policy, batch, forward, rollout_logprobs)
     manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + len(minibatches),
                 "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
-                "world_size": ranks.world_size, "device": device.type, "parallel": config.parallel,
-                "precision": str(config.autocast_dtype(device) or torch.float32).removeprefix("torch."),
-                "lineage": lineage or {}}
+                **_where_it_ran(config, ranks, device), "lineage": lineage or {}}
     _save(policy, model, optimizer, policy_dir, out_dir, manifest, config, ranks)
     if ranks.writes:
         resume.clear()
     barrier()
     return metrics
+
+
+def _where_it_ran(config: GRPOConfig, ranks: Ranks, device: torch.device) -> dict:
+    precision = config.autocast_dtype(device) or getattr(torch, TRAINING_DTYPE)
+    return {"world_size": ranks.world_size, "device": device.type, "parallel": config.parallel,
+            "precision": str(precision).removeprefix("torch.")}
 
 
 def _validate(samples: list[TrainSample], config: GRPOConfig, reference_dir: str | Path | None) -> None:
@@ -277,6 +274,17 @@ def _advantages(samples: list[TrainSample], config: GRPOConfig) -> torch.Tensor:
     if not samples:
         return torch.zeros(0)
     return advantages(config.estimator, _rewards(samples), _group_labels(samples), scale_by_std=config.scale_by_std)
+
+
+def _trainable(model, scorer, config: GRPOConfig, device: torch.device):
+    """(the model, with LoRA adapters if asked; the module that trains: its scorer, wrapped for
+    the process group)."""
+    if config.lora_rank:
+        model = _with_lora(model, config)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, parallelize(scorer(model), config.parallel, device, model._no_split_modules or ())
 
 
 def _with_lora(model, config: GRPOConfig):
