@@ -7,7 +7,8 @@ The default 3.43M model built from its config, train prompts of the compose set 
 reference solutions as completions (the default experiment's batch is 64 x 8), 2 threads, no
 gradients:
   per-sample   make_batch + token_logprobs on one sample at a time (the bare baseline)
-  batched      training/rl/trainer.py's Forward.logprobs: micro-batches of 16 of similar length
+  batched      training/rl/forward.py's Forward.logprobs: the trainer's micro-batches (4,096 padded
+               tokens, of similar lengths)
 Both must give the same log-probs (the table shows the largest difference). Rounds alternate
 between the two to share the machine's noise; the table shows the median.
 """
@@ -29,7 +30,8 @@ from training.agent.prompts import render_prompt
 from training.policy.batching import make_batch, token_logprobs
 from training.policy.chat import ChatFormat
 from training.policy.model import build_base_policy, load_policy
-from training.rl.trainer import Forward, TrainSample
+from training.rl.forward import Forward, TokenScorer
+from training.rl.trainer import GRPOConfig, TrainSample
 
 
 def main() -> None:
@@ -44,14 +46,16 @@ def main() -> None:
     model.eval()
     chat = ChatFormat.of(tokenizer, model.generation_config)
     samples = batch(chat, args.prompts, args.group)
-    forward = Forward(chat.pad_id, micro_batch_size=16, temperature=0.6)
+    defaults = GRPOConfig()
+    forward = Forward(chat.pad_id, defaults.micro_batch_tokens, temperature=0.6)
+    scorer = TokenScorer(model, defaults.logprob_chunk_tokens)
     seconds: dict[str, list[float]] = {"per-sample": [], "batched": []}
     for _ in range(args.rounds):
         started = time.perf_counter()
         one_by_one = per_sample(model, samples, chat.pad_id, forward.temperature)
         seconds["per-sample"].append(time.perf_counter() - started)
         started = time.perf_counter()
-        batched = forward.logprobs(model, samples)
+        batched = forward.logprobs(scorer, samples)
         seconds["batched"].append(time.perf_counter() - started)
     difference = max(abs(a - b) for x, y in zip(one_by_one, batched) for a, b in zip(x, y))
     report(seconds, len(samples), difference)

@@ -68,6 +68,22 @@ def test_only_iterations_may_change_once_an_experiment_ran():
     assert differing_settings(stored, changed) == ["grpo.lr", "temperature"]
 
 
+def test_how_the_training_step_runs_may_change_once_an_experiment_ran():
+    """Moving an experiment to a GPU node with more ranks and other micro-batches changes where
+    and in what pieces it trains, not what it learns."""
+    stored = ExperimentConfig(name="a")
+    moved = ExperimentConfig.model_validate({"name": "a", "grpo": {
+        "device": "cuda", "parallel": "fsdp", "micro_batch_tokens": 16384, "gradient_checkpointing": True,
+        "save_progress_every": 1, "threads": 8}})
+    assert differing_settings(stored, moved) == []
+
+
+def test_settings_stored_with_micro_batches_in_samples_still_load():
+    stored = ExperimentConfig(name="a").model_dump(mode="json")
+    stored["grpo"]["micro_batch_size"] = 16  # as experiments were stored before micro_batch_tokens
+    assert ExperimentConfig.model_validate(stored).grpo == ExperimentConfig(name="a").grpo
+
+
 def test_the_cli_refuses_to_change_a_stored_experiment_without_a_traceback(tmp_path):
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data")}
     (tmp_path / "data" / "experiments").mkdir(parents=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from model_families import FAMILIES, shared_model
+from transformers import Gemma2Config, Gemma2ForCausalLM, GraniteConfig, GraniteForCausalLM
 
 from assets.resources import CrucibleResource
 from task_sets.importers.records import write_task_set
@@ -21,7 +22,7 @@ from task_sets.loader import load_task_set
 from task_sets.submission import grade_solution
 from training.agent.rollout import sample_rollouts
 from training.inference.engine import Completion, SamplingParams
-from training.policy.batching import make_batch, token_logprobs_and_entropy
+from training.policy.batching import check_lm_head, make_batch, token_logprobs_and_entropy
 from training.policy.chat import ChatFormat, ChatFormatError
 from training.policy.checkpoint import TOKENIZER_FILES, verify_checkpoint
 from training.policy.importing import ModelImportError, import_model
@@ -222,3 +223,15 @@ def test_token_logprobs_in_chunks_are_the_models_own_and_never_score_a_whole_bat
     expected = full.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) * batch.mask
     assert torch.allclose(logprobs, expected, atol=1e-5)
     assert torch.allclose(entropy, -(full.exp() * full).sum(-1) * batch.mask, atol=1e-4)
+
+
+def test_a_family_that_scales_its_logits_in_its_own_forward_is_refused_and_soft_capping_is_reproduced():
+    """Granite divides its logits by `logits_scaling` inside its forward, which the chunked head
+    cannot see: refused with a reason. Gemma 2's final soft-capping is part of the head: kept."""
+    tiny = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=8)
+    torch.manual_seed(0)
+    granite = GraniteForCausalLM(GraniteConfig(logits_scaling=4.0, **tiny)).eval()
+    with pytest.raises(ValueError, match="GraniteForCausalLM computes its logits from more than its output"):
+        check_lm_head(granite)
+    check_lm_head(Gemma2ForCausalLM(Gemma2Config(final_logit_softcapping=2.0, **tiny)).eval())

@@ -729,3 +729,18 @@ def test_a_checkpoint_larger_than_the_shard_size_is_saved_in_shards(sft_result, 
     files = verify_checkpoint(tmp_path / "sharded")["files"]
     assert "model.safetensors.index.json" in files and sum(name.endswith(".safetensors") for name in files) > 1
     assert _same_weights(tmp_path / "sharded", tmp_path / "whole")
+
+
+def test_a_checkpoint_whose_optimizer_state_is_keyed_by_position_still_trains_on(sft_result, tmp_path):
+    """Checkpoints written before the trainer could shard hold torch's own optimizer state dict
+    (keyed by parameter position); their moments still carry into the next step."""
+    samples = [TrainSample([5, 6, 7], [40, 41], [-1.0, -1.0], reward, "g") for reward in (1.0, 0.0)]
+    model, _ = load_policy(sft_result[0])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+    optimizer.step()
+    parent = save_checkpoint(model, sft_result[0], tmp_path / "old", {"kind": "grpo", "global_step": 1},
+                             extra=lambda directory: torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE))
+    train_policy(parent, samples, tmp_path / "next", one_pass(minibatch_size=2))
+    moments = torch.load(tmp_path / "next" / OPTIMIZER_FILE, weights_only=True)["state"]
+    assert all(value["step"] == 2 for value in moments.values())  # the old step, and this one

@@ -188,6 +188,11 @@ def experiment_from(document: object, source: str) -> ExperimentConfig:
 
 # How long an experiment runs, not how: the settings that may change after it has run.
 LIFE_SETTINGS = {"iterations", "continuous", "plateau_patience"}
+# Where and in what pieces the training step runs, not what it learns: they may change too (an
+# experiment moved to a GPU node, or given more ranks or memory).
+RUN_SETTINGS = {f"grpo.{name}" for name in ("device", "precision", "parallel", "micro_batch_tokens",
+                                            "logprob_chunk_tokens", "gradient_checkpointing", "save_progress_every",
+                                            "max_shard_size", "threads")}
 
 
 def updated_settings(stored: ExperimentConfig | None, new: ExperimentConfig) -> ExperimentConfig:
@@ -199,23 +204,25 @@ def updated_settings(stored: ExperimentConfig | None, new: ExperimentConfig) -> 
     changed = differing_settings(stored, new)
     if changed:
         raise ExperimentFileError(f"experiment {new.name!r} is stored with other settings ({', '.join(changed)} "
-                                  f"differ): give it a new `name`, or change only {', '.join(sorted(LIFE_SETTINGS))}")
+                                  f"differ): give it a new `name`, or change only {', '.join(sorted(LIFE_SETTINGS))} "
+                                  "and how the training step runs (device, ranks, micro-batches)")
     return new.model_copy(update={"iterations": max(new.iterations, stored.iterations)})
 
 
 def differing_settings(stored: ExperimentConfig, new: ExperimentConfig) -> list[str]:
-    """Settings (dotted names) that differ, other than how long the experiment runs."""
+    """Settings (dotted names) that differ, other than how long the experiment runs and how its
+    training step runs."""
     a, b = stored.model_dump(mode="json"), new.model_dump(mode="json")
-    return sorted(_differences(a, b, ignore=LIFE_SETTINGS))
+    return sorted(_differences(a, b, ignore=LIFE_SETTINGS | RUN_SETTINGS))
 
 
 def _differences(a: dict, b: dict, ignore: set[str], prefix: str = "") -> set[str]:
     out = set()
     for key in a.keys() | b.keys():
-        if key in ignore:
+        if prefix + key in ignore:
             continue
         if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
-            out |= _differences(a[key], b[key], set(), f"{prefix}{key}.")
+            out |= _differences(a[key], b[key], ignore, f"{prefix}{key}.")
         elif a.get(key) != b.get(key):
             out.add(prefix + key)
     return out

@@ -71,10 +71,10 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch, temper
     A collapsing entropy is the first sign of a policy that stopped exploring.
 
     Only the scored positions reach the LM head, `chunk_tokens` rows at a time, and each chunk's
-    logits are recomputed in the backward pass rather than kept (activation checkpointing): the
-    peak is one [chunk_tokens, vocab] float32 tensor, whatever the batch. The head is the model's
-    output embedding (with Gemma-style final soft-capping where the config sets it); the
-    model-family tests pin it against the model's own logits.
+    logits are recomputed in the backward pass rather than kept (activation checkpointing): a
+    few [chunk_tokens, vocab] tensors are live at a time, whatever the batch. The head is the
+    model's output embedding (with Gemma-style final soft-capping where the config sets it):
+    `check_lm_head` refuses a model whose own forward does more to its logits.
     """
     hidden = model.get_decoder()(input_ids=batch.input_ids.to(_device(model)), use_cache=False).last_hidden_state
     scored = batch.mask if scored is None else scored
@@ -90,12 +90,32 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch, temper
     if chunks:
         logprobs = logprobs.index_put((where.to(hidden.device),), torch.cat([lp for lp, _ in chunks]))
         entropy = entropy.index_put((where.to(hidden.device),), torch.cat([h for _, h in chunks]))
+    else:  # nothing scored (all observation tokens): still a graph through every weight, adding zero
+        unused, _ = _score_chunk(head, hidden.flatten(0, 1)[:1], batch.targets.flatten()[:1].to(hidden.device),
+                                 temperature, softcap)
+        logprobs = logprobs + 0.0 * unused.sum()
     return logprobs.view_as(scored), entropy.view_as(scored)
+
+
+def check_lm_head(model: torch.nn.Module) -> None:
+    """Refuse a model whose logits are not what `token_logprobs` computes from its decoder and
+    output embedding (a family that scales its logits inside its own forward), on a short probe."""
+    ids = [[(7 * i + 3) % model.config.vocab_size for i in range(8)]]
+    batch = make_batch([ids[0][:4]], [ids[0][4:]], pad_id=0)
+    with torch.no_grad():
+        ours = token_logprobs(model, batch)
+        logits = model(input_ids=batch.input_ids.to(_device(model))).logits.float().cpu()
+    theirs = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) * batch.mask
+    gap = float((ours.cpu() - theirs).abs().max())
+    if gap > 1e-3:
+        raise ValueError(f"{type(model).__name__} computes its logits from more than its output embedding of the last "
+                         f"hidden state (log-probs differ by up to {gap:.2g} on a probe), which the trainer's chunked "
+                         "LM head cannot reproduce")
 
 
 def _score_chunk(head: torch.nn.Module, rows: Tensor, targets: Tensor, temperature: float,
                  softcap: float | None) -> tuple[Tensor, Tensor]:
-    logits = head(rows).float()  # float32 however the model computes: the ratio needs it
+    logits = head(rows).float()  # the head in the compute dtype (as vLLM's), the log-softmax in float32
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     if temperature != 1.0:

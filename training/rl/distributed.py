@@ -87,21 +87,22 @@ def parallelize(module: torch.nn.Module, parallel: Parallel, device: torch.devic
     if parallel == "ddp":
         ids = [device.index] if device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # the step's device, not the host's GPU
     for sub in module.modules():
         if type(sub).__name__ in layer_classes:
-            fully_shard(sub)
-    return fully_shard(module)
+            fully_shard(sub, mesh=mesh)
+    return fully_shard(module, mesh=mesh)
 
 
 def gradient_sync(module: torch.nn.Module, enabled: bool):
-    """A context in which backward passes accumulate gradients locally (enabled=False) or also
-    average them across ranks: only a step's last micro-batch needs to synchronise."""
-    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
-        return nullcontext() if enabled else module.no_sync()
-    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
-        module.set_requires_gradient_sync(enabled)
+    """A context in which a backward pass accumulates gradients locally (enabled=False) or also
+    averages them across ranks. DDP defers to a step's last micro-batch; FSDP2 reduce-scatters
+    after every one, since deferring would keep every layer's unsharded gradient until then."""
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel) and not enabled:
+        return module.no_sync()
     return nullcontext()
 
 
@@ -153,7 +154,7 @@ def barrier() -> None:
 
 
 def full_model_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded, on the CPU; on rank 0 only under FSDP (the other ranks get {})."""
+    """Unsharded, on the CPU, on rank 0 (in a process group the other ranks may get {})."""
     return get_model_state_dict(module, options=FULL)
 
 

@@ -51,7 +51,7 @@ class ProgressFile:
         """The saved state (`model`, `optimizer`, `schedule`, `progress`), or None if none matches."""
         if not self.path.is_file():
             return None
-        state = torch.load(self.path, map_location="cpu", weights_only=True)
+        state = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
         if state.get("key") != self.key:
             return None  # another step's leftovers: its inputs differ (the writer clears them)
         return {**state, "progress": StepProgress(**state["progress"])}

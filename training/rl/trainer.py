@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from training.policy.batching import DEFAULT_CHUNK_TOKENS
+from training.policy.batching import DEFAULT_CHUNK_TOKENS, check_lm_head
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import checkpoint_dtype, read_manifest, save_checkpoint
 from training.policy.model import GPU_COMPUTE_DTYPE, TRAINING_DTYPE, load_policy
@@ -94,15 +94,16 @@ class GRPOConfig(BaseModel):
     micro_batch_tokens: int = Field(4096, ge=1, description="tokens per forward pass, padded (rows x longest row; "
                                     "memory only: the loss is unchanged); a longer sample goes alone")
     logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the "
-                                      "peak of the log-prob computation is one [chunk, vocabulary] float32 tensor")
+                                      "log-prob computation holds a few [chunk, vocabulary] tensors at a time")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
                                          "backward pass (less memory, ~30% more compute)")
     device: DeviceSetting = Field("auto", description="auto: this rank's GPU when CUDA is present, else the CPU")
     precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="auto: bfloat16 autocast on a GPU, float32 on the CPU; weights, gradients and optimizer "
-        "state stay float32 either way, and log-probs are taken in float32")
+        "state stay float32 either way, and the log-softmax over the head's logits is float32")
     parallel: Parallel = Field("ddp", description="under torchrun with several ranks: ddp (every rank holds the "
-                               "model) or fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded)")
+                               "model) or fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded; "
+                               "each rank loads the whole model first)")
     max_shard_size: str = Field("5GB", description="largest safetensors file of a saved checkpoint")
     estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator "
                                                                "(training/rl/grpo.py)")
@@ -137,6 +138,15 @@ class GRPOConfig(BaseModel):
     seed: int = Field(0, description="minibatch shuffling")
     threads: int | None = Field(2, ge=1, description="CPU threads of the step, shared by the ranks of a node: "
                                 "training is compute-bound, 2 threads ~1.7x faster than 1 on the 2-core machine")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _micro_batches_are_sized_in_tokens(cls, settings: object) -> object:
+        """Settings stored before micro-batches were sized in tokens name `micro_batch_size`, a
+        number of samples: it only split the work, never changed the loss, so it is dropped."""
+        if isinstance(settings, dict) and "micro_batch_size" in settings:
+            return {key: value for key, value in settings.items() if key != "micro_batch_size"}
+        return settings
 
     @model_validator(mode="after")
     def _decay_needs_a_horizon(self) -> GRPOConfig:
@@ -182,6 +192,7 @@ def train_policy(
     batch = _informative(samples) if config.zero_variance_groups == "drop" else samples
     parent = read_manifest(policy_dir)
     model, tokenizer = _load_trainable(policy_dir, device)
+    check_lm_head(model)
     pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
     advantages = _advantages(batch, config)
     forward = Forward(pad_id, config.micro_batch_tokens, temperature, ranks)
@@ -252,7 +263,7 @@ def _load_trainable(policy_dir: str | Path, device: torch.device):
     model, tokenizer = load_policy(policy_dir)
     master = Path(policy_dir) / MASTER_WEIGHTS_FILE
     if master.is_file():
-        model.load_state_dict(torch.load(master, map_location="cpu", weights_only=True))
+        model.load_state_dict(torch.load(master, map_location="cpu", weights_only=True, mmap=True))
     return model.to(device), tokenizer
 
 
@@ -301,7 +312,11 @@ def _optimizer(policy: torch.nn.Module, policy_dir: str | Path, config: GRPOConf
         group["initial_lr"] = config.lr
     state_path = Path(policy_dir) / OPTIMIZER_FILE
     if config.keep_optimizer_state and not config.lora_rank and state_path.is_file():
-        load_full_state(policy, optimizer, None, torch.load(state_path, map_location="cpu", weights_only=True))
+        state = torch.load(state_path, map_location="cpu", weights_only=True, mmap=True)
+        if any(isinstance(key, int) for key in state["state"]):  # by position: written before steps were sharded
+            optimizer.load_state_dict(state)
+        else:
+            load_full_state(policy, optimizer, None, state)
     for group in optimizer.param_groups:  # this step's settings win over the saved ones
         group.update(lr=config.lr, initial_lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     return optimizer
@@ -324,10 +339,12 @@ def _save_progress(resume: ProgressFile, policy, optimizer, schedule, done: Step
 
 
 def _save(policy, model, optimizer, policy_dir, out_dir, manifest: dict, config: GRPOConfig, ranks: Ranks) -> None:
-    """Write the checkpoint from rank 0: weights in the parent's dtype, and the training state
-    (optimizer moments, float32 weights if the published ones are rounded) unless it is not kept."""
-    keep_state = config.keep_optimizer_state and not config.lora_rank
-    optimizer_state = full_optimizer_state(policy, optimizer) if keep_state else None
+    """Write the checkpoint from rank 0: weights in the parent's dtype, the float32 ones beside
+    them when that rounds them, and the optimizer's moments when they are kept."""
+    keep_moments = config.keep_optimizer_state and not config.lora_rank
+    # The state-dict calls are collectives under FSDP: every rank makes them. An optimizer that
+    # never stepped has nothing to keep (asking it for its state would take a zero-lr step).
+    optimizer_state = full_optimizer_state(policy, optimizer) if keep_moments and optimizer.state else None
     if config.lora_rank:
         model = model.merge_and_unload()  # the checkpoint stays a plain model any engine loads
         weights = model.state_dict()
@@ -339,13 +356,14 @@ def _save(policy, model, optimizer, policy_dir, out_dir, manifest: dict, config:
     published = {name: value.to(getattr(torch, dtype)) for name, value in weights.items()}
 
     def training_state(directory: Path) -> None:
-        torch.save(optimizer_state, directory / OPTIMIZER_FILE)
-        if dtype != "float32":
+        if optimizer_state is not None:
+            torch.save(optimizer_state, directory / OPTIMIZER_FILE)
+        if dtype != TRAINING_DTYPE:  # updates below the published dtype's resolution would round away
             torch.save(weights, directory / MASTER_WEIGHTS_FILE)
 
     model.eval()
-    save_checkpoint(model, policy_dir, out_dir, manifest, extra=training_state if keep_state else None,
-                    weights=published, dtype=dtype, max_shard_size=config.max_shard_size)
+    save_checkpoint(model, policy_dir, out_dir, manifest, extra=training_state, weights=published, dtype=dtype,
+                    max_shard_size=config.max_shard_size)
 
 
 def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
@@ -379,8 +397,8 @@ def _flat(rows: Iterable[list]) -> torch.Tensor:
 def _step(policy, optimizer, samples, advantages, rows, forward: Forward, config: GRPOConfig,
           rollout_logprobs: list[list[float]] | None, reference_logprobs: list[list[float]] | None,
           ) -> dict[str, float]:
-    """One optimizer step on the samples `rows` (this rank's share of them); returns
-    token-weighted sums of the stats over all ranks."""
+    """One optimizer step on the samples `rows` (this rank runs its share of their micro-batches);
+    returns token-weighted sums of the stats over all ranks."""
     per_token = config.loss_aggregation == "token"
     denominator = max(sum(samples[i].trained_tokens if per_token else 1 for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
