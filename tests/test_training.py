@@ -744,3 +744,12 @@ def test_a_checkpoint_whose_optimizer_state_is_keyed_by_position_still_trains_on
     train_policy(parent, samples, tmp_path / "next", one_pass(minibatch_size=2))
     moments = torch.load(tmp_path / "next" / OPTIMIZER_FILE, weights_only=True)["state"]
     assert all(value["step"] == 2 for value in moments.values())  # the old step, and this one
+
+
+def test_a_micro_batch_with_nothing_to_train_on_still_takes_its_step(sft_result, tmp_path):
+    """A sample whose response is all observation (loss mask 0) alone in its micro-batch: the
+    pass scores nothing and adds zero, and the step goes on (as every rank's pass must)."""
+    samples = [TrainSample([5, 6, 7], [40, 41], [0.0, 0.0], 1.0, "g", loss_mask=[0, 0]),
+               TrainSample([5, 6, 7, 8], [42, 43], [-1.0, -1.0], 0.0, "g")]
+    metrics = train_policy(sft_result[0], samples, tmp_path / "step", one_pass(minibatch_size=2, micro_batch_tokens=1))
+    assert metrics["optimizer_steps"] == 1 and metrics["response_tokens"] == 2
