@@ -78,9 +78,9 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch, temper
     """
     hidden = model.get_decoder()(input_ids=batch.input_ids.to(_device(model)), use_cache=False).last_hidden_state
     scored = batch.mask if scored is None else scored
-    where = scored.flatten().nonzero().squeeze(-1)
-    rows = hidden.flatten(0, 1).index_select(0, where.to(hidden.device))
-    targets = batch.targets.flatten()[where].to(hidden.device)
+    where = scored.flatten().nonzero().squeeze(-1).to(hidden.device)
+    rows = hidden.flatten(0, 1).index_select(0, where)
+    targets = batch.targets.flatten().to(hidden.device)[where]
     head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
     chunks = [checkpoint(_score_chunk, head, rows[k : k + chunk_tokens], targets[k : k + chunk_tokens],
                          temperature, softcap, use_reentrant=False)
@@ -88,8 +88,8 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch, temper
     logprobs = torch.zeros(batch.mask.numel(), device=hidden.device)
     entropy = torch.zeros(batch.mask.numel(), device=hidden.device)
     if chunks:
-        logprobs = logprobs.index_put((where.to(hidden.device),), torch.cat([lp for lp, _ in chunks]))
-        entropy = entropy.index_put((where.to(hidden.device),), torch.cat([h for _, h in chunks]))
+        logprobs = logprobs.index_put((where,), torch.cat([lp for lp, _ in chunks]))
+        entropy = entropy.index_put((where,), torch.cat([h for _, h in chunks]))
     else:  # nothing scored (all observation tokens): still a graph through every weight, adding zero
         unused, _ = _score_chunk(head, hidden.flatten(0, 1)[:1], batch.targets.flatten()[:1].to(hidden.device),
                                  temperature, softcap)

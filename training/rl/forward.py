@@ -52,27 +52,31 @@ class Forward:
 
     def micro_batches(self, samples: list[TrainSample], rows: list[int]) -> list[MicroBatch]:
         """`rows` of `samples` in micro-batches of similar lengths, each with its tensors (all of
-        them, the same on every rank); observation tokens (loss mask 0) are taken out of the mask."""
-        lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) - 1 for i in rows]
-        out = []
-        for group in micro_batches_by_tokens(lengths, self.micro_batch_tokens):
-            micro = [rows[k] for k in group]
-            batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro],
-                               self.pad_id)
-            for row, i in enumerate(micro):
-                if samples[i].loss_mask is not None:  # observations are context, never trained on
-                    span = batch.response_slices[row]
-                    batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
-            out.append(MicroBatch(micro, batch))
-        return out
+        them, the same on every rank)."""
+        return [self._tensors(samples, micro) for micro in self._groups(samples, rows)]
 
     def share(self, samples: list[TrainSample], rows: list[int]) -> list[MicroBatch]:
-        """This rank's micro-batches of `rows`; every rank gets as many (padding passes repeat
-        the first micro-batch, uncounted)."""
-        every = self.micro_batches(samples, rows)
-        if not every:
+        """This rank's micro-batches of `rows` (only theirs are built); every rank gets as many
+        (padding passes repeat the first micro-batch, uncounted)."""
+        groups = self._groups(samples, rows)
+        if not groups:
             return []
-        return [micro or MicroBatch(every[0].rows, every[0].batch, counted=False) for micro in deal(every, self.ranks)]
+        return [self._tensors(samples, micro) if micro else self._tensors(samples, groups[0], counted=False)
+                for micro in deal(groups, self.ranks)]
+
+    def _groups(self, samples: list[TrainSample], rows: list[int]) -> list[list[int]]:
+        lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) - 1 for i in rows]
+        return [[rows[k] for k in group] for group in micro_batches_by_tokens(lengths, self.micro_batch_tokens)]
+
+    def _tensors(self, samples: list[TrainSample], micro: list[int], counted: bool = True) -> MicroBatch:
+        """The micro-batch's tensors; observation tokens (loss mask 0) are taken out of its mask."""
+        batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro],
+                           self.pad_id)
+        for row, i in enumerate(micro):
+            if samples[i].loss_mask is not None:  # observations are context, never trained on
+                span = batch.response_slices[row]
+                batch.mask[row, span] *= torch.tensor(samples[i].loss_mask, dtype=batch.mask.dtype)
+        return MicroBatch(micro, batch, counted)
 
     def logprobs(self, scorer: torch.nn.Module, samples: list[TrainSample]) -> list[list[float]]:
         """The log-prob of every response token of each sample, without gradients, gathered from
