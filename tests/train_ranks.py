@@ -27,9 +27,10 @@ def samples(count: int = 24, seed: int = 0) -> list[TrainSample]:
 
 def main() -> None:
     policy, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    with process_group():
+    with process_group() as ranks:
         metrics = train_policy(policy, samples(), out, GRPOConfig(**settings))
-    print(json.dumps({key: value for key, value in metrics.items() if isinstance(value, (int, float))}))
+    if ranks.writes:  # one line on torchrun's shared stdout: two ranks' lines can interleave
+        print(json.dumps({key: value for key, value in metrics.items() if isinstance(value, (int, float))}))
 
 
 if __name__ == "__main__":
