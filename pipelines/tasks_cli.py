@@ -1,4 +1,4 @@
-"""`crucible tasks import|list|show` and `crucible verify`: task sets and judging from the shell."""
+"""`crucible tasks import|list|show|validate`: task sets from the shell."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import shutil
 import sys
 from collections import Counter
-from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -19,7 +18,7 @@ from pipelines.errors import UserError
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.pool import PoolConfig, SandboxPool
-from sandbox.verdict import GradeResult, RewardStatus
+from sandbox.verdict import RewardStatus
 from task_sets.importers import (
     FORMATS,
     SPLITS,
@@ -39,7 +38,6 @@ from task_sets.loader import (
 )
 from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
-from task_sets.submission import grade_solution, sandbox_spec
 from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
 
 # Piped output has no terminal width; the tables need ~110 columns.
@@ -79,15 +77,6 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--out", type=Path, help="also write the report here (JSON)")
     check.set_defaults(handler=command_validate)
 
-    verify = commands.add_parser("verify", help="grade solutions in fresh sandboxes")
-    verify.add_argument("--task-set", required=True)
-    verify.add_argument("--solutions", required=True, type=Path,
-                        help='JSONL: {"task_id": ..., "solution": ...} per line')
-    verify.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
-    verify.add_argument("--workers", type=int, default=2)
-    verify.add_argument("--out", type=Path, help="write results here (JSONL) instead of stdout")
-    verify.set_defaults(handler=command_verify)
-
 
 # -- tasks import --------------------------------------------------------------------------
 
@@ -119,14 +108,14 @@ def command_import(args: argparse.Namespace) -> int:
 
 def command_list(args: argparse.Namespace) -> int:
     if args.task_set:
-        console.print(_tasks_table(_load(args.task_set)))
+        console.print(_tasks_table(load(args.task_set)))
         return 0
     table = Table(title="task sets")
     for column in ("name", "source", "tasks", "train", "eval", "difficulty (easy/medium/hard)", "version", "reward"):
         table.add_column(column, justify="right" if column in ("tasks", "train", "eval") else "left")
     sources = {**{n: "built-in" for n in builtin_task_set_names()}, **{n: str(library_dir()) for n in library_task_set_names()}}
     for name, source in sorted(sources.items()):
-        task_set = _load(name)
+        task_set = load(name)
         difficulty = Counter(task.difficulty for task in task_set)
         table.add_row(name, source, str(len(task_set)), str(len(task_set.train())), str(len(task_set.eval())),
                       f"{difficulty['easy']}/{difficulty['medium']}/{difficulty['hard']}", task_set.version,
@@ -152,7 +141,7 @@ def _graded(task: Task) -> str:
 
 
 def command_show(args: argparse.Namespace) -> int:
-    task_set = _load(args.task_set or args.task_id.split("/", 1)[0])
+    task_set = load(args.task_set or args.task_id.split("/", 1)[0])
     task = task_set.by_id.get(args.task_id)
     if task is None:
         raise UserError(f"no task {args.task_id!r} in task set {task_set.name!r} (crucible tasks list --task-set "
@@ -192,7 +181,7 @@ def _sections(header: str, sections: list[tuple[str, str]]) -> str:
     return header + "".join(f"\n\n── {title} ──\n{body.rstrip()}" for title, body in sections)
 
 
-def _load(name: str) -> TaskSet:
+def load(name: str) -> TaskSet:
     try:
         return load_task_set(name)
     except TaskSetError as e:
@@ -204,8 +193,8 @@ def _load(name: str) -> TaskSet:
 
 def command_validate(args: argparse.Namespace) -> int:
     """Exit 0 when every task is fit to judge with and no eval prompt is copied into train, else 1."""
-    task_set = _load(args.task_set)
-    with _grading_pool(args.backend, args.workers) as pool:
+    task_set = load(args.task_set)
+    with grading_pool(args.backend, args.workers) as pool:
         report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
     if report.problems:
         console.print(_validation_table(report))
@@ -242,96 +231,10 @@ def _validation_table(report: ValidationReport) -> Table:
     return table
 
 
-def _grading_pool(backend: str, workers: int) -> SandboxPool:
+def grading_pool(backend: str, workers: int) -> SandboxPool:
     try:
         open_sandbox(backend)  # fail once, clearly, rather than once per submission
     except SandboxUnavailable as e:
         raise UserError(f"the {backend} sandbox is unavailable: {e}") from None
     return SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=workers),
                        is_infra_failure=lambda grade: grade.reward_status is RewardStatus.INFRA_ERROR)
-
-
-# -- verify --------------------------------------------------------------------------------
-
-
-def command_verify(args: argparse.Namespace) -> int:
-    task_set = _load(args.task_set)
-    submissions, results = _read_solutions(args.solutions, task_set)
-    with _grading_pool(args.backend, args.workers) as pool:
-        futures = [(number, task, pool.submit(sandbox_spec(task), partial(grade_solution, task, solution,
-                                                                          reward=task_set.reward)))
-                   for number, task, solution in submissions]
-        for done, (number, task, future) in enumerate(futures, start=1):
-            results[number] = _result_line(task.id, future.result())
-            if done % 50 == 0 or done == len(futures):
-                errors.print(f"verified {done}/{len(futures)}", highlight=False)
-    _write_lines([json.dumps(results[number]) for number in sorted(results)], args.out)
-    _summarise(results.values())
-    return 0
-
-
-def _read_solutions(path: Path, task_set: TaskSet) -> tuple[list[tuple[int, Task, str]], dict[int, dict]]:
-    """(line number, task, solution) of each good line, and an `invalid` result for each bad
-    one: a bad line is reported in place, the others are still verified."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"--solutions {path}: {e.strerror}") from None
-    submissions, invalid = [], {}
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            record, problem = {}, f"malformed JSON: {e.msg} (column {e.colno})"
-        else:
-            problem = _solution_problem(record, task_set)
-        if problem:
-            task_id = record.get("task_id") if isinstance(record, dict) else None
-            invalid[number] = {"task_id": task_id, "passed": False, "status": None, "reward": None,
-                               "reward_status": RewardStatus.INVALID.value, "tests": {}, "tamper_flags": [],
-                               "error": f"{path.name}:{number}: {problem}"}
-        else:
-            submissions.append((number, task_set.by_id[record["task_id"]], record["solution"]))
-    return submissions, invalid
-
-
-def _solution_problem(record: object, task_set: TaskSet) -> str | None:
-    if not isinstance(record, dict):
-        return "expected a JSON object"
-    if not isinstance(record.get("task_id"), str) or not isinstance(record.get("solution"), str):
-        return "needs string fields 'task_id' and 'solution'"
-    if record["task_id"] not in task_set.by_id:
-        return f"task {record['task_id']!r} is not in task set {task_set.name!r}"
-    return None
-
-
-def _result_line(task_id: str, grade: GradeResult) -> dict:
-    graded = grade.to_dict()
-    return {"task_id": task_id, "passed": grade.passed, "status": grade.exec.status.value, "reward": grade.reward,
-            **{key: graded[key] for key in ("reward_status", "reward_version", "reward_components")},
-            "tests": graded["outcomes"], "tamper_flags": graded["tamper_flags"]}
-
-
-def _write_lines(lines: list[str], out: Path | None) -> None:
-    if out is None:
-        sys.stdout.write("".join(line + "\n" for line in lines))
-        return
-    staging = out.with_name(f".{out.name}.partial")
-    staging.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    staging.replace(out)  # complete or absent
-
-
-def _summarise(results) -> None:
-    results = list(results)
-    statuses = Counter(r["reward_status"] for r in results)
-    scored = [r["reward"] for r in results if r["reward_status"] == RewardStatus.SCORED]
-    passed = sum(r["passed"] for r in results)
-    tampered = sum(1 for r in results if r["tamper_flags"])
-    errors.print(
-        f"{len(results)} solutions: {passed} passed, {len(scored) - passed} failed, "
-        f"{statuses['invalid']} invalid, {statuses['infra_error']} infrastructure errors, {tampered} tamper-flagged"
-        + (f"; mean reward {sum(scored) / len(scored):.3f}" if scored else ""),
-        highlight=False,
-    )

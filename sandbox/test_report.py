@@ -17,6 +17,7 @@ from sandbox.closed_set import ClosedSet
 __test__ = False  # not a pytest module, despite the name
 
 MAX_REPORT_BYTES = 16 << 20
+MAX_DETAILS = 4000
 
 
 class Outcome(ClosedSet):
@@ -48,6 +49,7 @@ class TestOutcome:
     message: str
     seconds: float
     classname: str = ""  # our harness: the test file's stem; pytest: the dotted module path
+    details: str = ""  # the result element's text: pytest's traceback, our harness's (capped)
 
 
 def read_report(path: Path) -> list[TestOutcome]:
@@ -99,13 +101,14 @@ def _testcase(case: ET.Element) -> TestOutcome:
     name = case.get("name")
     if not name:
         raise ReportError("a <testcase> has no name")
-    outcome, message = Outcome.PASSED, ""
+    outcome, message, details = Outcome.PASSED, "", ""
     for tag, label in _CHILD_OUTCOME:
         child = case.find(tag)
         if child is not None:
-            outcome, message = label, child.get("message") or (child.text or "").strip()[:1000]
+            details = (child.text or "").strip()[-MAX_DETAILS:]  # a traceback's end says the most
+            outcome, message = label, child.get("message") or details[:1000]
             break
-    return TestOutcome(name, outcome, message, _seconds(case), case.get("classname", ""))
+    return TestOutcome(name, outcome, message, _seconds(case), case.get("classname", ""), details)
 
 
 def _seconds(case: ET.Element) -> float:

@@ -30,33 +30,38 @@ Rules, in the order they apply:
     is broken. The command still runs, so that `exec` is always a real ExecResult.
  2. The sandbox failed (exec status XX) -> "infra_error", reward None. Not the model's fault:
     the sample is dropped, not scored.
- 3. Every other outcome is "scored". A test's outcome is read from the report. An expected
+ 3. The task's environment cannot run the suite (a module the unchanged tests import is not
+    installed, the test command's program is missing, it needed the network; the evidence is in
+    sandbox/diagnosis.py) -> "env_error", reward None: the environment is broken, not the
+    submission, and the sample is never trained on.
+ 4. Every other outcome is "scored". A test's outcome is read from the report. An expected
     test absent from the report is "missing"; skipped, error and missing count as failed.
     Duplicate entries for a test: the worst outcome counts. Tests in the report that are not
     expected are ignored (but counted in tests_collected).
- 4. The command ran but the report is missing or unparsable -> the suite did not run: every
+ 5. The command ran but the report is missing or unparsable -> the suite did not run: every
     test "missing", reward 0, tamper flag "no_report" (unless a timeout/memory/output kill
     explains it). Why scored 0 and not dropped: the report is the only evidence that tests
     passed, and a submission can suppress it (os._exit(0) in solution.py, killing the
     harness); dropping such samples would teach the policy that suppressing the report
     avoids negative reward. Task validation checks that the reference gets a report.
- 5. Timeout, memory limit or output limit (TO/ML/OL) -> reward 0, even for tests that passed
+ 6. Timeout, memory limit or output limit (TO/ML/OL) -> reward 0, even for tests that passed
     before the kill; components are still recorded.
- 6. The runner's own verdict must agree with the report, else tamper flag
+ 7. The runner's own verdict must agree with the report, else tamper flag
     "exit_code_disagrees" and reward 0 (a report claiming passes from a run that failed, an
     early exit after a forged report). The harness: exit code 0 iff every expected test
     passed. A test command: exit code 0 (or its verdict file saying 1) iff no collected test
     failed or errored; a verdict file it never wrote is "no_verdict".
- 7. Otherwise reward = fraction of expected tests passed, and reward_components holds
+ 8. Otherwise reward = fraction of expected tests passed, and reward_components holds
     {"tests_passed_fraction": x, "all_passed": 0 or 1}; task_sets/rewards.py turns the
     components into the task set's configured reward. Flags found before the run (protected
     paths touched) also set it to 0.
- 8. `passed` (GradeResult.passed, the one definition every count of passes uses): scored, no
+ 9. `passed` (GradeResult.passed, the one definition every count of passes uses): scored, no
     tamper flag, not killed, a report was read, and every expected test passed. The reward can
     be high without it (partial credit), and a tampered or killed run is never passed, whatever
     its tests said.
+Every grade that did not pass says why (`failure`: a FailureReason and a one-line detail).
 A submission that is not valid Python imports with an error, so every test is "error" and the
-reward is a scored 0 (rules 3 and 7), never a crash of the grader. A report truncated by the
+reward is a scored 0 (rules 4 and 8), never a crash of the grader. A report truncated by the
 sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
 """
 
@@ -69,7 +74,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -78,6 +83,7 @@ from types import MappingProxyType
 
 from sandbox.base import WORKSPACE, Mount, Sandbox
 from sandbox.closed_set import ClosedSet
+from sandbox.diagnosis import Diagnosis, FailureReason, diagnose, environment_problem
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_signature import signature
@@ -106,16 +112,19 @@ _SEVERITY = {Outcome.PASSED: 0, Outcome.SKIPPED: 1, Outcome.FAILED: 2, Outcome.E
 
 
 class RewardStatus(ClosedSet):
-    """Whether a grade's reward means anything (rules 1-3)."""
+    """Whether a grade's reward means anything (rules 1-4)."""
 
     SCORED = "scored", "the suite was run and judged: `reward` holds the score (0 included)"
     INVALID = "invalid", "the task is broken (no expected test, a test file that does not parse): no reward"
     INFRA_ERROR = "infra_error", ("the sandbox failed, or its output limit cut the report: no reward, "
                                   "the sample is retried or dropped, never scored 0")
+    ENV_ERROR = "env_error", ("the task's environment cannot run its tests (a module the unchanged tests import, "
+                              "the test command's program or the network is missing; sandbox/diagnosis.py): no "
+                              "reward, never trained on, counted in the monitors")
 
 
 class TamperFlag(ClosedSet):
-    """Signs that a submission gamed the grader; each sets the reward to 0 (rules 4-6 and
+    """Signs that a submission gamed the grader; each sets the reward to 0 (rules 5-7 and
     task_sets/protection.py)."""
 
     PROTECTED_PATH_MODIFIED = "protected_path_modified", ("the submission edited, deleted or got in the way "
@@ -149,21 +158,24 @@ class GradeResult:
     exec: ExecResult
     messages: dict[str, str] = field(default_factory=dict)  # short failure message per test
     reward_version: str = ""  # the reward function that set `reward` (task_sets/rewards.py)
+    failure: Diagnosis | None = None  # why it did not pass (sandbox/diagnosis.py); None when it passed
 
     def __post_init__(self) -> None:
         """Statuses come from their closed sets: a value outside one is refused here."""
         object.__setattr__(self, "reward_status", RewardStatus(self.reward_status))
+        if self.failure is not None:
+            object.__setattr__(self, "failure", Diagnosis(FailureReason(self.failure.reason), self.failure.detail))
         object.__setattr__(self, "tamper_flags", tuple(TamperFlag(flag) for flag in self.tamper_flags))
         object.__setattr__(self, "outcomes", {name: Outcome(o) for name, o in self.outcomes.items()})
 
     @property
     def gated(self) -> bool:
-        """Rules 4-6 zeroed the reward, whatever the tests say."""
+        """Rules 5-7 zeroed the reward, whatever the tests say."""
         return bool(self.tamper_flags) or not self.suite_ran or self.exec.status in KILLED
 
     @property
     def passed(self) -> bool:
-        """Rule 8: scored, not gated (no tamper flag, not killed, a report) and every expected
+        """Rule 9: scored, not gated (no tamper flag, not killed, a report) and every expected
         test passed. Every count of passes, anywhere, is a count of this."""
         return (self.reward_status is RewardStatus.SCORED and not self.gated and self.tests_expected > 0
                 and len(self.outcomes) == self.tests_expected
@@ -183,6 +195,8 @@ class GradeResult:
             "exec": self.exec.to_dict(),
             "messages": dict(self.messages),
             "reward_version": self.reward_version,
+            "failure_reason": self.failure.reason.value if self.failure else None,
+            "failure_detail": self.failure.detail if self.failure else "",
         }
 
 
@@ -225,8 +239,12 @@ def grade(
     if report_on_stdout and result.stdout_truncated:  # only the harness writes there: our limit, not theirs
         return _unscored(RewardStatus.INFRA_ERROR, result, "the report did not fit the sandbox's stdout excerpt "
                          "(raise Limits.excerpt_bytes)", expected)
+    problem = environment_problem(report, result, pytest_started=True, changed=(), repository=workspace_files)
+    if problem is not None:
+        return _unscored(RewardStatus.ENV_ERROR, result, problem.detail, expected, problem)
     runner_passed = result.exit_code == 0
-    return score(expected, report, result, _harness_node_id, runner_passed, ran_exactly_the_expected=True)
+    return score(expected, report, result, _harness_node_id, runner_passed, ran_exactly_the_expected=True,
+                 wall_limit_s=sandbox.spec.limits.wall_s)
 
 
 def grade_test_command(
@@ -238,6 +256,8 @@ def grade_test_command(
     verdict_file: str | None = None,
     tamper_flags: Sequence[TamperFlag] = (),
     sealed: Sequence[str] = (),
+    changed: Collection[str] = (),
+    repository: Collection[str] = (),
 ) -> GradeResult:
     """Grade a repository with its own test command (run by /bin/sh in the repository root).
 
@@ -246,7 +266,9 @@ def grade_test_command(
     its exit code, or the number it writes to `verdict_file` (1 = pass, as Harbor's
     reward.txt); either must agree with the report: pass iff no collected test failed.
     `tamper_flags` found before the run (protected paths) set the reward to 0. `sealed` files
-    (hidden tests, protected paths) cannot be changed by the run (Session.protect)."""
+    (hidden tests, protected paths) cannot be changed by the run (Session.protect). `changed`
+    (the paths the submission changed) and `repository` (the pristine repository's paths) tell
+    an environment error from the submission's own (sandbox/diagnosis.py)."""
     command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={PLUGIN_DIR}",
                "PYTHONDONTWRITEBYTECODE=1", "/bin/sh", "-c", test_command]
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
@@ -255,8 +277,11 @@ def grade_test_command(
     with _grading_dirs(sandbox, {"/tests": grader_files, PLUGIN_DIR: plugin}, verdict_dir) as dirs:
         sealed_sha256 = {f"{WORKSPACE}/{path}": hashlib.sha256(workspace_files[path].encode()).hexdigest()
                          for path in sealed}
-        _write_private(dirs.report / "session-token", json.dumps({"token": token, "sealed": sealed_sha256}), sandbox)
+        secret = json.dumps({"token": token, "sealed": sealed_sha256})
+        _write_private(dirs.report / "session-token", secret, sandbox)
         result = sandbox.run(command, workspace_files, dirs.mounts, protected=sealed)
+        # The plugin takes the token when pytest loads it; no submission knows the token to put it back.
+        pytest_started = _read_small(dirs.report / "session-token", 4096) != secret.encode()
         report_bytes = _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
         report = _parse(report_bytes) if report_bytes is not None else None
         session = _read_small_json(dirs.report / "session.json")
@@ -265,13 +290,16 @@ def grade_test_command(
         return _unscored(RewardStatus.INVALID, result, "the task names no test to run", [])
     if result.status is ExecStatus.XX:
         return _unscored(RewardStatus.INFRA_ERROR, result, result.error or "", list(expected))
+    problem = environment_problem(report, result, pytest_started, changed, repository)
+    if problem is not None and result.status not in KILLED:
+        return _unscored(RewardStatus.ENV_ERROR, result, problem.detail, list(expected), problem)
     if report is not None and result.status not in KILLED:
         problem = _session_problem(session, token, report_bytes)
         tamper_flags = [*tamper_flags, problem] if problem else tamper_flags
     runner_passed = verdict if verdict_file else result.exit_code == 0
     by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
     return score(list(expected), report, result, lambda t: by_junit_key.get((t.classname, t.name)), runner_passed,
-                 ran_exactly_the_expected=False, flags=tamper_flags)
+                 ran_exactly_the_expected=False, flags=tamper_flags, wall_limit_s=sandbox.spec.limits.wall_s)
 
 
 def score(
@@ -282,13 +310,14 @@ def score(
     runner_passed: bool | None,
     ran_exactly_the_expected: bool,
     flags: Sequence[TamperFlag] = (),
+    wall_limit_s: float = 0.0,
 ) -> GradeResult:
-    """Rules 3-7 of the module docstring, for a run that happened (status is not XX).
+    """Rules 4-8 of the module docstring, for a run that happened (status is not XX).
 
     `runner_passed` is the runner's own verdict (None: it gave none). With
     `ran_exactly_the_expected` (our harness) it must equal "every expected test passed";
     otherwise (a test command that may run more tests) "no collected test failed"."""
-    outcomes, messages = _outcomes(expected, report or [], node_id)
+    outcomes, messages, details = _outcomes(expected, report or [], node_id)
     passed = sum(o is Outcome.PASSED for o in outcomes.values())
     all_passed = passed == len(expected)
     components = {"tests_passed_fraction": passed / len(expected), "all_passed": float(all_passed)}
@@ -307,6 +336,7 @@ def score(
         outcomes=outcomes, tests_expected=len(expected), tests_collected=len(report or []),
         suite_ran=report is not None, tamper_flags=tuple(flags), reward_components=components,
         reward=reward, reward_status=RewardStatus.SCORED, exec=result, messages=messages,
+        failure=diagnose(outcomes, messages, details, report, result, [flag.value for flag in flags], wall_limit_s),
     )
 
 
@@ -352,19 +382,22 @@ def _junit_key(node_id: str) -> tuple[str, str]:
 
 
 def _outcomes(expected: list[str], report: list[TestOutcome], node_id
-              ) -> tuple[dict[str, Outcome], dict[str, str]]:
+              ) -> tuple[dict[str, Outcome], dict[str, str], dict[str, str]]:
+    """Each expected test's outcome (the worst of its entries), short message and traceback."""
     worst: dict[str, TestOutcome] = {}
     for t in report:
         key = node_id(t)
         if key is not None and (key not in worst or _SEVERITY[t.outcome] > _SEVERITY[worst[key].outcome]):
             worst[key] = t
-    outcomes, messages = {}, {}
+    outcomes, messages, details = {}, {}, {}
     for test in expected:
         found = worst.get(test)
         outcomes[test] = found.outcome if found else Outcome.MISSING
         if found and found.message:
             messages[test] = found.message
-    return outcomes, messages
+        if found and found.details:
+            details[test] = found.details
+    return outcomes, messages, details
 
 
 def _parse(data: str | bytes) -> list[TestOutcome] | None:
@@ -406,11 +439,16 @@ def _write_private(path: Path, text: str, sandbox: Sandbox) -> None:
     os.chown(path, sandbox.spec.uid, sandbox.spec.gid)
 
 
-def _unscored(status: RewardStatus, exec_result: ExecResult, message: str, expected: list) -> GradeResult:
+_UNSCORED_REASON = {RewardStatus.INFRA_ERROR: FailureReason.INFRASTRUCTURE, RewardStatus.INVALID: FailureReason.INVALID_TASK}
+
+
+def _unscored(status: RewardStatus, exec_result: ExecResult, message: str, expected: list,
+              failure: Diagnosis | None = None) -> GradeResult:
     return GradeResult(
         outcomes={}, tests_expected=len(expected), tests_collected=0, suite_ran=False, tamper_flags=(),
         reward_components={}, reward=None, reward_status=status, exec=exec_result,
         messages={"_": message} if message else {},
+        failure=failure or Diagnosis.of(_UNSCORED_REASON[status], message or "(no message)"),
     )
 
 

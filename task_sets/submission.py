@@ -19,6 +19,7 @@ import time
 from sandbox import python_ast
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
+from sandbox.diagnosis import Diagnosis, FailureReason
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import Limits, SandboxSpec
 from sandbox.test_report import Outcome
@@ -78,14 +79,15 @@ def _grade_repository(
         return reward.apply(_not_applied(task, sandbox, str(e), time.monotonic() - started), compiles=False,
                             process=process)
     guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests)
+    changed = changed_paths(task.files, submitted)
     graded = grade_test_command(
         sandbox, guarded.files, task.expected_tests, task.test_command, grader_files=task.grader_files,
         verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags, sealed=guarded.sealed,
+        changed=changed, repository=task.files.keys(),
     )
     if guarded.touched:
         graded.messages["_protected"] = "restored before grading: " + ", ".join(guarded.touched)
     graded = _repository_progress(graded, task)
-    changed = changed_paths(task.files, submitted)
     edited = [submitted[path] for path in sorted(changed) if path.endswith(".py") and path in submitted]
     compiles = bool(changed) and all(_parses(source) for source in edited)
     return reward.apply(graded, compiles=compiles, code=edited, process=process)
@@ -139,4 +141,5 @@ def _not_applied(task: RepositoryTask, sandbox: Sandbox, reason: str, wall_s: fl
         outcomes=dict.fromkeys(expected, Outcome.MISSING), tests_expected=len(expected), tests_collected=0,
         suite_ran=False, tamper_flags=(), reward_components={"tests_passed_fraction": 0.0, "all_passed": 0.0},
         reward=0.0, reward_status=RewardStatus.SCORED, exec=applying, messages={"_": f"the diff does not apply: {reason}"},
+        failure=Diagnosis.of(FailureReason.DIFF_DOES_NOT_APPLY, reason),
     )

@@ -7,6 +7,8 @@ For every task:
   (else the tests are too lax to tell a correct implementation from a coincidental pass);
   for a repository task, the empty diff fails;
 - no grading ends as an infrastructure error (else the task cannot be judged here).
+An environment error of the reference (a module its tests import is not installed) makes the
+task broken, with the missing piece named: its environment must be fixed.
 """
 
 from __future__ import annotations
@@ -106,9 +108,6 @@ def _varying_tests(grades: list[GradeResult]) -> tuple[str, ...]:
 
 
 def _first_failure(grade: GradeResult) -> str:
-    if grade.reward_status is not RewardStatus.SCORED:
-        return f"{grade.reward_status}: {'; '.join(grade.messages.values())}"[:300]
-    failed = [t for t, outcome in grade.outcomes.items() if outcome != "passed"]
-    message = grade.messages.get(failed[0], "") if failed else ""
-    flags = f" (tamper flags: {', '.join(grade.tamper_flags)})" if grade.tamper_flags else ""
-    return f"reference fails {failed[0] if failed else 'the suite'}{flags}: {message}"[:300]
+    """Why the reference failed, in one line: the reason and its detail (sandbox/diagnosis.py)."""
+    status = "" if grade.reward_status is RewardStatus.SCORED else f"{grade.reward_status.value}, "
+    return f"reference fails ({status}{grade.failure.reason.value}): {grade.failure.detail}"

