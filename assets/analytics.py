@@ -39,8 +39,8 @@ from datastore import catalog
 from training.evaluation.monitors import SAMPLE_CHECKS, judge_samples
 
 ITERATION_MEASURES = ("tasks", "samples", "scored", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",
-                      "reward_p90", "zero_variance_fraction", "infra_error_rate", "invalid_rate", "truncation_rate",
-                      "tamper_rate", "generate_s", "sandbox_s", "response_tokens", "sampled_tokens",
+                      "reward_p90", "zero_variance_fraction", "infra_error_rate", "env_error_rate", "invalid_rate",
+                      "truncation_rate", "tamper_rate", "generate_s", "sandbox_s", "response_tokens", "sampled_tokens",
                       "generated_tokens")
 TASK_COLUMNS = ("task_id", "family", "difficulty", "samples", "pass_rate", "reward_mean", "reward_std",
                 "zero_variance_groups", "infra_error_rate", "truncation_rate", "tamper_rate", "generate_s",

@@ -172,6 +172,7 @@ def verified_rollouts(
             "informative_groups": graded.informative,
             "refill_rounds": graded.rounds,
             "infra_errors": statuses[RewardStatus.INFRA_ERROR],
+            "env_errors": statuses[RewardStatus.ENV_ERROR],
             "invalid": statuses[RewardStatus.INVALID],
             "regraded": repeat.sampled,
             "regrade_agreement": repeat.rate,

@@ -5,9 +5,9 @@ stability monitors, the run summary and `crucible curve` all read them, so a mon
 value and an analyst's query can never disagree.
 
 Definitions:
-- A sample counts towards a pass rate only if it was scored: an infrastructure error or a broken
-  task (reward_status infra_error or invalid) is kept apart, as its own rate, never counted as a
-  failure. `passed` itself is GradeResult.passed (sandbox/verdict.py).
+- A sample counts towards a pass rate only if it was scored: an infrastructure error, an
+  environment that cannot run the tests or a broken task (reward_status infra_error, env_error or
+  invalid) is kept apart, as its own rate, never counted as a failure. `passed` itself is GradeResult.passed (sandbox/verdict.py).
 - `reward_mean`, `reward_std` (sample standard deviation): over scored samples (reward is null
   otherwise).
 - A group (the samples of one prompt) carries a learning signal when at least two of its samples
@@ -41,6 +41,7 @@ SAMPLE_MEASURES = f"""
     count(DISTINCT group_id) AS groups,
     count(DISTINCT group_id) FILTER (WHERE flat_group) AS zero_variance_groups,
     avg((reward_status = 'infra_error')::INT) AS infra_error_rate,
+    avg((reward_status = 'env_error')::INT) AS env_error_rate,
     avg((reward_status = 'invalid')::INT) AS invalid_rate,
     avg((finish_reason = 'length')::INT) AS truncation_rate,
     avg((len(tamper_flags) > 0)::INT) AS tamper_rate,

@@ -10,16 +10,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sandbox.closed_set import ClosedSet
+from sandbox.diagnosis import FailureReason
 from sandbox.result import ExecStatus
 from sandbox.test_report import Outcome
 from sandbox.verdict import RewardStatus, TamperFlag
 
-SCHEMA_VERSION = 7  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
+SCHEMA_VERSION = 8  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;
 # 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl,
 # and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
 # tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone;
-# 7: regrades and outputs (new datasets; the others are unchanged)
+# 7: regrades and outputs (new datasets; the others are unchanged); 8: failure_reason and
+# failure_detail on trajectories, model evaluations and regrades (why a grading did not pass)
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -45,6 +47,12 @@ TURN = pa.struct(
 TEST_RESULT = pa.struct([("name", pa.string()), ("outcome", pa.string()), ("message", pa.string())])  # Outcome
 PASSED_DOC = ("scored, no tamper flag, not killed, a report, and every expected test passed "
               "(GradeResult.passed, the one definition every pass rate counts)")
+
+FAILURE_FIELDS = (
+    _field("failure_reason", pa.string(), "why the grading did not pass (FailureReason); null when it passed"),
+    _field("failure_detail", pa.string(), "one line: the failing test and its message, the missing module, the "
+           "limit hit; empty when it passed"),
+)
 
 TIMINGS = pa.struct(
     [
@@ -81,6 +89,7 @@ TRAJECTORIES = pa.schema(
         _field("reward_version", pa.string(), "the reward function that set `reward`: name@hash of its weights"),
         _field("passed", pa.bool_(), PASSED_DOC),
         _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader (TamperFlag)"),
+        *FAILURE_FIELDS,
         _field("exec_status", pa.string(), "what the grading run's command did (ExecStatus)"),
         _field("timings", TIMINGS, "seconds per phase: generate_s (its share of the batch's generation), "
                "queue_s (waiting for a sandbox slot), exec_s (the grading command), verify_s (the whole grading)"),
@@ -201,6 +210,7 @@ REGRADES = pa.schema(
         _field("reward_version", pa.string(), "the reward function of this re-grading: name@hash of its weights"),
         _field("passed", pa.bool_(), PASSED_DOC),
         _field("tamper_flags", pa.list_(pa.string()), "signs the submission gamed the grader (TamperFlag)"),
+        *FAILURE_FIELDS,
         _field("exec_status", pa.string(), "what the grading run's command did (ExecStatus)"),
         _field("test_results", pa.list_(TEST_RESULT), "per hidden test outcome"),
         _field("code_version", pa.string(), "crucible version and hash of the grading source that re-graded"),
@@ -245,12 +255,12 @@ DATASETS: dict[str, pa.Schema] = {
 # any other value is refused (`unknown_value`).
 CLOSED_SETS: dict[str, dict[str, type[ClosedSet]]] = {
     "trajectories": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
-                     "test_results.outcome": Outcome},
+                     "test_results.outcome": Outcome, "failure_reason": FailureReason},
     "evaluations": {"reward_status": RewardStatus},
     "model_evaluations": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
-                          "test_results.outcome": Outcome},
+                          "test_results.outcome": Outcome, "failure_reason": FailureReason},
     "regrades": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
-                 "test_results.outcome": Outcome},
+                 "test_results.outcome": Outcome, "failure_reason": FailureReason},
 }
 
 

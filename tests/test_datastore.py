@@ -47,6 +47,8 @@ def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 
         "reward_version": "tests-passed-fraction@5e1e1b606039",
         "passed": reward == 1.0,
         "tamper_flags": [],
+        "failure_reason": None if reward == 1.0 else "tests_failed",
+        "failure_detail": "" if reward == 1.0 else "1 of 2 expected tests failed; first: test_b",
         "exec_status": "OK",
         "timings": {"generate_s": 0.1, "queue_s": 0.0, "exec_s": 0.02, "verify_s": 0.03},
         "prompt_tokens": 3,

@@ -43,16 +43,17 @@ def test_each_monitor_catches_its_failure(change, finite, failed, severity):
     assert bool(blocking_failures(verdicts)) == (severity == "error")
 
 
-HEALTHY_SAMPLES = {"infra_error_rate": 0.0, "tamper_rate": 0.0, "truncation_rate": 0.1, "zero_variance_fraction": 0.5}
+HEALTHY_SAMPLES = {"infra_error_rate": 0.0, "env_error_rate": 0.0, "tamper_rate": 0.0, "truncation_rate": 0.1, "zero_variance_fraction": 0.5}
 
 
 @pytest.mark.parametrize(("change", "failed", "severity"), [
     ({}, None, None),
     ({"infra_error_rate": 0.21}, "infra_errors_within_limit", "error"),
+    ({"env_error_rate": 0.21}, "env_errors_within_limit", "error"),
     ({"tamper_rate": 0.11}, "tampering_within_limit", "error"),
     ({"truncation_rate": 0.6}, "truncation_within_limit", "warn"),
     ({"zero_variance_fraction": 0.95}, "learning_signal_present", "warn"),
-    ({"infra_error_rate": 0.2, "tamper_rate": 0.1, "truncation_rate": 0.5, "zero_variance_fraction": 0.9}, None, None),
+    ({"infra_error_rate": 0.2, "env_error_rate": 0.2, "tamper_rate": 0.1, "truncation_rate": 0.5, "zero_variance_fraction": 0.9}, None, None),
 ])
 def test_each_sample_monitor_catches_its_failure_at_its_limit(change, failed, severity):
     verdicts = judge_samples({**HEALTHY_SAMPLES, **change})

@@ -85,7 +85,7 @@ def test_iteration_assets_are_partitioned_by_experiment_and_iteration():
     assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories"), AssetKey("iteration_rewards")}
     checks = graph.get(AssetKey("iteration_rewards")).check_keys
     assert {key.name for key in checks if graph.get_check_spec(key).blocking} == {
-        "infra_errors_within_limit", "tampering_within_limit"}
+        "infra_errors_within_limit", "env_errors_within_limit", "tampering_within_limit"}
     assert graph.get(AssetKey("rollouts")).parent_keys == {AssetKey("task_set"), AssetKey("base_policy")}
 
 

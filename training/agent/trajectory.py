@@ -47,6 +47,7 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "reward_version": grade.reward_version,
         "passed": grade.passed,
         "tamper_flags": [flag.value for flag in grade.tamper_flags],
+        **failure_columns(grade),
         "exec_status": execution.status.value,
         "timings": {
             "generate_s": rollout.generate_s,
@@ -73,9 +74,14 @@ def regrade_row(trajectory: dict, task: Task, grade: GradeResult, trajectory_fil
         "original_reward_version": trajectory["reward_version"],
         "reward": grade.reward, "reward_status": grade.reward_status.value, "reward_version": grade.reward_version,
         "passed": grade.passed, "tamper_flags": [flag.value for flag in grade.tamper_flags],
-        "exec_status": grade.exec.status.value, "test_results": _test_results(grade),
+        **failure_columns(grade), "exec_status": grade.exec.status.value, "test_results": _test_results(grade),
         "code_version": code_version(), "regraded_at": at,
     }
+
+
+def failure_columns(grade: GradeResult) -> dict:
+    return {"failure_reason": grade.failure.reason.value if grade.failure else None,
+            "failure_detail": grade.failure.detail if grade.failure else ""}
 
 
 def _test_results(grade: GradeResult) -> list[dict]:

@@ -3,7 +3,8 @@ step safe to sample from?
 
 Before the step, the samples' reward analytics (`judge_samples`):
 - errors (the training step does not run): infrastructure errors above `max_infra_error_rate`
-  (the graded batch is a biased remainder, and the sandbox needs attention); tampered
+  (the graded batch is a biased remainder, and the sandbox needs attention); environment errors
+  above `max_env_error_rate` (the tasks' environments lack what their tests need); tampered
   submissions above `max_tamper_rate` (the policy is learning to game the grader);
 - warnings: truncated responses above `max_truncation_rate`; zero-variance groups above
   `max_zero_variance_fraction` (little learning signal: the tasks are too easy or too hard).
@@ -47,6 +48,9 @@ class MonitorConfig(BaseModel):
                                    "by more than this over the previous iteration")
     max_infra_error_rate: float = Field(0.2, ge=0, le=1, description="share of samples whose grading hit an "
                                         "infrastructure error; above it the training step does not run")
+    max_env_error_rate: float = Field(0.2, ge=0, le=1, description="share of samples whose task environment "
+                                      "could not run the tests (a module or program missing); above it the "
+                                      "training step does not run")
     max_tamper_rate: float = Field(0.1, ge=0, le=1, description="share of samples with a tamper flag; above it "
                                    "the training step does not run")
     max_truncation_rate: float = Field(0.5, ge=0, le=1, description="warn when more of the responses than this "
@@ -90,6 +94,7 @@ def judge(signals: dict[str, float], history: list[dict[str, float]], finite_wei
 
 SAMPLE_CHECKS = {  # check: (the measure it bounds, the MonitorConfig limit, severity)
     "infra_errors_within_limit": ("infra_error_rate", "max_infra_error_rate", "error"),
+    "env_errors_within_limit": ("env_error_rate", "max_env_error_rate", "error"),
     "tampering_within_limit": ("tamper_rate", "max_tamper_rate", "error"),
     "truncation_within_limit": ("truncation_rate", "max_truncation_rate", "warn"),
     "learning_signal_present": ("zero_variance_fraction", "max_zero_variance_fraction", "warn"),
