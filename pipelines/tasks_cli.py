@@ -54,7 +54,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     importer.add_argument("--format", required=True, choices=FORMATS)
     importer.add_argument("--name", required=True, help="the new task set's name")
     importer.add_argument("--split", choices=SPLITS, default="eval",
-                          help="eval (default: benchmarks are for evaluation), train, or hash (80/20 by id)")
+                          help="eval (default: benchmarks are for evaluation), train, hash (80/20 by id), or "
+                          "source (the format's own split: MBPP's paper split)")
     importer.add_argument("--repos", type=Path, help="swebench: the folder holding each instance's repository "
                           "as a git clone named OWNER__NAME (default: PATH's folder/repos)")
     importer.set_defaults(handler=command_import)

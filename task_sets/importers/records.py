@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from task_sets.schema import Split, Task, TaskBase
 from task_sets.splits import hash_splits
 
-SPLITS = ("eval", "train", "hash")  # hash: 80/20 by task id
+SPLITS = ("eval", "train", "hash", "source")  # hash: 80/20 by task id; source: the format's own split
 EVAL_FRACTION = 0.2
 
 
