@@ -39,6 +39,7 @@ from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
+from environments.build import BuildError, build_all
 from sandbox.verdict import RewardStatus
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
@@ -94,11 +95,18 @@ def task_set(
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
     tasks = iteration.sample_tasks()
+    # Every environment the set declares (the held-out tasks' too), built once for this backend.
+    try:
+        environments = build_all([t.environment for t in iteration.task_set.tasks if t.environment],
+                                 crucible.sandbox_backend, progress=context.log.info)
+    except BuildError as e:
+        raise Failure(str(e)) from None
     store, name, number = crucible.store(), iteration.experiment.name, iteration.number
     store.write_partition("tasks", name, number, rows_to_table("tasks", iteration.task_rows(tasks)))
     report_stored(context, store, "tasks", name, number)
     by_difficulty = Counter(task.difficulty for task in tasks)
-    yield Output(tasks, metadata={"tasks": len(tasks),
+    yield Output(tasks, metadata={"tasks": len(tasks), "environments": ", ".join(e.digest[:16] for e in environments)
+                                  or "none (the sandbox image as it is)",
                                   **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")}})
     split, sampled = separation(iteration.task_set), {task.id for task in tasks}
     not_train = sorted(task.id for task in tasks if task.split != "train")

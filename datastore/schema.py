@@ -21,7 +21,8 @@ SCHEMA_VERSION = 8  # 2: reward_version on trajectories and evaluations; 3: repl
 # and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
 # tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone;
 # 7: regrades and outputs (new datasets; the others are unchanged); 8: failure_reason and
-# failure_detail on trajectories, model evaluations and regrades (why a grading did not pass)
+# failure_detail on trajectories, model evaluations and regrades (why a grading did not pass),
+# environment (the digest of the task's built environment) on trajectories and model evaluations
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -99,6 +100,8 @@ TRAJECTORIES = pa.schema(
         _field("error_class", pa.string(), "exception class of an infrastructure error, else null"),
         _field("sandbox_backend", pa.string(), "sandbox backend that graded the sample"),
         _field("sandbox_spec_hash", pa.string(), "hash of the SandboxSpec used for grading"),
+        _field("environment", pa.string(), "digest of the task's built environment (environments/); null: the "
+               "sandbox image as it is"),
     ]
 )
 

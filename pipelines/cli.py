@@ -25,7 +25,7 @@ from datastore import catalog
 from datastore.results import FORMATS as RESULT_FORMATS
 from datastore.results import write_result
 from datastore.store import DatasetStore, StorageUnavailable
-from pipelines import environment, eval_cli, tasks_cli, verify_cli
+from pipelines import env_cli, environment, eval_cli, tasks_cli, verify_cli
 from pipelines.errors import RunFailed, UserError
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
@@ -293,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     execute.set_defaults(handler=command_sandbox_exec)
     tasks_cli.add_commands(commands)
     verify_cli.add_commands(commands)
+    env_cli.add_commands(commands)
     eval_cli.add_commands(commands)
     return parser
 

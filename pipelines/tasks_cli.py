@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines import environment
+from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
@@ -195,6 +196,7 @@ def load(name: str) -> TaskSet:
 def command_validate(args: argparse.Namespace) -> int:
     """Exit 0 when every task is fit to judge with and no eval prompt is copied into train, else 1."""
     task_set = load(args.task_set)
+    ensure_built(task_set.tasks, args.backend)
     with grading_pool(args.backend, args.workers) as pool:
         report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
     if report.problems:

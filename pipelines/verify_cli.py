@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from pipelines import environment
+from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
 from pipelines.tasks_cli import grading_pool, load
 from sandbox.backends import BACKENDS
@@ -55,6 +56,7 @@ def command_verify(args: argparse.Namespace) -> int:
     except SamplesError as e:
         raise UserError(f"--solutions {e}") from None
     grades: dict[int, GradeResult] = {}
+    ensure_built([sample.task for sample in read.samples], args.backend)
     with grading_pool(args.backend, args.workers) as pool:
         futures = [(sample, pool.submit(sandbox_spec(sample.task), partial(grade_solution, sample.task,
                                                                            sample.solution, reward=task_set.reward)))

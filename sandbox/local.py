@@ -54,7 +54,7 @@ from sandbox.bwrap_exec import (
 )
 from sandbox.capture import OutputCapture
 from sandbox.result import ExecResult, ExecStatus
-from sandbox.spec import SandboxSpec
+from sandbox.spec import ENVIRONMENT_ROOT, SandboxSpec
 from sandbox.workspace import HostWorkspace, clear_directory
 
 BWRAP = "/usr/bin/bwrap"
@@ -87,6 +87,8 @@ class LocalSandbox:
         self.cgroup_host = cgroups.detect(cgroup_parent)
         self.scratch_dir = Path(scratch_dir or _default_scratch(self.cgroup_host))
         self.has_seccomp = _seccomp_available()
+        if spec.overlay and not Path(spec.overlay, "environment.json").is_file():
+            raise SandboxUnavailable(f"the environment at {spec.overlay} is not built (crucible env build)")
         self.weaknesses = self._weaknesses()
         if self.weaknesses and not spec.allow_weak_isolation:
             raise SandboxUnavailable(
@@ -261,6 +263,10 @@ class LocalSession(SessionLifecycle):
         args += ["--ro-bind", "/usr", "/usr"]
         for link, target in _SYSTEM_LINKS.items():
             args += ["--symlink", target, link]
+        if self.spec.overlay:  # the task's environment: its packages beside the host's /usr
+            for parent in reversed(PurePosixPath(ENVIRONMENT_ROOT).parents[:-1]):
+                args += ["--perms", "0755", "--dir", str(parent)]  # else 0700: unreachable
+            args += ["--ro-bind", self.spec.overlay, ENVIRONMENT_ROOT]
         args += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable
         for name in _ETC_BASE + (_ETC_NETWORK if self.spec.network else ()):
             if os.path.lexists(f"/etc/{name}"):
@@ -343,7 +349,7 @@ def _seccomp_available() -> bool:
 
 
 def _check_host(spec: SandboxSpec) -> None:
-    if spec.image != "host":
+    if spec.image != "host" and not spec.overlay:  # an environment's image is its overlay here
         raise SandboxUnavailable(f"the local backend runs image 'host' only, not {spec.image!r}")
     for tool in (BWRAP, SH, SETPRIV, SANDBOX_PYTHON):
         if not os.access(tool, os.X_OK):

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
+ENVIRONMENT_ROOT = "/opt/crucible/env"  # where a built environment is seen inside the sandbox
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -25,10 +27,13 @@ class SandboxSpec:
     """How to run: the interpreter image, limits, network and environment.
 
     `image` names the root filesystem; the local backend uses the host's read-only system
-    directories and records "host" here (Docker images are referred to by digest).
+    directories and records "host" here (Docker images are referred to by digest). A task's
+    built environment (environments/) is its own image on Docker, and on the local backend
+    `overlay`: a host directory shown read-only at ENVIRONMENT_ROOT.
     """
 
     image: str = "host"
+    overlay: str = ""
     limits: Limits = field(default_factory=Limits)
     network: bool = False
     env: tuple[tuple[str, str], ...] = (

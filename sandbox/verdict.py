@@ -269,7 +269,8 @@ def grade_test_command(
     (hidden tests, protected paths) cannot be changed by the run (Session.protect). `changed`
     (the paths the submission changed) and `repository` (the pristine repository's paths) tell
     an environment error from the submission's own (sandbox/diagnosis.py)."""
-    command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={PLUGIN_DIR}",
+    python_path = ":".join([PLUGIN_DIR, *(value for key, value in sandbox.spec.env if key == "PYTHONPATH")])
+    command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={python_path}",
                "PYTHONDONTWRITEBYTECODE=1", "/bin/sh", "-c", test_command]
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
     plugin = _plugin_files()

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +26,7 @@ from types import MappingProxyType
 import yaml
 from pydantic import ValidationError
 
+from environments.spec import EnvironmentSpec
 from task_sets.rewards import DEFAULT, RewardError, RewardFunction, load_reward_function
 from task_sets.schema import TASK_KINDS, Split, Task, parse_task
 
@@ -38,6 +40,7 @@ Record = tuple[str, object]
 
 
 SYSTEM_MESSAGE_FILE = "system.md"  # optional, beside the task files
+ENVIRONMENT_FILE = "environment.toml"  # optional: the environment of every task that names none
 
 
 class TaskSetError(ValueError):
@@ -101,7 +104,8 @@ def _set_names(directory: Path) -> list[str]:
 def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
     """Load a built-in set by bare name, or a task file or directory by path."""
     root, name = _resolve(name_or_path)
-    tasks = _validate_all(_records(root))
+    environment = _set_environment(root) if root.is_dir() else None
+    tasks = _validate_all((where, _with_environment(record, environment)) for where, record in _records(root))
     if not tasks:
         raise TaskSetError(f"{root.name}: task set is empty")
     try:
@@ -111,6 +115,43 @@ def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
     system = root / SYSTEM_MESSAGE_FILE if root.is_dir() else None
     system_message = system.read_text(encoding="utf-8").strip() if system and system.is_file() else None
     return TaskSet(name=name, tasks=tuple(tasks), reward=reward, system_message=system_message or None)
+
+
+def _set_environment(root: Path) -> dict | None:
+    """The set's environment.toml as an environment record: `python` (requirement lines) or
+    `python_lock` (a requirements file beside it, hashes and all), `debian`, `[env]`."""
+    path = root / ENVIRONMENT_FILE
+    if not path.is_file():
+        return None
+    try:
+        declared = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise TaskSetError(f"{root.name}/{ENVIRONMENT_FILE}: malformed TOML: {e}") from None
+    lock = declared.pop("python_lock", None)
+    if lock is not None:
+        lock_path = root / str(lock)
+        if "python" in declared or not lock_path.is_file() or not lock_path.resolve().is_relative_to(root.resolve()):
+            raise TaskSetError(f"{root.name}/{ENVIRONMENT_FILE}: python_lock {lock!r} must name a requirements file "
+                               "beside it, instead of `python`")
+        declared["python"] = [line for line in _lock_lines(lock_path.read_text(encoding="utf-8"))]
+    try:
+        return EnvironmentSpec(**declared).model_dump(mode="json")
+    except (ValidationError, TypeError) as e:
+        reasons = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()) \
+            if isinstance(e, ValidationError) else str(e)
+        raise TaskSetError(f"{root.name}/{ENVIRONMENT_FILE}: {reasons}") from None
+
+
+def _lock_lines(text: str) -> list[str]:
+    """A requirements file's requirements, continuation lines joined, comments dropped."""
+    joined = text.replace("\\\n", " ")
+    return [line.split(" #")[0].strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _with_environment(record: object, environment: dict | None) -> object:
+    if environment is None or not isinstance(record, dict) or record.get("environment") is not None:
+        return record
+    return {**record, "environment": environment}
 
 
 def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:

@@ -33,6 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from environments.spec import EnvironmentSpec
 from sandbox import python_ast
 
 Difficulty = Literal["easy", "medium", "hard"]
@@ -74,6 +75,8 @@ class TaskBase(BaseModel):
     limits: TaskLimits = Field(default_factory=TaskLimits)
     network: bool = False
     image: str = "host"
+    environment: EnvironmentSpec | None = Field(None, description="what the tests need installed (environments/); "
+                                                "None: the sandbox image as it is")
     split: Split
 
     @field_validator("files")
@@ -87,7 +90,8 @@ class TaskBase(BaseModel):
     @property
     def version(self) -> str:
         """Content hash: changes whenever anything the model or grader sees changes."""
-        body = self.model_dump(exclude={"version"}, mode="json")
+        unset = {"environment"} if self.environment is None else set()  # versions from before environments hold
+        body = self.model_dump(exclude={"version", *unset}, mode="json")
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

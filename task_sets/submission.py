@@ -16,6 +16,8 @@ import dataclasses
 import shlex
 import time
 
+from environments.spec import EnvironmentSpec
+from environments.store import EnvironmentStore, image_tag
 from sandbox import python_ast
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
@@ -33,10 +35,16 @@ SOLUTION_FILE = "solution.py"
 HIDDEN_TESTS_FILE = "test_hidden.py"
 
 
-def sandbox_spec(task: Task) -> SandboxSpec:
+def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSpec:
+    """How `task` runs: its limits and network, in its environment where it declares one (the
+    Docker image built for it, or on the local backend its built tree from `store`)."""
     limits = task.limits
+    environment = task.environment
+    defaults = SandboxSpec()
     return SandboxSpec(
-        image=task.image,
+        image=image_tag(environment.digest) if environment else task.image,
+        overlay=str((store or EnvironmentStore()).path(environment.digest)) if environment else "",
+        env=_with_environment(defaults.env, environment),
         network=task.network,
         limits=Limits(
             wall_s=limits.wall_s,
@@ -46,6 +54,15 @@ def sandbox_spec(task: Task) -> SandboxSpec:
             disk_mb=limits.disk_mb,
         ),
     )
+
+
+def _with_environment(env: tuple[tuple[str, str], ...], environment: EnvironmentSpec | None
+                      ) -> tuple[tuple[str, str], ...]:
+    if environment is None:
+        return env
+    path = dict(env)["PATH"]
+    return (*((k, v) for k, v in env if k != "PATH"), ("PATH", f"{environment.path_prefix()}:{path}"),
+            *environment.sandbox_env())
 
 
 def grade_solution(

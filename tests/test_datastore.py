@@ -57,6 +57,7 @@ def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 
         "error_class": None,
         "sandbox_backend": "local",
         "sandbox_spec_hash": "s",
+        "environment": None,
     }
 
 

@@ -90,6 +90,16 @@ def _imported_names(source: str) -> set[str]:
     return found
 
 
+def _check_own_imports(source: str) -> None:
+    """Raise ModuleNotFoundError for the first module the tests import (besides the solution)
+    that cannot be found: only on the failure path, so its import costs nothing otherwise."""
+    import importlib.util
+
+    for name in sorted(_imported_names(source) - {"solution"}):
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
 def _short(exc: BaseException) -> str:
     try:
         text = f"{type(exc).__name__}: {exc}"
@@ -294,6 +304,7 @@ def run_file(path: str, import_error: BaseException | None = None) -> list[Case]
     cases = [Case(os.path.splitext(os.path.basename(path))[0], n) for n in test_names(source, path)]
     try:
         if import_error is not None and "solution" in _imported_names(source):
+            _check_own_imports(source)  # a module the tests need and nobody installed is not the submission's fault
             raise import_error
         module = _import_file(path, source)
     except BaseException as e:  # a solution that does not import (or exits) fails every test
@@ -361,6 +372,8 @@ def main(argv: list[str]) -> int:
     report_fd = os.dup(1)  # the report's only way out; stdout itself now goes to stderr
     os.dup2(2, 1)
     sys.path[:0] = [tests_dir]  # test helpers; never the workspace, whose code is untrusted
+    if os.environ.get("CRUCIBLE_ENV"):  # the task's built environment (set by the grader, not the submission)
+        sys.path.append(os.environ["CRUCIBLE_ENV"] + "/site-packages")
     sys.dont_write_bytecode = True
     start = time.perf_counter()
     submission = Submission(options["--workspace"], keep_out=(report_fd,))

@@ -61,6 +61,7 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "error_class": execution.error.split(":", 1)[0] if execution.error else None,
         "sandbox_backend": execution.backend,
         "sandbox_spec_hash": execution.spec_hash,
+        "environment": task.environment.digest if task.environment else None,
     }
 
 

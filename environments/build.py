@@ -1,0 +1,194 @@
+"""Build an environment once, for the local backend or for Docker; a second build of the same
+spec costs nothing (the store already has it).
+
+- Python packages: pip, from the registries, run for the sandbox's own interpreter
+  (`pip --python /usr/bin/python3 install --target <digest>/site-packages`), so compiled
+  wheels match the interpreter the tests run under, on both backends.
+- Debian packages: on Docker, installed into the image (`apt-get install` in a `docker build`
+  from the sandbox base image); on the local backend, which runs on this host's /usr, they must
+  already be installed here, and a build that lacks one says which.
+- Docker: the image `crucible-env:<digest>` is `FROM` the base image, with the built tree
+  copied to ENVIRONMENT_ROOT; it is labelled with its digest so `crucible env prune` finds it.
+A failed build names what failed and the log line that says why, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from environments.spec import SITE_PACKAGES, EnvironmentSpec
+from environments.store import Built, EnvironmentStore, image_tag
+from sandbox.bwrap_exec import SANDBOX_PYTHON
+from sandbox.spec import ENVIRONMENT_ROOT
+
+PIP_TIMEOUT_S = 1800
+DOCKER_BUILD_TIMEOUT_S = 1800
+LABEL = "crucible.environment"
+STORE_LABEL = "crucible.environment.store"  # prune removes only the images its own store built
+_PIP_ERROR = re.compile(r"^ERROR: (.*)$", re.M)
+_PIP_REQUIREMENT = re.compile(r"requirement ([^\s(]+)|for ([^\s(]+)|Failed to build ([^\s]+)|"
+                              r"[Cc]ould not build wheels for ([^\s,]+)")
+
+
+class BuildError(RuntimeError):
+    """The environment could not be built; the message names the package and the log line."""
+
+
+def build(spec: EnvironmentSpec, store: EnvironmentStore, backend: str = "local",
+          progress: Callable[[str], None] = lambda line: None) -> Built:
+    """The built environment of `spec` for `backend` ("local" or "docker"), building what is missing."""
+    built = store.get(spec.digest) or _build_tree(spec, store, progress)
+    if backend == "docker":
+        _ensure_image(spec, built, store, progress)
+    elif _missing_debian(spec.debian):
+        raise BuildError(f"environment {spec.short} needs Debian package(s) {', '.join(_missing_debian(spec.debian))}, "
+                         "which this host does not have: the local backend runs on the host's /usr (install them, "
+                         "or use the Docker backend)")
+    return built
+
+
+def build_all(specs: Iterable[EnvironmentSpec], backend: str, store: EnvironmentStore | None = None,
+              progress: Callable[[str], None] = lambda line: None) -> list[Built]:
+    """Every distinct environment of `specs`, built for `backend` (nothing to do when all are)."""
+    store = store or EnvironmentStore()
+    distinct = {spec.digest: spec for spec in specs}
+    return [build(spec, store, backend, progress) for spec in distinct.values()]
+
+
+def _build_tree(spec: EnvironmentSpec, store: EnvironmentStore, progress: Callable[[str], None]) -> Built:
+    with store.building(spec.digest) as staging:
+        done = store.get(spec.digest)  # built by another process while this one waited
+        if done is not None:
+            return done
+        started = time.monotonic()
+        installed = _pip_install(spec, staging / SITE_PACKAGES, progress) if spec.python else []
+        for name, text in spec.files.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_text(text)
+        record = {"digest": spec.digest, "spec": spec.model_dump(mode="json"), "installed": installed,
+                  "built_at": time.time(),
+                  "build_s": round(time.monotonic() - started, 1)}
+        progress(f"environment {spec.short}: built in {record['build_s']} s ({len(installed)} Python packages)")
+        return store.publish(staging, spec.digest, record)
+
+
+def _pip_install(spec: EnvironmentSpec, target: Path, progress: Callable[[str], None]) -> list[str]:
+    requirements = target.parent / "requirements.txt"
+    requirements.write_text("".join(f"{line}\n" for line in spec.python))
+    command = [sys.executable, "-m", "pip", "--python", SANDBOX_PYTHON, "install", "--no-input",
+               "--disable-pip-version-check", "--no-warn-script-location", "--progress-bar", "off",
+               "--target", str(target), "-r", str(requirements)]
+    progress(f"environment {spec.short}: pip install {len(spec.python)} requirement(s)")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"environment {spec.short}: pip took longer than {PIP_TIMEOUT_S} s") from None
+    finally:
+        requirements.unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise BuildError(f"environment {spec.short}: {_pip_failure(done.stdout + done.stderr)}")
+    return sorted(path.name.removesuffix(".dist-info") for path in target.glob("*.dist-info"))
+
+
+def _pip_failure(log: str) -> str:
+    """The package pip could not install and its log line, e.g. "pip could not install
+    numpy==9.9: Could not find a version that satisfies the requirement numpy==9.9"."""
+    errors = [line for line in _PIP_ERROR.findall(log) if "pip's dependency resolver" not in line]
+    line = errors[0] if errors else (log.strip().splitlines() or ["pip failed with no output"])[-1]
+    found = _PIP_REQUIREMENT.search(line)
+    package = next((group for group in found.groups() if group), None) if found else None
+    return f"pip could not install {package}: {line}" if package else f"pip failed: {line}"
+
+
+def _missing_debian(packages: tuple[str, ...]) -> list[str]:
+    if not packages:
+        return []
+    shown = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Status}\n", *packages],
+                           capture_output=True, text=True)
+    installed = {line.split()[0] for line in shown.stdout.splitlines() if line.endswith(" installed")}
+    return [name for name in packages if name not in installed]
+
+
+# -- Docker ---------------------------------------------------------------------------------
+
+
+def _ensure_image(spec: EnvironmentSpec, built: Built, store: EnvironmentStore, progress: Callable[[str], None]) -> str:
+    import docker  # only here: the local backend needs no docker SDK
+
+    from sandbox.docker import DEFAULT_IMAGE
+
+    client = docker.from_env(timeout=DOCKER_BUILD_TIMEOUT_S)
+    tag = image_tag(spec.digest)
+    try:
+        return client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        base = client.images.get(DEFAULT_IMAGE).id
+    except docker.errors.ImageNotFound:
+        raise BuildError(f"no base image {DEFAULT_IMAGE!r}; build it with scripts/build-sandbox-image") from None
+    progress(f"environment {spec.short}: docker build {tag} from {DEFAULT_IMAGE}")
+    try:
+        image, _ = client.images.build(fileobj=_context(built.path, _dockerfile(base, spec)), custom_context=True,
+                                       tag=tag, labels={LABEL: spec.digest, STORE_LABEL: str(store.root)}, network_mode="host", rm=True,
+                                       forcerm=True)
+    except docker.errors.BuildError as e:
+        lines = [str(chunk.get("stream") or chunk.get("error") or "").strip() for chunk in e.build_log]
+        failing = next((line for line in reversed(lines) if re.search(r"E: |[Ee]rror|Unable to locate", line)),
+                       str(e))
+        raise BuildError(f"environment {spec.short}: docker build failed: {failing}") from None
+    return image.id
+
+
+def _dockerfile(base: str, spec: EnvironmentSpec) -> str:
+    lines = [f"FROM {base}", f"COPY tree {ENVIRONMENT_ROOT}"]  # modes as published: readable by all
+    if spec.debian:
+        lines.append("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                     f"--no-install-recommends {' '.join(spec.debian)} && rm -rf /var/lib/apt/lists/*")
+    return "\n".join(lines) + "\n"
+
+
+def _context(tree: Path, dockerfile: str) -> io.BytesIO:
+    """A build context holding the Dockerfile and the built tree, as a tar in memory."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        tar.add(tree, arcname="tree")
+    buffer.seek(0)
+    return buffer
+
+
+def remove_image(digest: str) -> bool:
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.remove(image_tag(digest), force=True)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def images(store: EnvironmentStore) -> dict[str, str]:
+    """Docker images `store`'s builds made on this daemon: digest -> image id ({} without Docker)."""
+    try:
+        import docker
+    except ImportError:
+        return {}
+    try:
+        client = docker.from_env(timeout=10)
+        found = client.images.list(filters={"label": f"{STORE_LABEL}={store.root}"})
+        return {image.labels[LABEL]: image.id for image in found}
+    except docker.errors.DockerException:  # no daemon: no images to list
+        return {}
+

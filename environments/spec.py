@@ -1,0 +1,78 @@
+"""EnvironmentSpec: what a task's tests need installed, declared as data, identified by digest.
+
+A task (or its set, in `environment.toml` beside the task files) declares:
+- `python`: requirement lines as pip reads them (`numpy==1.26.4`; a lock's lines, hashes and
+  all, make pip check every hash);
+- `debian`: Debian packages;
+- `files`: extra files, by path relative to the environment's root (ENVIRONMENT_ROOT inside the
+  sandbox; CRUCIBLE_ENV names it), e.g. data the tests read;
+- `env`: environment variables for every command.
+The digest is the SHA-256 of that declaration and of the build recipe's version: the same
+spec always names the same built environment, and a changed spec (or recipe) a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sandbox.spec import ENVIRONMENT_ROOT
+
+RECIPE_VERSION = 1  # bump when a build's result changes for the same spec
+SITE_PACKAGES = "site-packages"  # under the root: pip's --target
+RESERVED_ENV = ("PATH", "PYTHONPATH", "HOME", "CRUCIBLE_ENV")
+
+
+class EnvironmentSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    python: tuple[str, ...] = Field((), description="requirement lines, as in a requirements file or lock")
+    debian: tuple[str, ...] = Field((), description="Debian package names")
+    files: dict[str, str] = Field(default_factory=dict, description="files under the environment's root")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+
+    @field_validator("debian")
+    @classmethod
+    def _debian_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not name or not all(c.isalnum() or c in "+-.:" for c in name) or name.startswith("-"):
+                raise ValueError(f"{name!r} is not a Debian package name")
+        return names
+
+    @field_validator("files")
+    @classmethod
+    def _files_inside(cls, files: dict[str, str]) -> dict[str, str]:
+        for name in files:
+            path = PurePosixPath(name)
+            if not name or path.is_absolute() or ".." in path.parts or path.parts[0] == SITE_PACKAGES:
+                raise ValueError(f"{name!r} must be a relative path under the environment's root, "
+                                 f"outside {SITE_PACKAGES}/")
+        return files
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        taken = [name for name in env if name in RESERVED_ENV or not name.isidentifier()]
+        if taken:
+            raise ValueError(f"cannot set {', '.join(taken)}: the environment sets {', '.join(RESERVED_ENV)} itself")
+        return env
+
+    @property
+    def digest(self) -> str:
+        body = {"recipe": RECIPE_VERSION, **self.model_dump(mode="json")}
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    @property
+    def short(self) -> str:
+        return self.digest[:16]
+
+    def sandbox_env(self) -> tuple[tuple[str, str], ...]:
+        """What every command in this environment sees beside the sandbox's own variables."""
+        site = f"{ENVIRONMENT_ROOT}/{SITE_PACKAGES}"
+        return (("PYTHONPATH", site), ("CRUCIBLE_ENV", ENVIRONMENT_ROOT), *sorted(self.env.items()))
+
+    def path_prefix(self) -> str:
+        return f"{ENVIRONMENT_ROOT}/{SITE_PACKAGES}/bin"
