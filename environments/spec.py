@@ -6,7 +6,9 @@ A task (or its set, in `environment.toml` beside the task files) declares:
 - `debian`: Debian packages;
 - `files`: extra files, by path relative to the environment's root (ENVIRONMENT_ROOT inside the
   sandbox; CRUCIBLE_ENV names it), e.g. data the tests read;
-- `env`: environment variables for every command.
+- `env`: environment variables for every command;
+- `python_path`: more directories on PYTHONPATH after the packages, e.g. /workspace/src where a
+  repository keeps its own package under src/.
 The digest is the SHA-256 of that declaration and of the build recipe's version: the same
 spec always names the same built environment, and a changed spec (or recipe) a new one.
 """
@@ -33,6 +35,15 @@ class EnvironmentSpec(BaseModel):
     debian: tuple[str, ...] = Field((), description="Debian package names")
     files: dict[str, str] = Field(default_factory=dict, description="files under the environment's root")
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+    python_path: tuple[str, ...] = Field((), description="absolute directories on PYTHONPATH after the packages")
+
+    @field_validator("python_path")
+    @classmethod
+    def _absolute(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        for path in paths:
+            if not PurePosixPath(path).is_absolute() or ":" in path:
+                raise ValueError(f"{path!r} must be an absolute directory (without ':')")
+        return paths
 
     @field_validator("debian")
     @classmethod
@@ -71,8 +82,8 @@ class EnvironmentSpec(BaseModel):
 
     def sandbox_env(self) -> tuple[tuple[str, str], ...]:
         """What every command in this environment sees beside the sandbox's own variables."""
-        site = f"{ENVIRONMENT_ROOT}/{SITE_PACKAGES}"
-        return (("PYTHONPATH", site), ("CRUCIBLE_ENV", ENVIRONMENT_ROOT), *sorted(self.env.items()))
+        python_path = ":".join([f"{ENVIRONMENT_ROOT}/{SITE_PACKAGES}", *self.python_path])
+        return (("PYTHONPATH", python_path), ("CRUCIBLE_ENV", ENVIRONMENT_ROOT), *sorted(self.env.items()))
 
     def path_prefix(self) -> str:
         return f"{ENVIRONMENT_ROOT}/{SITE_PACKAGES}/bin"

@@ -58,7 +58,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                           help="eval (default: benchmarks are for evaluation), train, hash (80/20 by id), or "
                           "source (the format's own split: MBPP's paper split)")
     importer.add_argument("--repos", type=Path, help="swebench: the folder holding each instance's repository "
-                          "as a git clone named OWNER__NAME (default: PATH's folder/repos)")
+                          "as a git clone named OWNER__NAME, or snapshots OWNER__NAME-<commit>.tar.xz (default: "
+                          "PATH's folder/repos)")
+    importer.add_argument("--recipes", type=Path, help="swebench: install recipes per repository and version, "
+                          "over Crucible's own (task_sets/importers/swebench_recipes.toml shows the shape)")
     importer.set_defaults(handler=command_import)
 
     listing = tasks.add_parser("list", help="task sets, or the tasks of one set")
@@ -89,13 +92,15 @@ def command_import(args: argparse.Namespace) -> int:
     if args.name in builtin_task_set_names():
         raise UserError(f"--name {args.name!r} is a built-in task set; choose another name")
     try:
-        imported = import_tasks(args.format, args.path, ImportOptions(args.name, args.split, args.repos))
+        imported = import_tasks(args.format, args.path, ImportOptions(args.name, args.split, args.repos, args.recipes))
     except ImportError_ as e:
         raise UserError(str(e)) from None
     for rejection in imported.rejected[:MAX_REJECTIONS_SHOWN]:
         errors.print(f"[yellow]rejected[/yellow] {rejection}", highlight=False, markup=True)
     if len(imported.rejected) > MAX_REJECTIONS_SHOWN:
         errors.print(f"… and {len(imported.rejected) - MAX_REJECTIONS_SHOWN} more rejected records")
+    for warning in imported.warnings:
+        errors.print(f"[yellow]note[/yellow] {warning}", highlight=False, markup=True)
     if not imported.tasks:
         raise UserError(f"{args.path}: no valid {args.format} records; nothing imported")
     target = write_task_set(imported.tasks, library_dir() / args.name)

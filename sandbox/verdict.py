@@ -36,7 +36,11 @@ Rules, in the order they apply:
     submission, and the sample is never trained on.
  4. Every other outcome is "scored". A test's outcome is read from the report. An expected
     test absent from the report is "missing"; skipped, error and missing count as failed.
-    Duplicate entries for a test: the worst outcome counts. Tests in the report that are not
+    Duplicate entries for a test: the worst outcome counts. An expected id cut at its first
+    whitespace, as SWE-bench's log parser records them (`test_make_error[required-Missing`),
+    stands for every test of the report whose name, cut the same way, is that id: it passes
+    when all of them pass (SWE-bench keeps the last one its parser reads; the worst counts here,
+    as for duplicates). Tests in the report that are not
     expected are ignored (but counted in tests_collected).
  5. The command ran but the report is missing or unparsable -> the suite did not run: every
     test "missing", reward 0, tamper flag "no_report" (unless a timeout/memory/output kill
@@ -249,7 +253,7 @@ def grade(
 
 def grade_test_command(
     sandbox: Sandbox,
-    workspace_files: dict[str, str],
+    workspace_files: Mapping[str, str | bytes],
     expected: Sequence[str],
     test_command: str,
     grader_files: Mapping[str, str] = MappingProxyType({}),
@@ -276,7 +280,7 @@ def grade_test_command(
     plugin = _plugin_files()
     token = secrets.token_hex(16)
     with _grading_dirs(sandbox, {"/tests": grader_files, PLUGIN_DIR: plugin}, verdict_dir) as dirs:
-        sealed_sha256 = {f"{WORKSPACE}/{path}": hashlib.sha256(workspace_files[path].encode()).hexdigest()
+        sealed_sha256 = {f"{WORKSPACE}/{path}": hashlib.sha256(_bytes(workspace_files[path])).hexdigest()
                          for path in sealed}
         secret = json.dumps({"token": token, "sealed": sealed_sha256})
         _write_private(dirs.report / "session-token", secret, sandbox)
@@ -299,7 +303,11 @@ def grade_test_command(
         tamper_flags = [*tamper_flags, problem] if problem else tamper_flags
     runner_passed = verdict if verdict_file else result.exit_code == 0
     by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
-    return score(list(expected), report, result, lambda t: by_junit_key.get((t.classname, t.name)), runner_passed,
+
+    def node_id(t: TestOutcome) -> str | None:
+        return by_junit_key.get((t.classname, t.name)) or by_junit_key.get((t.classname, _cut(t.name)))
+
+    return score(list(expected), report, result, node_id, runner_passed,
                  ran_exactly_the_expected=False, flags=tamper_flags, wall_limit_s=sandbox.spec.limits.wall_s)
 
 
@@ -346,6 +354,10 @@ def _plugin_files() -> dict[str, str]:
     return {path.name: path.read_text() for path in PLUGIN_FILES}
 
 
+def _bytes(content: str | bytes) -> bytes:
+    return content.encode() if isinstance(content, str) else content
+
+
 def _session_problem(session: dict | None, token: str, report_bytes: bytes) -> TamperFlag | None:
     """What the plugin's session record says of the report: None (it vouches for it),
     "early_exit" (no record: the session never ended), "forged_output", or
@@ -370,6 +382,12 @@ def _no_failures(report: list[TestOutcome]) -> bool:
 
 def _harness_node_id(t: TestOutcome) -> str:
     return f"{t.classname.rsplit('.', 1)[-1]}.py::{t.name}"
+
+
+def _cut(name: str) -> str:
+    """A test's name up to its first whitespace: the id SWE-bench's log parser records for a
+    test whose parameters hold a space (`test_make_error[required-Missing data for ...]`)."""
+    return name.split(maxsplit=1)[0] if name.strip() else name
 
 
 def _junit_key(node_id: str) -> tuple[str, str]:

@@ -71,17 +71,23 @@ def make_patch(before: Mapping[str, str], after: Mapping[str, str]) -> str:
 
 
 def text_files_from_tar(archive: bytes) -> dict[str, str]:
-    """The regular UTF-8 files of a tar archive, read member by member (nothing is extracted);
-    binary files, links and devices are left out: a task's files are text."""
-    files = {}
+    """The regular UTF-8 files of a tar archive (binary files, links and devices left out)."""
+    return files_from_tar(archive)[0]
+
+
+def files_from_tar(archive: bytes) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The regular files of a tar archive, read member by member (nothing is extracted): the
+    UTF-8 ones as text, the others as bytes; links and devices are left out."""
+    text, binary = {}, {}
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar:
             if member.isreg():
+                data = tar.extractfile(member).read()
                 try:
-                    files[str(PurePosixPath(member.name))] = tar.extractfile(member).read().decode("utf-8")
+                    text[str(PurePosixPath(member.name))] = data.decode("utf-8")
                 except UnicodeDecodeError:
-                    continue
-    return files
+                    binary[str(PurePosixPath(member.name))] = data
+    return text, binary
 
 
 def _with_final_newline(diff: str) -> str:

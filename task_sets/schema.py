@@ -14,6 +14,7 @@ its `kind` field names.
 from __future__ import annotations
 
 import ast
+import base64
 import hashlib
 import json
 import keyword
@@ -47,6 +48,9 @@ RUNNER_CONFIGURATION = (
     "pyproject.toml", "sitecustomize.py", "usercustomize.py", "*.pth", "noxfile.py",
 )
 CI_FILES = (".github/*", ".gitlab-ci.yml", ".circleci/*", "Makefile")
+
+
+LATER_FIELDS = {"environment": None, "binary_files": {}}
 
 
 class TaskLimits(BaseModel):
@@ -90,7 +94,8 @@ class TaskBase(BaseModel):
     @property
     def version(self) -> str:
         """Content hash: changes whenever anything the model or grader sees changes."""
-        unset = {"environment"} if self.environment is None else set()  # versions from before environments hold
+        # Fields added later count only when set, so versions computed before them still hold.
+        unset = {name for name, absent in LATER_FIELDS.items() if getattr(self, name, absent) == absent}
         body = self.model_dump(exclude={"version", *unset}, mode="json")
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -142,6 +147,9 @@ class RepositoryTask(TaskBase):
 
     kind: Literal["repository"]
     reference_solution: str = Field(min_length=1, description="a unified diff that passes")
+    binary_files: dict[str, str] = Field(default_factory=dict, description="files of the starting repository that "
+                                         "are not UTF-8 text (fixtures, images), base64-encoded; a diff does not "
+                                         "change them")
     hidden_tests: dict[str, str] = Field(default_factory=dict, description="test files written into the "
                                          "repository at grading, over whatever the submission left there")
     grader_files: dict[str, str] = Field(default_factory=dict, description="files shown read-only at /tests "
@@ -154,7 +162,10 @@ class RepositoryTask(TaskBase):
     base_commit: str | None = None
     domain: str = "python-repositories"
 
-    @field_validator("hidden_tests", "grader_files")
+    def binary_contents(self) -> dict[str, bytes]:
+        return {path: base64.b64decode(data) for path, data in self.binary_files.items()}
+
+    @field_validator("hidden_tests", "grader_files", "binary_files")
     @classmethod
     def _test_files_are_relative(cls, files: dict[str, str]) -> dict[str, str]:
         for name in files:

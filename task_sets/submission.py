@@ -98,7 +98,7 @@ def _grade_repository(
     guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests)
     changed = changed_paths(task.files, submitted)
     graded = grade_test_command(
-        sandbox, guarded.files, task.expected_tests, task.test_command, grader_files=task.grader_files,
+        sandbox, {**task.binary_contents(), **guarded.files}, task.expected_tests, task.test_command, grader_files=task.grader_files,
         verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags, sealed=guarded.sealed,
         changed=changed, repository=task.files.keys(),
     )

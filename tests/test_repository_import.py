@@ -105,9 +105,10 @@ def test_a_swebench_instance_becomes_a_repository_task(swebench):
     imported = import_tasks("swebench", swebench / "instances.jsonl", ImportOptions("swe"))
     [task] = imported.tasks
     assert isinstance(task, RepositoryTask) and task.id == "swe/acme__calc-1"
-    assert set(task.files) == {"calc/__init__.py", "calc/ops.py", "tests/test_ops.py"}  # the PNG is binary
+    assert set(task.files) == {"calc/__init__.py", "calc/ops.py", "tests/test_ops.py"}
+    assert list(task.binary_files) == ["logo.png"] and task.binary_contents()["logo.png"].startswith(b"\x89PNG")
     assert task.files["tests/test_ops.py"] == TESTS and task.hidden_tests == {"tests/test_ops.py": TESTS_NEW}
-    assert task.test_command == "python3 -m pytest -q tests/test_ops.py"
+    assert task.test_command == "python3 -m pytest -rA tests/test_ops.py"
     assert (task.difficulty, task.split, task.family) == ("easy", "eval", "acme/calc")
     assert task.fail_to_pass == ("tests/test_ops.py::test_divide_by_zero_raises_value_error",)
 

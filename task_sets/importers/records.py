@@ -32,6 +32,7 @@ class RecordError(ValueError):
 class Imported:
     tasks: list[Task] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # "file:line: reason"
+    warnings: list[str] = field(default_factory=list)  # imported, but the user should know
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class ImportOptions:
     name: str  # the new task set's name, the first part of every task id
     split: str = "eval"  # one of SPLITS
     repos: Path | None = None  # swebench: where the repositories are (default: PATH's folder/repos)
+    recipes: Path | None = None  # swebench: install recipes over Crucible's own
 
 
 def collect(records: Iterable[tuple[str, Callable[[], dict]]], task_type: type[TaskBase], split: str) -> Imported:

@@ -3,28 +3,43 @@ base_commit, patch, test_patch, problem_statement, FAIL_TO_PASS and PASS_TO_PASS
 SWE-bench datasets (the test lists may be JSON-encoded strings, as there).
 
 Each instance becomes a repository task:
-- the starting files are the repository at `base_commit`, read with `git archive` from a clone
-  in the repositories folder named like SWE-bench's own (`astropy/astropy` -> `astropy__astropy`);
-  binary files and symlinks are left out (a task's files are text);
+- the starting files are the repository at `base_commit`, from the repositories folder: a git
+  clone named like SWE-bench's own (`astropy/astropy` -> `astropy__astropy/`, read with `git
+  archive`), or a snapshot of exactly that commit (`astropy__astropy-<base_commit>.tar.xz`, .gz or
+  .tar, as `git archive` writes it) for a machine without the clones; binary files (fixtures,
+  images) are kept as the task's `binary_files`, symlinks are left out;
 - the hidden tests are the files `test_patch` creates or changes, as it leaves them;
 - the reference solution is the gold `patch`, checked to apply at import;
-- the test command is the instance's `test_command` (or `test_cmd`), else `python3 -m pytest
-  -q`, followed by the files of the test patch, as SWE-bench's harness runs them.
-SWE-bench's Docker images (one per repository version) are not used: the tests run in
-Crucible's sandbox image, so an instance whose dependencies it lacks fails `tasks validate`.
-Only pytest node ids ("path.py::test") are understood; instances of other runners (Django's)
-are rejected with that reason.
+- the environment comes from the install recipe of the instance's repository and `version`
+  (swebench_recipes.toml, or a user's file given as --recipes, which adds or replaces entries):
+  the Python packages the tests need, and where the repository's own package is importable
+  from; an instance without a recipe runs in the sandbox image as it is, and the import says so;
+- the test command is the recipe's (else the instance's `test_command` or `test_cmd`, else
+  `python3 -m pytest -rA`), followed by the Python files of the test patch, as SWE-bench's
+  harness runs them (its data files, a config.toml say, are hidden tests too, never arguments).
+FAIL_TO_PASS and PASS_TO_PASS are kept as published, including the ids SWE-bench's log parser
+cut at their first whitespace (`test_make_error[required-Missing`): the grader matches those as
+SWE-bench effectively does (sandbox/verdict.py, rule 4). Only pytest node ids ("path.py::test")
+are understood; instances of other runners (Django's) are rejected with that reason.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import lzma
 import re
 import shlex
 import subprocess
+import tarfile
+import tomllib
 from functools import cache, partial
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from environments.spec import EnvironmentSpec
 from task_sets.importers.records import (
     Imported,
     ImportError_,
@@ -37,13 +52,16 @@ from task_sets.patches import (
     PatchError,
     apply_patch,
     changed_paths,
-    text_files_from_tar,
+    files_from_tar,
 )
 from task_sets.schema import Difficulty, RepositoryTask, TaskLimits
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement")
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
-DEFAULT_TEST_COMMAND = "python3 -m pytest -q"
+DEFAULT_TEST_COMMAND = "python3 -m pytest -rA"
+RECIPES = Path(__file__).with_name("swebench_recipes.toml")
+RECIPE_FIELDS = {"python", "debian", "python_path", "test_command"}
+SNAPSHOT_SUFFIXES = (".tar.xz", ".tar.gz", ".tar")
 MAX_REPOSITORY_BYTES = 64 << 20
 # SWE-bench Verified's annotated time to fix, where the instance has one.
 VERIFIED_DIFFICULTY: dict[str, Difficulty] = {"<15 min fix": "easy", "15 min - 1 hour": "medium"}
@@ -58,12 +76,38 @@ def import_swebench(path: Path, options: ImportOptions) -> Imported:
     repos = options.repos or path.parent / "repos"
     if not repos.is_dir():
         raise ImportError_(f"{repos}: no such folder of repositories (give --repos DIR, holding a git clone "
-                           "per repository named OWNER__NAME)")
-    return collect(((where, partial(_fields, record, repos, options.name)) for where, record in json_records(path)),
-                   RepositoryTask, options.split)
+                           "per repository named OWNER__NAME, or snapshots OWNER__NAME-<commit>.tar.xz)")
+    recipes, without = load_recipes(options.recipes), set()
+    imported = collect(((where, partial(_fields, record, repos, options.name, recipes, without))
+                        for where, record in json_records(path)), RepositoryTask, options.split)
+    if without:
+        imported.warnings.append(f"no install recipe for {', '.join(sorted(without))}: those instances run in the "
+                                 "sandbox image as it is (add recipes with --recipes FILE)")
+    return imported
 
 
-def _fields(record: object, repos: Path, name: str) -> dict:
+def load_recipes(extra: Path | None) -> dict[tuple[str, str], dict]:
+    """(repository, version) -> recipe: Crucible's, then the user's file over them."""
+    recipes = {}
+    for path in filter(None, (RECIPES, extra)):
+        try:
+            document = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ImportError_(f"--recipes {path}: no such file") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ImportError_(f"{path}: malformed TOML: {e}") from None
+        for repository, versions in document.items():
+            for version, recipe in (versions.items() if isinstance(versions, dict) else ()):
+                unknown = set(recipe) - RECIPE_FIELDS if isinstance(recipe, dict) else {"(not a table)"}
+                if unknown:
+                    raise ImportError_(f"{path}: [{repository!r}.{version!r}]: unknown field(s) {', '.join(sorted(unknown))}"
+                                       f"; a recipe has {', '.join(sorted(RECIPE_FIELDS))}")
+                recipes[(repository, str(version))] = recipe
+    return recipes
+
+
+
+def _fields(record: object, repos: Path, name: str, recipes: dict[tuple[str, str], dict], without: set[str]) -> dict:
     """The RepositoryTask fields of one instance (all but the split)."""
     if not isinstance(record, dict):
         raise RecordError(record if isinstance(record, str) else "expected a JSON object")
@@ -75,7 +119,11 @@ def _fields(record: object, repos: Path, name: str) -> dict:
         raise RecordError(f"instance {instance!r}: repo {record['repo']!r} is not OWNER/NAME")
     if not COMMIT.fullmatch(record["base_commit"]):
         raise RecordError(f"instance {instance!r}: base_commit {record['base_commit']!r} is not a commit hash")
-    command = record.get("test_command") or record.get("test_cmd") or DEFAULT_TEST_COMMAND
+    recipe = recipes.get((record["repo"], str(record.get("version", ""))))
+    if recipe is None:
+        without.add(f"{record['repo']} {record.get('version', '(no version)')}")
+    command = (recipe or {}).get("test_command") or record.get("test_command") or record.get("test_cmd") \
+        or DEFAULT_TEST_COMMAND
     if not isinstance(command, str):
         raise RecordError(f"instance {instance!r}: test_command must be a string")
     if not isinstance(record.get("difficulty", ""), str):
@@ -83,7 +131,7 @@ def _fields(record: object, repos: Path, name: str) -> dict:
     fail_to_pass, pass_to_pass = (_test_ids(record, key) for key in TEST_LISTS)
     if not fail_to_pass:
         raise RecordError(f"instance {instance!r}: FAIL_TO_PASS is empty")
-    files = _snapshot(repos / record["repo"].replace("/", "__"), record["base_commit"])
+    files, binary = _snapshot(repos, record["repo"].replace("/", "__"), record["base_commit"])
     try:
         apply_patch(files, record["patch"])
         with_tests = apply_patch(files, record["test_patch"])
@@ -93,10 +141,21 @@ def _fields(record: object, repos: Path, name: str) -> dict:
     return {
         "id": f"{name}/{instance}", "kind": "repository", "prompt": record["problem_statement"], "files": files,
         "reference_solution": record["patch"], "hidden_tests": hidden, "fail_to_pass": fail_to_pass,
-        "pass_to_pass": pass_to_pass, "test_command": " ".join([command, *map(shlex.quote, hidden)]),
+        "pass_to_pass": pass_to_pass, "test_command": " ".join([command, *(shlex.quote(p) for p in hidden if p.endswith(".py"))]),
         "protected_paths": tuple(hidden), "difficulty": _difficulty(record), "family": record["repo"],
         "base_commit": record["base_commit"], "limits": LIMITS,
+        "binary_files": {path: base64.b64encode(data).decode() for path, data in sorted(binary.items())},
+        "environment": _environment(recipe, instance),
     }
+
+
+def _environment(recipe: dict | None, instance: str) -> dict | None:
+    if recipe is None:
+        return None
+    try:
+        return EnvironmentSpec(**{k: v for k, v in recipe.items() if k != "test_command"}).model_dump(mode="json")
+    except ValidationError as e:
+        raise RecordError(f"instance {instance!r}: its install recipe: {e.errors()[0]['msg']}") from None
 
 
 def _test_ids(record: dict, key: str) -> tuple[str, ...]:
@@ -116,10 +175,16 @@ def _test_ids(record: dict, key: str) -> tuple[str, ...]:
 
 
 @cache
-def _snapshot(clone: Path, commit: str) -> dict[str, str]:
-    """The text files of `clone` at `commit` (cached: instances share base commits)."""
+def _snapshot(repos: Path, name: str, commit: str) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The text and binary files of repository `name` at `commit`, from its clone or its
+    snapshot of that commit (cached: instances share base commits)."""
+    for suffix in SNAPSHOT_SUFFIXES:
+        snapshot = repos / f"{name}-{commit}{suffix}"
+        if snapshot.is_file():
+            return _files(snapshot.read_bytes() if suffix == ".tar" else _decompress(snapshot), f"{snapshot.name}")
+    clone = repos / name
     if not (clone / ".git").exists() and not (clone / "HEAD").exists():
-        raise RecordError(f"no git clone at {clone}")
+        raise RecordError(f"no git clone at {clone}, and no snapshot {name}-{commit}.tar.xz beside it")
     try:
         archive = subprocess.run(["git", "-C", str(clone), "archive", "--format=tar", commit],
                                  capture_output=True, check=True, timeout=GIT_TIMEOUT_S).stdout
@@ -130,9 +195,25 @@ def _snapshot(clone: Path, commit: str) -> dict[str, str]:
         raise RecordError(f"{clone.name}: git archive took longer than {GIT_TIMEOUT_S} s") from None
     except FileNotFoundError:
         raise ImportError_("importing SWE-bench instances needs git on the PATH") from None
+    return _files(archive, f"{clone.name} at {commit[:12]}")
+
+
+def _decompress(snapshot: Path) -> bytes:
+    opener = lzma.open if snapshot.name.endswith(".xz") else gzip.open
+    try:
+        with opener(snapshot) as f:
+            return f.read(MAX_REPOSITORY_BYTES + 1)
+    except (OSError, lzma.LZMAError, EOFError) as e:
+        raise RecordError(f"{snapshot.name}: cannot read: {e}") from None
+
+
+def _files(archive: bytes, shown: str) -> tuple[dict[str, str], dict[str, bytes]]:
     if len(archive) > MAX_REPOSITORY_BYTES:
-        raise RecordError(f"{clone.name} at {commit[:12]} is larger than {MAX_REPOSITORY_BYTES >> 20} MiB")
-    return text_files_from_tar(archive)
+        raise RecordError(f"{shown} is larger than {MAX_REPOSITORY_BYTES >> 20} MiB")
+    try:
+        return files_from_tar(archive)
+    except tarfile.TarError as e:
+        raise RecordError(f"{shown}: not a tar archive: {e}") from None
 
 
 def _difficulty(record: dict) -> Difficulty:

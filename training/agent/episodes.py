@@ -112,11 +112,11 @@ def run_episodes(
     return episodes
 
 
-def starting_files(task: Task) -> dict[str, str]:
-    """What an episode's workspace holds at the start: the task's files (and, for a function
-    task, solution.py with the task's prefix)."""
+def starting_files(task: Task) -> dict[str, str | bytes]:
+    """What an episode's workspace holds at the start: the task's files (a repository's binary
+    files included; for a function task, solution.py with the task's prefix)."""
     if isinstance(task, RepositoryTask):
-        return dict(task.files)
+        return {**task.binary_contents(), **task.files}
     return {**task.files, SOLUTION_FILE: task.solution_prefix}
 
 
