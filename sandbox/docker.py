@@ -16,17 +16,20 @@ container's filesystem API, which cannot see tmpfs mounts.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import os
 import secrets
 import selectors
+import shlex
 import signal
 import socket
 import struct
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import docker
 import docker.errors
@@ -96,7 +99,10 @@ class DockerSandbox:
         try:
             digest = self.client.images.get(image).id
         except docker.errors.ImageNotFound as e:
-            raise SandboxUnavailable(f"no image {image!r}; build it with scripts/build-sandbox-image") from e
+            hint = "crucible env build" if image.startswith("crucible-env:") else "scripts/build-sandbox-image"
+            raise SandboxUnavailable(f"no image {image!r}; build it with {hint}") from e
+        if spec.workspace_alias:
+            digest = self._with_alias(digest, spec.workspace_alias)
         if spec.network and not self.client.networks.list(names=["bridge"]):
             raise SandboxUnavailable(
                 "the spec asks for network, but this Docker daemon has no bridge network "
@@ -105,6 +111,22 @@ class DockerSandbox:
         self.spec = replace(spec, image=digest)
         self.scratch_dir = Path(scratch_dir or "/tmp")
         self.labels = {LABEL: "1", OWNER_LABEL: _owner(), **(labels or {})}
+
+    def _with_alias(self, digest: str, alias: str) -> str:
+        """`digest` with a symlink from `alias` to the workspace: a layer built once, no network."""
+        tag = f"crucible-alias:{hashlib.sha256(f'{digest} {alias}'.encode()).hexdigest()[:16]}"
+        try:
+            return self.client.images.get(tag).id
+        except docker.errors.ImageNotFound:
+            pass
+        dockerfile = f"FROM {digest}\nRUN mkdir -p {shlex.quote(str(PurePosixPath(alias).parent))} && " \
+                     f"ln -s {WORKSPACE} {shlex.quote(alias)}\n"
+        try:
+            image, _ = self.client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none",
+                                                rm=True, labels={"crucible.workspace-alias": alias})
+        except docker.errors.DockerException as e:
+            raise SandboxUnavailable(f"cannot add the workspace alias {alias} to the image: {e}") from e
+        return image.id
 
     def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> DockerSession:  # noqa: B006
         return DockerSession(self, files, mounts)

@@ -279,6 +279,11 @@ class LocalSession(SessionLifecycle):
                  "--bind", str(self._dir / "tmp"), "/tmp",
                  "--bind", str(self._dir / "workspace"), WORKSPACE]
         made = set()
+        if self.spec.workspace_alias:
+            for parent in reversed(PurePosixPath(self.spec.workspace_alias).parents[:-1]):
+                made.add(str(parent))
+                args += ["--perms", "0755", "--dir", str(parent)]
+            args += ["--symlink", WORKSPACE, self.spec.workspace_alias]
         for m in self._mounts:
             # Directories bwrap creates on the way to a mount point are 0700 unless told: the
             # sandbox user could not reach /logs/verifier through them.

@@ -34,6 +34,7 @@ class SandboxSpec:
 
     image: str = "host"
     overlay: str = ""
+    workspace_alias: str = ""  # another path the workspace is seen at (a Harbor task's /app), a symlink
     limits: Limits = field(default_factory=Limits)
     network: bool = False
     env: tuple[tuple[str, str], ...] = (

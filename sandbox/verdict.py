@@ -427,7 +427,15 @@ def _parse(data: str | bytes) -> list[TestOutcome] | None:
 
 
 def _read_verdict(path: Path) -> bool | None:
-    """A verdict file's number >= 1 is a pass; missing, odd or huge: no verdict."""
+    """A verdict file's number >= 1 is a pass; missing, odd or huge: no verdict. A JSON verdict
+    of the same stem beside it (Harbor's reward.json beside reward.txt), when the command wrote
+    one, is read instead: an object of numbers (one per metric) passes iff every one is >= 1."""
+    metrics = _read_small_json(path.with_suffix(".json"))
+    if metrics is not None:
+        numbers = [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not numbers or len(numbers) != len(metrics):
+            return None  # not an object of numbers: no verdict
+        return all(v >= 1.0 for v in numbers)
     try:
         return float((_read_small(path, 64) or b"").decode().strip()) >= 1.0
     except (UnicodeDecodeError, ValueError):

@@ -48,9 +48,12 @@ RUNNER_CONFIGURATION = (
     "pyproject.toml", "sitecustomize.py", "usercustomize.py", "*.pth", "noxfile.py",
 )
 CI_FILES = (".github/*", ".gitlab-ci.yml", ".circleci/*", "Makefile")
+WORKSPACE_DIR = "/workspace"
+SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/sbin", "/lib", "/lib64", "/opt/crucible", "/report",
+               "/tests", "/grader", "/logs", "/solution")
 
 
-LATER_FIELDS = {"environment": None, "binary_files": {}}
+LATER_FIELDS = {"environment": None, "binary_files": {}, "workdir": WORKSPACE_DIR}
 
 
 class TaskLimits(BaseModel):
@@ -160,7 +163,19 @@ class RepositoryTask(TaskBase):
     verdict_file: str | None = Field(None, description="where the test command writes its own verdict (a "
                                      "number, 1 = pass) instead of an exit code, e.g. /logs/verifier/reward.txt")
     base_commit: str | None = None
+    workdir: str = Field(WORKSPACE_DIR, description="where the task's commands expect the repository (a Harbor "
+                         "task's /app): the workspace is also seen there")
     domain: str = "python-repositories"
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_of_its_own(cls, path: str) -> str:
+        pure = PurePosixPath(path)
+        if not pure.is_absolute() or ".." in pure.parts or pure == PurePosixPath("/") or \
+                any(pure.is_relative_to(d) for d in SYSTEM_DIRS) or (path != WORKSPACE_DIR and pure.is_relative_to(WORKSPACE_DIR)):
+            raise PydanticCustomError("workdir", "{reason}", {"reason": f"{path!r} must be an absolute directory outside "
+                                      f"{', '.join(SYSTEM_DIRS)} and the workspace"})
+        return path
 
     def binary_contents(self) -> dict[str, bytes]:
         return {path: base64.b64decode(data) for path, data in self.binary_files.items()}

@@ -29,7 +29,7 @@ from sandbox.verdict import GradeResult, RewardStatus, grade, grade_test_command
 from task_sets.patches import PatchError, apply_patch, changed_paths
 from task_sets.protection import guard
 from task_sets.rewards import DEFAULT, ONE_TURN, Process, RewardFunction
-from task_sets.schema import FunctionTask, RepositoryTask, Task
+from task_sets.schema import WORKSPACE_DIR, FunctionTask, RepositoryTask, Task
 
 SOLUTION_FILE = "solution.py"
 HIDDEN_TESTS_FILE = "test_hidden.py"
@@ -45,6 +45,7 @@ def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSp
         image=image_tag(environment.digest) if environment else task.image,
         overlay=str((store or EnvironmentStore()).path(environment.digest)) if environment else "",
         env=_with_environment(defaults.env, environment),
+        workspace_alias=_workspace_alias(task),
         network=task.network,
         limits=Limits(
             wall_s=limits.wall_s,
@@ -54,6 +55,12 @@ def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSp
             disk_mb=limits.disk_mb,
         ),
     )
+
+
+def _workspace_alias(task: Task) -> str:
+    """A repository task's own working directory, where it differs from the workspace."""
+    workdir = task.workdir if isinstance(task, RepositoryTask) else WORKSPACE_DIR
+    return "" if workdir == WORKSPACE_DIR else workdir
 
 
 def _with_environment(env: tuple[tuple[str, str], ...], environment: EnvironmentSpec | None

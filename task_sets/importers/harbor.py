@@ -8,18 +8,24 @@ Each task becomes a repository task:
   storage_mb, docker_image);
 - the starting workspace is environment/ without its Dockerfile and compose files: the
   Dockerfile is not built, the task runs in the sandbox image (or the task's docker_image on the
-  Docker backend), with the workspace at /workspace;
+  Docker backend); the workspace is also seen at the task's working directory, as Harbor runs
+  its commands there ([environment] workdir, else the Dockerfile's last WORKDIR: /app in most
+  tasks), so solve.sh and tests that name /app/... find it;
 - grading runs `bash /tests/test.sh` with tests/ shown read-only at /tests and its verdict read
   from /logs/verifier/reward.txt, as Harbor's verifier does; the expected tests are the
   `def test*` functions of tests/test_*.py, as node ids relative to /tests;
 - the reference solution is the diff solution/solve.sh makes: the importer runs it in a local
   sandbox session over the starting workspace and records what changed.
-A test.sh that installs its tools from the network (uv, pip) cannot run here: such a task
-imports, and `crucible tasks validate` reports it broken.
+- the verdict is reward.json when test.sh writes one (every metric >= 1 is a pass), else
+  reward.txt, as Harbor reads them; [environment] allow_internet gives the task the network.
+A test.sh that fetches its tools from the network (curl, uv, pip, apt-get) in a task without
+the network cannot run here: the import says so, naming the line, and grading it is an
+environment error (network_unavailable or missing_command), never a failure of the submission.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 import tomllib
 from functools import partial
@@ -39,22 +45,28 @@ from task_sets.importers.records import (
     collect,
 )
 from task_sets.patches import make_patch, text_files_from_tar
-from task_sets.schema import DIFFICULTIES, RepositoryTask, TaskLimits
+from task_sets.schema import DIFFICULTIES, WORKSPACE_DIR, RepositoryTask, TaskLimits
 
 VERDICT_FILE = "/logs/verifier/reward.txt"
 TEST_COMMAND = "bash /tests/test.sh"
 NOT_WORKSPACE = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", ".dockerignore")
 SOLVE_TIMEOUT_S = 120
+NETWORK_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\b(pip3?|uv) install\b|\buvx\b|\buv run\b|"
+                           r"apt(-get)? (update|install)|\bnpm (install|ci)\b|git clone")
 
 
 def import_harbor(path: Path, options: ImportOptions) -> Imported:
     if not path.is_dir():
         raise ImportError_(f"{path}: not a directory (a Harbor task directory, or a directory of them)")
     task_dirs = [path] if (path / "task.toml").exists() else sorted(p for p in path.iterdir() if p.is_dir())
-    return collect(((d.name, partial(_fields, d, options.name)) for d in task_dirs), RepositoryTask, options.split)
+    warnings: list[str] = []
+    imported = collect(((d.name, partial(_fields, d, options.name, warnings)) for d in task_dirs), RepositoryTask,
+                       options.split)
+    imported.warnings += warnings
+    return imported
 
 
-def _fields(task_dir: Path, name: str) -> dict:
+def _fields(task_dir: Path, name: str, warnings: list[str]) -> dict:
     config = _config(task_dir)
     prompt = _text(task_dir / "instruction.md")
     tests = _tree(task_dir / "tests")
@@ -64,13 +76,22 @@ def _fields(task_dir: Path, name: str) -> dict:
                      if file.startswith("test_") and file.endswith(".py") for test in _test_names(file, source))
     if not expected:
         raise RecordError("tests/ defines no test function (tests/test_*.py with def test_*)")
-    workspace = {p: text for p, text in _tree(task_dir / "environment").items() if p not in NOT_WORKSPACE}
+    environment_dir = _tree(task_dir / "environment")
+    workspace = {p: text for p, text in environment_dir.items() if p not in NOT_WORKSPACE}
     limits = _limits(config)
     metadata, environment = config.get("metadata", {}), config.get("environment", {})
     category = str(metadata.get("category") or "harbor")
+    workdir = str(environment.get("workdir") or _last_workdir(environment_dir.get("Dockerfile", "")) or WORKSPACE_DIR)
+    network = bool(environment.get("allow_internet", False))
+    fetches = _network_line(tests["test.sh"])
+    if fetches and not network:
+        warnings.append(f"{task_dir.name}: tests/test.sh fetches from the network (line {fetches[0]}: {fetches[1]}) "
+                        "and the task allows none: grading it will be an environment error until its environment "
+                        "provides what it fetches")
     fields = {
         "id": f"{name}/{task_dir.name}", "kind": "repository", "prompt": prompt, "files": workspace,
-        "reference_solution": _reference_diff(task_dir, workspace, limits), "grader_files": tests,
+        "reference_solution": _reference_diff(task_dir, workspace, limits, workdir), "grader_files": tests,
+        "workdir": workdir, "network": network,
         "fail_to_pass": expected, "test_command": TEST_COMMAND, "verdict_file": VERDICT_FILE,
         "difficulty": metadata.get("difficulty") if metadata.get("difficulty") in DIFFICULTIES else "medium",
         "domain": category, "family": category, "limits": limits,
@@ -103,13 +124,29 @@ def _limits(config: dict) -> TaskLimits:
         raise RecordError(f"task.toml: bad limits: {e}") from None
 
 
-def _reference_diff(task_dir: Path, workspace: dict[str, str], limits: TaskLimits) -> str:
+def _last_workdir(dockerfile: str) -> str | None:
+    """The Dockerfile's last absolute WORKDIR (where Harbor's commands run)."""
+    found = [line.split(None, 1)[1].strip() for line in dockerfile.splitlines()
+             if line.strip().upper().startswith("WORKDIR ") and len(line.split(None, 1)) == 2]
+    return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else None
+
+
+def _network_line(script: str) -> tuple[int, str] | None:
+    """The first line of a script that fetches from the network, with its number."""
+    for number, line in enumerate(script.splitlines(), start=1):
+        if not line.lstrip().startswith("#") and NETWORK_FETCH.search(line):
+            return number, line.strip()[:120]
+    return None
+
+
+def _reference_diff(task_dir: Path, workspace: dict[str, str], limits: TaskLimits, workdir: str) -> str:
     """What solution/solve.sh changes in the workspace, run in a local sandbox session."""
     solution = _tree(task_dir / "solution")
     if "solve.sh" not in solution:
         raise RecordError("solution/solve.sh is missing: without a reference the task cannot be validated")
     spec = SandboxSpec(limits=Limits(wall_s=SOLVE_TIMEOUT_S, cpu_s=SOLVE_TIMEOUT_S, memory_mb=limits.memory_mb,
-                                     pids=limits.pids, disk_mb=limits.disk_mb))
+                                     pids=limits.pids, disk_mb=limits.disk_mb),
+                       workspace_alias="" if workdir == WORKSPACE_DIR else workdir)
     try:
         sandbox = LocalSandbox(spec)
     except SandboxUnavailable as e:

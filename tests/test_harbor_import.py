@@ -1,0 +1,90 @@
+"""Harbor tasks as published (tests/data/harbor/: two of harbor-cookbook's recipes, unchanged):
+the workspace seen at the task's /app, solve.sh writing there, a test.sh that fetches its
+tools from the network reported at import and graded as an environment error, and
+reward.json read as Harbor's multi-metric verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.backends import open_sandbox
+from sandbox.diagnosis import FailureReason
+from sandbox.pool import PoolConfig, SandboxPool
+from sandbox.verdict import RewardStatus
+from task_sets.importers import ImportOptions, import_tasks
+from task_sets.schema import parse_task
+from task_sets.submission import grade_solution, sandbox_spec
+
+pytestmark = pytest.mark.usefixtures("local_backend")
+COOKBOOK = Path(__file__).parent / "data" / "harbor"
+
+
+@pytest.fixture(scope="module")
+def imported():
+    return import_tasks("harbor", COOKBOOK, ImportOptions("cookbook"))
+
+
+def test_solve_sh_writing_under_app_gives_the_reference_diff(imported):
+    tasks = {t.id: t for t in imported.tasks}
+    assert sorted(tasks) == ["cookbook/multi-reward", "cookbook/simple-task"] and imported.rejected == []
+    assert {t.workdir for t in imported.tasks} == {"/app"}  # the Dockerfiles' WORKDIR
+    assert "+++ b/deduplicate.py" in tasks["cookbook/multi-reward"].reference_solution
+    assert "+Hello, world!" in tasks["cookbook/simple-task"].reference_solution
+    # Both pytest files of the task are its expected tests (its test.sh runs pytest once per file).
+    expected = tasks["cookbook/multi-reward"].fail_to_pass
+    assert len(expected) == 8 and expected[-1] == "test_performance.py::test_handles_100k_records_under_2s"
+
+
+def test_a_test_sh_that_fetches_from_the_network_is_reported_at_import(imported):
+    assert len(imported.warnings) == 2
+    assert imported.warnings[0].startswith("multi-reward: tests/test.sh fetches from the network (line 3: "
+                                           "apt-get update) and the task allows none")
+
+
+def test_grading_it_without_the_network_is_an_environment_error_on_every_backend(imported, backend_name):
+    task = next(t for t in imported.tasks if t.id == "cookbook/simple-task")
+    graded = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task)))
+    assert (graded.reward_status, graded.reward, graded.tamper_flags) == (RewardStatus.ENV_ERROR, None, ())
+    assert graded.failure.reason in (FailureReason.NETWORK_UNAVAILABLE, FailureReason.MISSING_COMMAND)
+
+
+def test_the_workspace_is_seen_at_the_tasks_working_directory_on_every_backend(backend_name):
+    task = parse_task({
+        "id": "h/app", "kind": "repository", "prompt": "p", "difficulty": "easy", "family": "h", "split": "eval",
+        "files": {"hello.txt": "hi\n"}, "workdir": "/app/site",
+        "reference_solution": "--- a/hello.txt\n+++ b/hello.txt\n@@ -1 +1 @@\n-hi\n+hello\n",
+        "grader_files": {"test_state.py": "from pathlib import Path\n\ndef test_hello():\n"
+                                          "    assert Path('/app/site/hello.txt').read_text() == 'hello\\n'\n"},
+        "fail_to_pass": ["test_state.py::test_hello"], "test_command": "python3 -m pytest -q /tests/test_state.py"})
+    sandbox = open_sandbox(backend_name, sandbox_spec(task))
+    assert grade_solution(task, task.reference_solution, sandbox).passed
+    assert not grade_solution(task, "", sandbox).passed
+
+
+REWARD_JSON = ("python3 -m pytest -q /tests/test_state.py; python3 -c \"import json; "
+               "json.dump({'correctness': 1, 'performance': %s}, open('/logs/verifier/reward.json', 'w'))\"")
+
+
+@pytest.mark.parametrize(("performance", "runner_passes"), [(1, True), (0, False)])
+def test_reward_json_is_the_verdict_every_metric_must_reach_one(performance, runner_passes):
+    """A reward.json beside reward.txt is read instead of it; the runner's verdict must then
+    agree with the report: a metric at 0 while every test passed is a verdict that disagrees."""
+    task = parse_task({
+        "id": "h/metrics", "kind": "repository", "prompt": "p", "difficulty": "easy", "family": "h", "split": "eval",
+        "files": {"x.txt": "x\n"}, "reference_solution": "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-x\n+y\n",
+        "grader_files": {"test_state.py": "def test_ok():\n    pass\n"}, "fail_to_pass": ["test_state.py::test_ok"],
+        "test_command": REWARD_JSON % performance, "verdict_file": "/logs/verifier/reward.txt"})
+    graded = grade_solution(task, task.reference_solution)
+    assert graded.passed is runner_passes
+    assert [flag.value for flag in graded.tamper_flags] == ([] if runner_passes else ["exit_code_disagrees"])
+
+
+def test_validate_names_the_environment_error_of_both_tasks(imported):
+    from task_sets.validation import validate
+
+    with SandboxPool(lambda spec: open_sandbox("local", spec), PoolConfig(cpu_slots=2)) as pool:
+        report = validate(imported.tasks, pool, repeats=1, task_set="cookbook")
+    assert [(t.verdict, t.reasons[0].split(":")[0]) for t in report.tasks] == [
+        ("broken", "reference fails (env_error, network_unavailable)")] * 2
