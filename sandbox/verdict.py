@@ -90,6 +90,7 @@ from sandbox.closed_set import ClosedSet
 from sandbox.diagnosis import Diagnosis, FailureReason, diagnose, environment_problem
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
+from sandbox.harness.session_files import session_files
 from sandbox.harness.session_signature import signature
 from sandbox.python_ast import AST_LOCK
 from sandbox.result import ExecResult, ExecStatus
@@ -106,7 +107,8 @@ HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
 REPORT_NAME = "junit.xml"
 PLUGIN = Path(__file__).parent / "harness" / "pytest_session.py"
-PLUGIN_FILES = (PLUGIN, Path(__file__).parent / "harness" / "session_signature.py")
+PLUGIN_FILES = (PLUGIN, *(Path(__file__).parent / "harness" / name for name in ("session_signature.py",
+                                                                                 "session_files.py")))
 PLUGIN_DIR = "/grader"
 # xunit1 keeps pytest's classname as the dotted module (and class) path of each test.
 PYTEST_OPTIONS = (f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider "
@@ -262,6 +264,7 @@ def grade_test_command(
     sealed: Sequence[str] = (),
     changed: Collection[str] = (),
     repository: Collection[str] = (),
+    pytest_sessions: int = 1,
 ) -> GradeResult:
     """Grade a repository with its own test command (run by /bin/sh in the repository root).
 
@@ -272,25 +275,27 @@ def grade_test_command(
     `tamper_flags` found before the run (protected paths) set the reward to 0. `sealed` files
     (hidden tests, protected paths) cannot be changed by the run (Session.protect). `changed`
     (the paths the submission changed) and `repository` (the pristine repository's paths) tell
-    an environment error from the submission's own (sandbox/diagnosis.py)."""
+    an environment error from the submission's own (sandbox/diagnosis.py). A command that runs
+    pytest `pytest_sessions` times has each session vouched for; their reports are read together."""
     python_path = ":".join([PLUGIN_DIR, *(value for key, value in sandbox.spec.env if key == "PYTHONPATH")])
     command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={python_path}",
                "PYTHONDONTWRITEBYTECODE=1", "/bin/sh", "-c", test_command]
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
     plugin = _plugin_files()
-    token = secrets.token_hex(16)
+    tokens = [secrets.token_hex(16) for _ in range(pytest_sessions)]
     with _grading_dirs(sandbox, {"/tests": grader_files, PLUGIN_DIR: plugin}, verdict_dir) as dirs:
         sealed_sha256 = {f"{WORKSPACE}/{path}": hashlib.sha256(_bytes(workspace_files[path])).hexdigest()
                          for path in sealed}
-        secret = json.dumps({"token": token, "sealed": sealed_sha256})
-        _write_private(dirs.report / "session-token", secret, sandbox)
+        secrets_ = [json.dumps({"token": token, "sealed": sealed_sha256}) for token in tokens]
+        for number, secret in enumerate(secrets_):
+            _write_private(dirs.report / PurePosixPath(session_files(number)[0]).name, secret, sandbox)
         result = sandbox.run(command, workspace_files, dirs.mounts, protected=sealed)
-        # The plugin takes the token when pytest loads it; no submission knows the token to put it back.
-        pytest_started = _read_small(dirs.report / "session-token", 4096) != secret.encode()
-        report_bytes = _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
-        report = _parse(report_bytes) if report_bytes is not None else None
-        session = _read_small_json(dirs.report / "session.json")
+        runs = [_session_run(dirs.report, number, secret) for number, secret in enumerate(secrets_)]
         verdict = _read_verdict(dirs.verdict / PurePosixPath(verdict_file).name) if dirs.verdict else None
+    # The plugin takes a token when pytest loads it; no submission knows a token to put it back.
+    pytest_started = any(run.started for run in runs)
+    reports = [run.report for run in runs if run.report is not None]
+    report = [case for cases in reports for case in cases] if reports else None
     if not expected:
         return _unscored(RewardStatus.INVALID, result, "the task names no test to run", [])
     if result.status is ExecStatus.XX:
@@ -299,7 +304,9 @@ def grade_test_command(
     if problem is not None and result.status not in KILLED:
         return _unscored(RewardStatus.ENV_ERROR, result, problem.detail, list(expected), problem)
     if report is not None and result.status not in KILLED:
-        problem = _session_problem(session, token, report_bytes)
+        problems = [_session_problem(run.record, token, run.report_bytes)
+                    for run, token in zip(runs, tokens) if run.report is not None]
+        problem = next(filter(None, problems), None)
         tamper_flags = [*tamper_flags, problem] if problem else tamper_flags
     runner_passed = verdict if verdict_file else result.exit_code == 0
     by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
@@ -352,6 +359,22 @@ def score(
 @cache
 def _plugin_files() -> dict[str, str]:
     return {path.name: path.read_text() for path in PLUGIN_FILES}
+
+
+@dataclass(frozen=True)
+class _SessionRun:
+    started: bool  # pytest took this session's token
+    report_bytes: bytes | None
+    report: list[TestOutcome] | None
+    record: dict | None
+
+
+def _session_run(report_dir: Path, number: int, secret: str) -> _SessionRun:
+    token_file, record_file, report_file = (PurePosixPath(path).name for path in session_files(number))
+    report_bytes = _read_small(report_dir / report_file, MAX_REPORT_BYTES)
+    return _SessionRun(started=_read_small(report_dir / token_file, 4096) != secret.encode(), report_bytes=report_bytes,
+                       report=_parse(report_bytes) if report_bytes is not None else None,
+                       record=_read_small_json(report_dir / record_file))
 
 
 def _bytes(content: str | bytes) -> bytes:

@@ -36,6 +36,7 @@ from pydantic_core import PydanticCustomError
 
 from environments.spec import EnvironmentSpec
 from sandbox import python_ast
+from sandbox.harness.session_files import MAX_SESSIONS
 
 Difficulty = Literal["easy", "medium", "hard"]
 Split = Literal["train", "eval"]
@@ -53,7 +54,7 @@ SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/sbin", "/lib",
                "/tests", "/grader", "/logs", "/solution")
 
 
-LATER_FIELDS = {"environment": None, "binary_files": {}, "workdir": WORKSPACE_DIR}
+LATER_FIELDS = {"environment": None, "binary_files": {}, "workdir": WORKSPACE_DIR, "pytest_sessions": 1}
 
 
 class TaskLimits(BaseModel):
@@ -163,6 +164,8 @@ class RepositoryTask(TaskBase):
     verdict_file: str | None = Field(None, description="where the test command writes its own verdict (a "
                                      "number, 1 = pass) instead of an exit code, e.g. /logs/verifier/reward.txt")
     base_commit: str | None = None
+    pytest_sessions: int = Field(1, ge=1, le=MAX_SESSIONS, description="how many times the test command runs "
+                                 "pytest (a Harbor test.sh running one session per test file): each is vouched for")
     workdir: str = Field(WORKSPACE_DIR, description="where the task's commands expect the repository (a Harbor "
                          "task's /app): the workspace is also seen there")
     domain: str = "python-repositories"

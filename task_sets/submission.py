@@ -107,7 +107,7 @@ def _grade_repository(
     graded = grade_test_command(
         sandbox, {**task.binary_contents(), **guarded.files}, task.expected_tests, task.test_command, grader_files=task.grader_files,
         verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags, sealed=guarded.sealed,
-        changed=changed, repository=task.files.keys(),
+        changed=changed, repository=task.files.keys(), pytest_sessions=task.pytest_sessions,
     )
     if guarded.touched:
         graded.messages["_protected"] = "restored before grading: " + ", ".join(guarded.touched)

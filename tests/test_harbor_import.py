@@ -88,3 +88,37 @@ def test_validate_names_the_environment_error_of_both_tasks(imported):
         report = validate(imported.tasks, pool, repeats=1, task_set="cookbook")
     assert [(t.verdict, t.reasons[0].split(":")[0]) for t in report.tasks] == [
         ("broken", "reference fails (env_error, network_unavailable)")] * 2
+
+
+TWO_FILES = {"test_a.py": "def test_a():\n    pass\n", "test_b.py": "import os\n\ndef test_b():\n"
+             "    assert os.path.exists('/app/y.txt')\n"}
+TWO_RUNS = ("python3 -m pytest -q /tests/test_a.py && a=1; python3 -m pytest -q /tests/test_b.py && b=1; "
+            "echo \"{\\\"a\\\": ${a:-0}, \\\"b\\\": ${b:-0}}\" > /logs/verifier/reward.json")
+
+
+def two_run_task(sessions: int):
+    return parse_task({
+        "id": "h/two-runs", "kind": "repository", "prompt": "p", "difficulty": "easy", "family": "h", "split": "eval",
+        "files": {"x.txt": "x\n"}, "workdir": "/app", "grader_files": TWO_FILES, "pytest_sessions": sessions,
+        "reference_solution": "--- /dev/null\n+++ b/y.txt\n@@ -0,0 +1 @@\n+y\n",
+        "fail_to_pass": ["test_a.py::test_a", "test_b.py::test_b"], "test_command": TWO_RUNS,
+        "verdict_file": "/logs/verifier/reward.txt"})
+
+
+def test_a_test_command_running_pytest_twice_has_both_sessions_vouched_for_and_kept(backend_name):
+    task = two_run_task(2)
+    sandbox = open_sandbox(backend_name, sandbox_spec(task))
+    graded = grade_solution(task, task.reference_solution, sandbox)
+    assert (graded.passed, graded.tamper_flags, graded.tests_collected) == (True, (), 2)
+    empty = grade_solution(task, "", sandbox)  # test_b fails in the second session
+    assert (empty.passed, empty.tamper_flags, empty.failure.reason) == (False, (), FailureReason.TESTS_FAILED)
+    assert empty.outcomes == {"test_a.py::test_a": "passed", "test_b.py::test_b": "failed"}
+
+
+def test_a_second_session_the_task_did_not_declare_is_not_believed():
+    graded = grade_solution(two_run_task(1), two_run_task(1).reference_solution)
+    assert not graded.passed and graded.tamper_flags == ("forged_output",)
+
+
+def test_harbor_counts_the_pytest_runs_of_a_test_sh(imported):
+    assert {t.id: t.pytest_sessions for t in imported.tasks} == {"cookbook/multi-reward": 2, "cookbook/simple-task": 1}

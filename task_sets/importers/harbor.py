@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from sandbox.base import Mount, SandboxUnavailable
 from sandbox.harness.run_tests import test_names
+from sandbox.harness.session_files import MAX_SESSIONS
 from sandbox.local import LocalSandbox
 from sandbox.spec import Limits, SandboxSpec
 from task_sets.importers.records import (
@@ -51,6 +52,7 @@ VERDICT_FILE = "/logs/verifier/reward.txt"
 TEST_COMMAND = "bash /tests/test.sh"
 NOT_WORKSPACE = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", ".dockerignore")
 SOLVE_TIMEOUT_S = 120
+PYTEST_RUN = re.compile(r"(?<![\w.=/-])(py\.test|pytest)(?![\w.=-])")  # a command, not `--with pytest==8.4.1`
 NETWORK_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\b(pip3?|uv) install\b|\buvx\b|\buv run\b|"
                            r"apt(-get)? (update|install)|\bnpm (install|ci)\b|git clone")
 
@@ -91,7 +93,7 @@ def _fields(task_dir: Path, name: str, warnings: list[str]) -> dict:
     fields = {
         "id": f"{name}/{task_dir.name}", "kind": "repository", "prompt": prompt, "files": workspace,
         "reference_solution": _reference_diff(task_dir, workspace, limits, workdir), "grader_files": tests,
-        "workdir": workdir, "network": network,
+        "workdir": workdir, "network": network, "pytest_sessions": _pytest_runs(tests["test.sh"]),
         "fail_to_pass": expected, "test_command": TEST_COMMAND, "verdict_file": VERDICT_FILE,
         "difficulty": metadata.get("difficulty") if metadata.get("difficulty") in DIFFICULTIES else "medium",
         "domain": category, "family": category, "limits": limits,
@@ -129,6 +131,12 @@ def _last_workdir(dockerfile: str) -> str | None:
     found = [line.split(None, 1)[1].strip() for line in dockerfile.splitlines()
              if line.strip().upper().startswith("WORKDIR ") and len(line.split(None, 1)) == 2]
     return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else None
+
+
+def _pytest_runs(script: str) -> int:
+    """How many times a test.sh starts pytest (each time it names it as a command), 1 at least."""
+    runs = sum(len(PYTEST_RUN.findall(line)) for line in script.splitlines() if not line.lstrip().startswith("#"))
+    return min(max(runs, 1), MAX_SESSIONS)
 
 
 def _network_line(script: str) -> tuple[int, str] | None:
