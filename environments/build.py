@@ -122,28 +122,66 @@ def _missing_debian(packages: tuple[str, ...]) -> list[str]:
 def _ensure_image(spec: EnvironmentSpec, built: Built, store: EnvironmentStore, progress: Callable[[str], None]) -> str:
     import docker  # only here: the local backend needs no docker SDK
 
-    from sandbox.docker import DEFAULT_IMAGE
-
     client = docker.from_env(timeout=DOCKER_BUILD_TIMEOUT_S)
     tag = image_tag(spec.digest)
     try:
         return client.images.get(tag).id
     except docker.errors.ImageNotFound:
         pass
+    base = _task_image(client, spec, progress) if spec.dockerfile else _sandbox_base(client)
+    progress(f"environment {spec.short}: docker build {tag}")
+    return _docker_build(client, spec, _context(_dockerfile(base, spec), {"tree": built.path}),
+                         labels={LABEL: spec.digest, STORE_LABEL: str(store.root)}, tag=tag)
+
+
+def _sandbox_base(client) -> str:
+    import docker
+
+    from sandbox.docker import DEFAULT_IMAGE
+
     try:
-        base = client.images.get(DEFAULT_IMAGE).id
+        return client.images.get(DEFAULT_IMAGE).id
     except docker.errors.ImageNotFound:
         raise BuildError(f"no base image {DEFAULT_IMAGE!r}; build it with scripts/build-sandbox-image") from None
-    progress(f"environment {spec.short}: docker build {tag} from {DEFAULT_IMAGE}")
+
+
+def _task_image(client, spec: EnvironmentSpec, progress: Callable[[str], None]) -> str:
+    """The image of the task's own Dockerfile, whose bases must be on this daemon (a sandbox
+    host reaches no registry, and a pull would not be reproducible)."""
+    import docker
+
+    stages = set()
+    for line in spec.dockerfile.splitlines():
+        words = line.split()
+        if len(words) < 2 or words[0].upper() != "FROM":
+            continue
+        base = next((w for w in words[1:] if not w.startswith("--")), "scratch")
+        if base not in stages and base != "scratch":
+            try:
+                client.images.get(base)
+            except docker.errors.ImageNotFound:
+                raise BuildError(f"environment {spec.short}: the task's Dockerfile is FROM {base}, which this Docker "
+                                 "daemon does not have: load it (docker load, or docker pull where a registry can be "
+                                 "reached), or use the local backend") from None
+        if len(words) >= 4 and words[-2].upper() == "AS":
+            stages.add(words[-1])
+    progress(f"environment {spec.short}: docker build of the task's Dockerfile")
+    return _docker_build(client, spec, _context(spec.dockerfile, dict(spec.context)))
+
+
+def _docker_build(client, spec: EnvironmentSpec, context: io.BytesIO, **options) -> str:
+    import docker
+
     try:
-        image, _ = client.images.build(fileobj=_context(built.path, _dockerfile(base, spec)), custom_context=True,
-                                       tag=tag, labels={LABEL: spec.digest, STORE_LABEL: str(store.root)}, network_mode="host", rm=True,
-                                       forcerm=True)
+        image, _ = client.images.build(fileobj=context, custom_context=True, network_mode="host", rm=True,
+                                       forcerm=True, **options)
     except docker.errors.BuildError as e:
         lines = [str(chunk.get("stream") or chunk.get("error") or "").strip() for chunk in e.build_log]
         failing = next((line for line in reversed(lines) if re.search(r"E: |[Ee]rror|Unable to locate", line)),
                        str(e))
         raise BuildError(f"environment {spec.short}: docker build failed: {failing}") from None
+    except docker.errors.APIError as e:
+        raise BuildError(f"environment {spec.short}: docker build failed: {e.explanation or e}") from None
     return image.id
 
 
@@ -155,15 +193,19 @@ def _dockerfile(base: str, spec: EnvironmentSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _context(tree: Path, dockerfile: str) -> io.BytesIO:
-    """A build context holding the Dockerfile and the built tree, as a tar in memory."""
+def _context(dockerfile: str, entries: dict[str, Path | str]) -> io.BytesIO:
+    """A build context, as a tar in memory: the Dockerfile, and each entry a directory (a Path)
+    or a file's text."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        data = dockerfile.encode()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-        tar.add(tree, arcname="tree")
+        for name, content in {"Dockerfile": dockerfile, **entries}.items():
+            if isinstance(content, Path):
+                tar.add(content, arcname=name)
+                continue
+            data = content.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755 if name.endswith(".sh") else 0o644
+            tar.addfile(info, io.BytesIO(data))
     buffer.seek(0)
     return buffer
 

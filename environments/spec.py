@@ -8,7 +8,11 @@ A task (or its set, in `environment.toml` beside the task files) declares:
   sandbox; CRUCIBLE_ENV names it), e.g. data the tests read;
 - `env`: environment variables for every command;
 - `python_path`: more directories on PYTHONPATH after the packages, e.g. /workspace/src where a
-  repository keeps its own package under src/.
+  repository keeps its own package under src/;
+- `dockerfile` and `context`: the task's own Dockerfile (a Harbor task's environment/Dockerfile)
+  and the files its COPY and ADD read: the Docker backend builds the image from it instead of
+  from the sandbox base (its FROM must exist on the daemon); the local backend, which runs on
+  this host, does not use it.
 The digest is the SHA-256 of that declaration and of the build recipe's version: the same
 spec always names the same built environment, and a changed spec (or recipe) a new one.
 """
@@ -36,6 +40,8 @@ class EnvironmentSpec(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="files under the environment's root")
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
     python_path: tuple[str, ...] = Field((), description="absolute directories on PYTHONPATH after the packages")
+    dockerfile: str = Field("", description="the task's own Dockerfile, built on the Docker backend")
+    context: dict[str, str] = Field(default_factory=dict, description="the files the Dockerfile's COPY and ADD read")
 
     @field_validator("python_path")
     @classmethod

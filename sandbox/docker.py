@@ -114,13 +114,15 @@ class DockerSandbox:
 
     def _with_alias(self, digest: str, alias: str) -> str:
         """`digest` with a symlink from `alias` to the workspace: a layer built once, no network."""
-        tag = f"crucible-alias:{hashlib.sha256(f'{digest} {alias}'.encode()).hexdigest()[:16]}"
+        recipe = 2  # counts changes to the layer below
+        tag = f"crucible-alias:{hashlib.sha256(f'{digest} {alias} {recipe}'.encode()).hexdigest()[:16]}"
         try:
             return self.client.images.get(tag).id
         except docker.errors.ImageNotFound:
             pass
-        dockerfile = f"FROM {digest}\nRUN mkdir -p {shlex.quote(str(PurePosixPath(alias).parent))} && " \
-                     f"ln -s {WORKSPACE} {shlex.quote(alias)}\n"
+        # The image's own directory there (a Harbor image's WORKDIR /app) gives way to the workspace.
+        dockerfile = f"FROM {digest}\nRUN rm -rf {shlex.quote(alias)} && mkdir -p " \
+                     f"{shlex.quote(str(PurePosixPath(alias).parent))} && ln -s {WORKSPACE} {shlex.quote(alias)}\n"
         try:
             image, _ = self.client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none",
                                                 rm=True, labels={"crucible.workspace-alias": alias})

@@ -5,19 +5,33 @@ reward.json read as Harbor's multi-metric verdict."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from environments.build import BuildError, build_all, images, remove_image
+from environments.store import EnvironmentStore
 from sandbox.backends import open_sandbox
 from sandbox.diagnosis import FailureReason
+from sandbox.docker import DEFAULT_IMAGE
 from sandbox.pool import PoolConfig, SandboxPool
 from sandbox.verdict import RewardStatus
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.schema import parse_task
 from task_sets.submission import grade_solution, sandbox_spec
+from tests.conftest import require
 
 pytestmark = pytest.mark.usefixtures("local_backend")
+
+
+@pytest.fixture
+def environments(tmp_path, monkeypatch) -> Iterator[EnvironmentStore]:
+    monkeypatch.setenv("CRUCIBLE_ENVIRONMENTS", str(tmp_path / "environments"))
+    store = EnvironmentStore()
+    yield store
+    for digest in images(store):
+        remove_image(digest)
 COOKBOOK = Path(__file__).parent / "data" / "harbor"
 
 
@@ -43,11 +57,35 @@ def test_a_test_sh_that_fetches_from_the_network_is_reported_at_import(imported)
                                            "apt-get update) and the task allows none")
 
 
-def test_grading_it_without_the_network_is_an_environment_error_on_every_backend(imported, backend_name):
+def test_grading_it_without_the_network_is_an_environment_error(imported, environments):
     task = next(t for t in imported.tasks if t.id == "cookbook/simple-task")
-    graded = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task)))
+    build_all([task.environment], "local")
+    graded = grade_solution(task, task.reference_solution, open_sandbox("local", sandbox_spec(task)))
     assert (graded.reward_status, graded.reward, graded.tamper_flags) == (RewardStatus.ENV_ERROR, None, ())
     assert graded.failure.reason in (FailureReason.NETWORK_UNAVAILABLE, FailureReason.MISSING_COMMAND)
+
+
+def test_on_docker_the_tasks_dockerfile_is_built_or_its_missing_base_named(imported, environments, tmp_path):
+    require("docker")
+    with pytest.raises(BuildError, match="the task's Dockerfile is FROM ubuntu:24.04, which this Docker daemon "
+                                         "does not have"):
+        build_all([imported.tasks[0].environment], "docker")
+    task_dir = tmp_path / "own-image"
+    for path, text in {"instruction.md": "Say hello.", "task.toml": "[verifier]\ntimeout_sec = 60.0\n",
+                       "environment/Dockerfile": f"FROM {DEFAULT_IMAGE}\nCOPY data.txt /opt/data.txt\nWORKDIR /app\n",
+                       "environment/data.txt": "from the image\n", "solution/solve.sh": "echo hi > /app/hi.txt\n",
+                       "tests/test.sh": "python3 -m pytest -q /tests/test_state.py && echo 1 > /logs/verifier/reward.txt"
+                       " || echo 0 > /logs/verifier/reward.txt\n",
+                       "tests/test_state.py": "from pathlib import Path\n\ndef test_image_and_answer():\n"
+                       "    assert Path('/opt/data.txt').read_text() == 'from the image\\n'\n"
+                       "    assert Path('/app/hi.txt').read_text() == 'hi\\n'\n"}.items():
+        (task_dir / path).parent.mkdir(parents=True, exist_ok=True)
+        (task_dir / path).write_text(text)
+    [task] = import_tasks("harbor", task_dir, ImportOptions("own")).tasks
+    build_all([task.environment], "docker")
+    sandbox = open_sandbox("docker", sandbox_spec(task))
+    assert grade_solution(task, task.reference_solution, sandbox).passed
+    assert not grade_solution(task, "", sandbox).passed
 
 
 def test_the_workspace_is_seen_at_the_tasks_working_directory_on_every_backend(backend_name):
@@ -81,9 +119,10 @@ def test_reward_json_is_the_verdict_every_metric_must_reach_one(performance, run
     assert [flag.value for flag in graded.tamper_flags] == ([] if runner_passes else ["exit_code_disagrees"])
 
 
-def test_validate_names_the_environment_error_of_both_tasks(imported):
+def test_validate_names_the_environment_error_of_both_tasks(imported, environments):
     from task_sets.validation import validate
 
+    build_all([t.environment for t in imported.tasks], "local")
     with SandboxPool(lambda spec: open_sandbox("local", spec), PoolConfig(cpu_slots=2)) as pool:
         report = validate(imported.tasks, pool, repeats=1, task_set="cookbook")
     assert [(t.verdict, t.reasons[0].split(":")[0]) for t in report.tasks] == [

@@ -6,9 +6,10 @@ Each task becomes a repository task:
 - the prompt is instruction.md; difficulty, category and limits come from task.toml
   ([metadata] difficulty, category; [verifier] timeout_sec; [environment] memory_mb,
   storage_mb, docker_image);
-- the starting workspace is environment/ without its Dockerfile and compose files: the
-  Dockerfile is not built, the task runs in the sandbox image (or the task's docker_image on the
-  Docker backend); the workspace is also seen at the task's working directory, as Harbor runs
+- the starting workspace is environment/ without its Dockerfile and compose files; the Docker
+  backend builds the task's Dockerfile (environment/ is its context) when its base image is on
+  the daemon, and otherwise says which base is missing, or runs the task's prebuilt
+  docker_image; the local backend runs it on this host; the workspace is also seen at the task's working directory, as Harbor runs
   its commands there ([environment] workdir, else the Dockerfile's last WORKDIR: /app in most
   tasks), so solve.sh and tests that name /app/... find it;
 - grading runs `bash /tests/test.sh` with tests/ shown read-only at /tests and its verdict read
@@ -98,8 +99,11 @@ def _fields(task_dir: Path, name: str, warnings: list[str]) -> dict:
         "difficulty": metadata.get("difficulty") if metadata.get("difficulty") in DIFFICULTIES else "medium",
         "domain": category, "family": category, "limits": limits,
     }
-    if environment.get("docker_image"):
+    if environment.get("docker_image"):  # a prebuilt image, as Harbor uses it instead of building
         fields["image"] = str(environment["docker_image"])
+    elif environment_dir.get("Dockerfile"):
+        context = {p: text for p, text in environment_dir.items() if p != "Dockerfile"}
+        fields["environment"] = {"dockerfile": environment_dir["Dockerfile"], "context": context}
     return fields
 
 
