@@ -33,8 +33,8 @@ DOCKER_BUILD_TIMEOUT_S = 1800
 LABEL = "crucible.environment"
 STORE_LABEL = "crucible.environment.store"  # prune removes only the images its own store built
 _PIP_ERROR = re.compile(r"^ERROR: (.*)$", re.M)
-_PIP_REQUIREMENT = re.compile(r"requirement ([^\s(]+)|for ([^\s(]+)|Failed to build ([^\s]+)|"
-                              r"[Cc]ould not build wheels for ([^\s,]+)")
+_PIP_REQUIREMENT = re.compile(r"the requirement ([^\s(]+)|found for ([^\s(]+)|[Cc]ould not build wheels for "
+                              r"([\w.-]+)|\(([\w.-]+)\)\s*$")
 
 
 class BuildError(RuntimeError):
@@ -101,10 +101,11 @@ def _pip_failure(log: str) -> str:
     """The package pip could not install and its log line, e.g. "pip could not install
     numpy==9.9: Could not find a version that satisfies the requirement numpy==9.9"."""
     errors = [line for line in _PIP_ERROR.findall(log) if "pip's dependency resolver" not in line]
-    line = errors[0] if errors else (log.strip().splitlines() or ["pip failed with no output"])[-1]
-    found = _PIP_REQUIREMENT.search(line)
-    package = next((group for group in found.groups() if group), None) if found else None
-    return f"pip could not install {package}: {line}" if package else f"pip failed: {line}"
+    if not errors:
+        return f"pip failed: {(log.strip().splitlines() or ['(no output)'])[-1]}"
+    found = next(filter(None, map(_PIP_REQUIREMENT.search, errors)), None)
+    package = next(group for group in found.groups() if group) if found else None
+    return f"pip could not install {package}: {errors[0]}" if package else f"pip failed: {errors[0]}"
 
 
 def _missing_debian(packages: tuple[str, ...]) -> list[str]:

@@ -77,10 +77,10 @@ class EnvironmentStore:
         """Hold `digest`'s lock and yield a fresh staging directory; the caller fills it and
         `publish`es it. Another process building the same digest waits here."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f"{digest}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with self._lock(digest):
+            for left in self.root.glob(f".staging-{digest}-*"):  # a build killed before it finished
+                shutil.rmtree(left, ignore_errors=True)
             staging = self.root / f".staging-{digest}-{os.getpid()}"
-            shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             try:
                 yield staging
@@ -94,11 +94,22 @@ class EnvironmentStore:
             if not path.is_symlink():
                 path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         target = self.path(digest)
+        done = self.get(digest)
+        if done is not None:  # complete already, perhaps in use: keep it
+            return done
         if target.exists():  # an unfinished build left without its record
             shutil.rmtree(target)
         staging.rename(target)
         return Built(digest, target, record)
 
     def remove(self, digest: str) -> None:
-        shutil.rmtree(self.path(digest), ignore_errors=True)
-        (self.root / f"{digest}.lock").unlink(missing_ok=True)
+        """Remove a built environment, waiting for a build of it to finish (the lock file stays:
+        a process waiting on it must keep the same lock)."""
+        with self._lock(digest):
+            shutil.rmtree(self.path(digest), ignore_errors=True)
+
+    @contextmanager
+    def _lock(self, digest: str) -> Iterator[None]:
+        with open(self.root / f"{digest}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield

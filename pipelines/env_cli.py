@@ -110,11 +110,12 @@ def command_show(args: argparse.Namespace) -> int:
 
 def command_prune(args: argparse.Namespace) -> int:
     store, users = EnvironmentStore(), ({} if args.all else _users())
-    removed = []
-    for digest in sorted({built.digest for built in store.all()} | set(images(store))):
+    docker_images, removed = images(store), []
+    for digest in sorted({built.digest for built in store.all()} | set(docker_images)):
         if digest not in users:
             store.remove(digest)
-            remove_image(digest)
+            if digest in docker_images:
+                remove_image(digest)
             removed.append(digest[:16])
     console.print(f"removed {len(removed)} environment(s)" + (f": {', '.join(removed)}" if removed else ""),
                   highlight=False)

@@ -2,26 +2,33 @@
 result line, validation finding and trajectory row; and the environment errors among them.
 
 An environment error is a suite the task's environment cannot run, whatever the submission did:
-a module the unchanged tests import is not installed, the test command's program is missing, or
-it needed the network. Its grade is unscored (RewardStatus "env_error"), like an infrastructure
-error, so a broken environment never teaches the policy. What makes it the environment's fault
-and not the submission's, by evidence a submission cannot fake:
-- a missing module: the import that failed was made by a file the submission did not change,
-  of a module the repository does not have (deleting or breaking the repository's own module is
-  the submission's fault), and it was made while collecting the hidden tests;
-- a missing program or the network: pytest never started (the session token the grader leaves
-  is still there, untouched: pytest's plugin takes it before any code under test runs), and the
-  command's own error output says what was missing.
+a module the tests import is not installed, the test command's program is missing, or it needed
+the network. Its grade is unscored (RewardStatus "env_error"), like an infrastructure error, so
+a broken environment never teaches the policy. Each is decided on evidence the grader has
+independently of what the run printed (`Evidence`), since a submission may print anything:
+- a missing module: the environment does not install it (the grader lists the interpreter's
+  modules and the built environment's site-packages), the repository has no module of that
+  name, and the import was the tests' own (our harness: a module the hidden tests import;
+  pytest: made while collecting, by a file of the pristine repository the submission did not
+  change);
+- a missing program or the network, when pytest never started (the token the grader leaves is
+  still there, exactly: the plugin takes it before any code under test runs): the program is
+  named by the grader's own test command or files and is not on the sandbox's PATH, or those
+  fetch from the network (curl, uv, pip install, ...) and the output says the network failed;
+- never for a run with a tamper flag, or whose reports a session record does not vouch for.
+Known limit: on the Docker backend the interpreter's module list is read off this host's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from sandbox.closed_set import ClosedSet
+from sandbox.interpreter import importable_modules
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.test_report import Outcome, TestOutcome
 
@@ -33,7 +40,10 @@ _MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module na
 _FRAME = re.compile(r"^(?:/workspace/)?([^\s:][^:]*\.py):\d+: in ", re.M)  # pytest's "path.py:12: in <module>"
 _NETWORK = re.compile(r"Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
                       r"Failed to establish a new connection|nodename nor servname|Name or service not known")
-_NOT_FOUND = re.compile(r"(?:^|\s|/)([\w.+-]+): (?:\d+: )?(?:[\w.+-]+: )?(?:command )?not found", re.M)
+_NOT_FOUND = re.compile(r"([^\s:'\"]+): (?:command )?not found\s*$", re.M)
+NETWORK_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\b(pip3?|uv) install\b|\buvx\b|\buv run\b|"
+                           r"apt(-get)? (update|install)|\bnpm (install|ci)\b|git clone|urlopen|requests\.get")
+SANDBOX_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 
 
 class FailureReason(ClosedSet):
@@ -75,31 +85,71 @@ def killed(result: ExecResult, wall_limit_s: float) -> Diagnosis:
     return Diagnosis.of(reason, f"killed at the {limit} limit{extra}; last output: {tail(result)}")
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What the grader knows of a run independently of anything the run printed."""
+
+    changed: Collection[str]  # paths the submission changed (a function task's solution.py)
+    repository: Collection[str]  # paths of the pristine starting files
+    installed: Collection[str]  # top-level modules the sandbox's interpreter and environment provide
+    grader_text: str  # the test command and the grader's own files (a Harbor test.sh), never the submission's
+    tests_import: Collection[str] | None = None  # our harness: the top-level modules the hidden tests import
+
+
 def environment_problem(report: Sequence[TestOutcome] | None, result: ExecResult, pytest_started: bool,
-                        changed: Collection[str], repository: Collection[str]) -> Diagnosis | None:
-    """The environment error this run shows, if any (see the module docstring). `changed`: the
-    paths the submission changed; `repository`: the paths of the pristine starting files."""
+                        evidence: Evidence) -> Diagnosis | None:
+    """The environment error this run shows, if any (see the module docstring)."""
     for case in collection_failures(report or []):
         module = missing_module(case.details or case.message)
-        importer = importing_file(case.details)
-        if module and importer not in changed and not _provides(repository, module):
+        if module and _missing_for_the_tests(module, case, evidence):
+            importer = importing_file(case.details) or "the hidden tests"
             return Diagnosis.of(FailureReason.MISSING_MODULE, f"the tests import {module!r}, which the environment "
-                                f"does not install ({importer or case.name}): {last_line(case.details)}")
+                                f"does not install ({importer}): {last_line(case.details or case.message)}")
     if report is not None or pytest_started:
         return None
     output = f"{result.stderr}\n{result.stdout}"
-    if _NETWORK.search(output):
+    if _NETWORK.search(output) and NETWORK_FETCH.search(evidence.grader_text):
         return Diagnosis.of(FailureReason.NETWORK_UNAVAILABLE, f"the test command needed the network: {tail(result)}")
-    command = _NOT_FOUND.search(output)
-    if result.exit_code == 127 or command:
-        name = command.group(1) if command else "a program"
-        return Diagnosis.of(FailureReason.MISSING_COMMAND, f"the test command runs {name}, which the environment "
+    program = missing_program(output)
+    if program and program in evidence.grader_text.split() and not _on_path(program):
+        return Diagnosis.of(FailureReason.MISSING_COMMAND, f"the test command runs {program}, which the environment "
                             f"does not have: {tail(result)}")
     module = missing_module(output)
-    if module:
+    if module and module.split(".")[0] not in evidence.installed and module in evidence.grader_text:
         return Diagnosis.of(FailureReason.MISSING_MODULE, f"the test command needs {module!r}, which the "
                             f"environment does not install: {tail(result)}")
     return None
+
+
+def _missing_for_the_tests(module: str, case: TestOutcome, evidence: Evidence) -> bool:
+    """Whether a failed import of `module` is the environment's doing: the module is neither
+    installed nor the repository's own, and the import was the tests' (our harness: a module the
+    hidden tests import; pytest: a file the submission did not change)."""
+    top = module.split(".")[0]
+    if top in evidence.installed or _provides(evidence.repository, module):
+        return False
+    if evidence.tests_import is not None:
+        return top in evidence.tests_import
+    importer = importing_file(case.details)
+    return importer is not None and importer in evidence.repository and importer not in evidence.changed
+
+
+def installed_modules(overlay: str) -> frozenset[str]:
+    """The top-level modules a sandbox's python3 finds without the workspace: the interpreter's
+    own and those of the built environment at `overlay` (its site-packages)."""
+    site = Path(overlay, "site-packages") if overlay else None
+    extra = {path.name.split(".", 1)[0] for path in site.iterdir()} if site and site.is_dir() else set()
+    return importable_modules() | extra
+
+
+def missing_program(output: str) -> str | None:
+    """The program a shell could not find: "sh: 1: tox: not found", "line 3: uvx: command not found"."""
+    found = _NOT_FOUND.search(output)
+    return found.group(1) if found else None
+
+
+def _on_path(program: str) -> bool:
+    return any(os.access(os.path.join(folder, program), os.X_OK) for folder in SANDBOX_PATH)
 
 
 def diagnose(outcomes: dict[str, Outcome], messages: dict[str, str], details: dict[str, str],

@@ -71,9 +71,11 @@ sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets
 import shutil
@@ -85,9 +87,10 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
+from sandbox import python_ast
 from sandbox.base import WORKSPACE, Mount, Sandbox
 from sandbox.closed_set import ClosedSet
-from sandbox.diagnosis import Diagnosis, FailureReason, diagnose, environment_problem
+from sandbox.diagnosis import Diagnosis, Evidence, FailureReason, diagnose, environment_problem, installed_modules
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_files import session_files
@@ -245,7 +248,9 @@ def grade(
     if report_on_stdout and result.stdout_truncated:  # only the harness writes there: our limit, not theirs
         return _unscored(RewardStatus.INFRA_ERROR, result, "the report did not fit the sandbox's stdout excerpt "
                          "(raise Limits.excerpt_bytes)", expected)
-    problem = environment_problem(report, result, pytest_started=True, changed=(), repository=workspace_files)
+    evidence = Evidence(changed=(), repository=workspace_files.keys(), installed=installed_modules(sandbox.spec.overlay),
+                        grader_text="", tests_import=_imports_of(tests))
+    problem = environment_problem(report, result, pytest_started=True, evidence=evidence)
     if problem is not None:
         return _unscored(RewardStatus.ENV_ERROR, result, problem.detail, expected, problem)
     runner_passed = result.exit_code == 0
@@ -300,14 +305,14 @@ def grade_test_command(
         return _unscored(RewardStatus.INVALID, result, "the task names no test to run", [])
     if result.status is ExecStatus.XX:
         return _unscored(RewardStatus.INFRA_ERROR, result, result.error or "", list(expected))
-    problem = environment_problem(report, result, pytest_started, changed, repository)
-    if problem is not None and result.status not in KILLED:
+    session_flag = _sessions_problem(runs, tokens) if report is not None and result.status not in KILLED else None
+    evidence = Evidence(changed=changed, repository=repository, installed=installed_modules(sandbox.spec.overlay),
+                        grader_text="\n".join([test_command, *grader_files.values()]))
+    problem = environment_problem(report, result, pytest_started, evidence)
+    # Only a run the submission did not flag, with reports its sessions vouch for, can blame the environment.
+    if problem is not None and result.status not in KILLED and not tamper_flags and session_flag is None:
         return _unscored(RewardStatus.ENV_ERROR, result, problem.detail, list(expected), problem)
-    if report is not None and result.status not in KILLED:
-        problems = [_session_problem(run.record, token, run.report_bytes)
-                    for run, token in zip(runs, tokens) if run.report is not None]
-        problem = next(filter(None, problems), None)
-        tamper_flags = [*tamper_flags, problem] if problem else tamper_flags
+    tamper_flags = [*tamper_flags, session_flag] if session_flag else tamper_flags
     runner_passed = verdict if verdict_file else result.exit_code == 0
     by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
 
@@ -367,6 +372,35 @@ class _SessionRun:
     report_bytes: bytes | None
     report: list[TestOutcome] | None
     record: dict | None
+
+
+def _sessions_problem(runs: list[_SessionRun], tokens: list[str]) -> TamperFlag | None:
+    """The first session that does not vouch for its report; a session that started and left
+    no report or no record never reached its end (early exit)."""
+    for run, token in zip(runs, tokens):
+        if run.report is not None:
+            problem = _session_problem(run.record, token, run.report_bytes)
+            if problem:
+                return problem
+        elif run.started:
+            return TamperFlag.EARLY_EXIT
+    return None
+
+
+def _imports_of(tests: Mapping[str, str]) -> set[str]:
+    """The top-level modules the hidden test files import (our harness's tests)."""
+    found = set()
+    for source in tests.values():
+        try:
+            tree = python_ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found
 
 
 def _session_run(report_dir: Path, number: int, secret: str) -> _SessionRun:
@@ -450,19 +484,20 @@ def _parse(data: str | bytes) -> list[TestOutcome] | None:
 
 
 def _read_verdict(path: Path) -> bool | None:
-    """A verdict file's number >= 1 is a pass; missing, odd or huge: no verdict. A JSON verdict
-    of the same stem beside it (Harbor's reward.json beside reward.txt), when the command wrote
-    one, is read instead: an object of numbers (one per metric) passes iff every one is >= 1."""
-    metrics = _read_small_json(path.with_suffix(".json"))
-    if metrics is not None:
+    """A verdict file's number >= 1 is a pass; missing, odd, infinite or huge: no verdict. A
+    `.json` verdict (Harbor's reward.json) is an object of numbers, one per metric: a pass iff
+    every one is >= 1."""
+    if path.suffix == ".json":
+        metrics = _read_small_json(path) or {}
         numbers = [v for v in metrics.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if not numbers or len(numbers) != len(metrics):
+        if not numbers or len(numbers) != len(metrics) or not all(math.isfinite(v) for v in numbers):
             return None  # not an object of numbers: no verdict
         return all(v >= 1.0 for v in numbers)
     try:
-        return float((_read_small(path, 64) or b"").decode().strip()) >= 1.0
+        number = float((_read_small(path, 64) or b"").decode().strip())
     except (UnicodeDecodeError, ValueError):
         return None
+    return number >= 1.0 if math.isfinite(number) else None
 
 
 def _read_small_json(path: Path) -> dict | None:

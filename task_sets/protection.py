@@ -12,9 +12,11 @@ code run by the tests cannot rewrite them either; and the touch is a tamper flag
   sitecustomize.py, a .pth file...) appeared anywhere;
 - `shadows_runner_module`: a new module or package at the repository root is named like one
   the sandbox's interpreter would otherwise import (the standard library, pytest and its
-  dependencies: json.py, attr/, _pytest/, a .pyc or .so of such a name). `python -m pytest` puts
-  the root first on sys.path, so such a file would run before the test runner could. Only the
-  root is checked: deeper directories reach sys.path only through the task's own configuration.
+  dependencies, the grader's own modules: json.py, attr/, _pytest/, a .pyc or .so of such a
+  name). `python -m pytest` puts the root first on sys.path, so such a file would run before the
+  test runner could. The root is checked, and every folder the task's environment puts on
+  PYTHONPATH (`python_path`, a repository's src/): deeper folders reach sys.path only through
+  the task's own configuration.
 
 A submitted file that would sit where a protected file's folder must be, or inside a protected
 file's path, is dropped and flagged `protected_path_modified` as well.
@@ -28,12 +30,13 @@ from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
 from sandbox.interpreter import importable_modules
-from sandbox.verdict import TamperFlag
+from sandbox.verdict import PLUGIN_FILES, TamperFlag
 from task_sets.patches import changed_paths
 from task_sets.schema import RUNNER_CONFIGURATION
 
 MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd")
-GRADER_MODULES = frozenset({"pytest_session", "session_signature", "run_tests"})
+# Every module the grader's plugin and harness import by name from /grader.
+GRADER_MODULES = frozenset({path.stem for path in PLUGIN_FILES} | {"run_tests"})
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,25 @@ def matches(path: str, patterns: Iterable[str]) -> bool:
     return any(fnmatchcase(path if "/" in pattern else name, pattern) for pattern in patterns)
 
 
-def _shadows_runner_module(path: str) -> bool:
-    parts = PurePosixPath(path).parts
+def _shadows_runner_module(path: str, import_roots: Iterable[str] = ("",), more: frozenset[str] = frozenset()) -> bool:
+    """`path` is a module or package, at the root or in a folder on sys.path (`import_roots`,
+    relative to the root), named like one the test run imports (`more`: the task environment's)."""
+    return any(_shadows_at(path, root, more) for root in import_roots)
+
+
+def _shadows_at(path: str, root: str, more: frozenset[str]) -> bool:
+    pure = PurePosixPath(path)
+    if root:
+        if not pure.is_relative_to(root):
+            return False
+        pure = pure.relative_to(root)
+    parts = pure.parts
     if len(parts) == 1:  # a module file at the root: json.py, json.cpython-311.pyc, json.so
         is_module = parts[0].endswith(MODULE_SUFFIXES)
     else:  # a package at the root: attr/__init__.py
         is_module = len(parts) == 2 and parts[1].startswith("__init__.")
     name = parts[0].split(".", 1)[0]
-    return is_module and (name in importable_modules() or name in GRADER_MODULES)
+    return is_module and (name in importable_modules() or name in GRADER_MODULES or name in more)
 
 
 def _in_the_way(path: str, protected: Iterable[str]) -> bool:
@@ -66,8 +80,12 @@ def _in_the_way(path: str, protected: Iterable[str]) -> bool:
 
 def guard(
     pristine: Mapping[str, str], submitted: Mapping[str, str], patterns: Iterable[str], hidden_tests: Mapping[str, str],
+    import_roots: Iterable[str] = ("",), environment_modules: Iterable[str] = (),
 ) -> Guarded:
-    patterns = tuple(patterns)
+    """`import_roots`: the folders (relative to the root, "" the root itself) the test run puts
+    on sys.path before the standard library; `environment_modules`: the top-level modules the
+    task's environment installs."""
+    patterns, import_roots, more = tuple(patterns), tuple(import_roots), frozenset(environment_modules)
     files, flags, touched = dict(submitted), set(), []
     for path in sorted(changed_paths(pristine, submitted)):
         if not (path in hidden_tests or matches(path, patterns)):
@@ -81,7 +99,7 @@ def guard(
             flags.add(TamperFlag.RUNNER_CONFIG_ADDED if matches(path, RUNNER_CONFIGURATION)
                       else TamperFlag.PROTECTED_PATH_MODIFIED)
     for path in sorted(submitted.keys() - pristine.keys()):
-        if path in files and _shadows_runner_module(path):
+        if path in files and _shadows_runner_module(path, import_roots, more):
             del files[path]
             touched.append(path)
             flags.add(TamperFlag.SHADOWS_RUNNER_MODULE)

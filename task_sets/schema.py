@@ -175,7 +175,8 @@ class RepositoryTask(TaskBase):
     def _workdir_of_its_own(cls, path: str) -> str:
         pure = PurePosixPath(path)
         if not pure.is_absolute() or ".." in pure.parts or pure == PurePosixPath("/") or \
-                any(pure.is_relative_to(d) for d in SYSTEM_DIRS) or (path != WORKSPACE_DIR and pure.is_relative_to(WORKSPACE_DIR)):
+                any(pure.is_relative_to(d) or PurePosixPath(d).is_relative_to(pure) for d in SYSTEM_DIRS) or \
+                (path != WORKSPACE_DIR and pure.is_relative_to(WORKSPACE_DIR)):
             raise PydanticCustomError("workdir", "{reason}", {"reason": f"{path!r} must be an absolute directory outside "
                                       f"{', '.join(SYSTEM_DIRS)} and the workspace"})
         return path
@@ -206,10 +207,16 @@ class RepositoryTask(TaskBase):
     @field_validator("pass_to_pass")
     @classmethod
     def _test_ids_are_distinct(cls, pass_to_pass: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        overlap = set(pass_to_pass) & set(info.data.get("fail_to_pass", ()))
+        fail_to_pass = info.data.get("fail_to_pass", ())
+        overlap = set(pass_to_pass) & set(fail_to_pass)
         if overlap:
             raise PydanticCustomError("test_ids", "{reason}", {"reason": f"also in fail_to_pass: {sorted(overlap)}"})
-        return pass_to_pass
+        return _listed_once(pass_to_pass)
+
+    @field_validator("fail_to_pass")
+    @classmethod
+    def _fail_to_pass_listed_once(cls, fail_to_pass: tuple[str, ...]) -> tuple[str, ...]:
+        return _listed_once(fail_to_pass)
 
     @property
     def expected_tests(self) -> tuple[str, ...]:
@@ -240,6 +247,13 @@ _TASK = TypeAdapter(Task)
 def parse_task(record: object) -> FunctionTask | RepositoryTask:
     """Validate one task record into its kind (a record without `kind` is a function task)."""
     return _TASK.validate_python(record)
+
+
+def _listed_once(test_ids: tuple[str, ...]) -> tuple[str, ...]:
+    repeated = sorted({t for t in test_ids if test_ids.count(t) > 1})
+    if repeated:
+        raise PydanticCustomError("test_ids", "{reason}", {"reason": f"listed twice: {repeated}"})
+    return test_ids
 
 
 def _check_relative_path(name: str) -> None:

@@ -15,8 +15,9 @@ import ast
 import dataclasses
 import shlex
 import time
+from pathlib import Path, PurePosixPath
 
-from environments.spec import EnvironmentSpec
+from environments.spec import SITE_PACKAGES, EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
 from sandbox import python_ast
 from sandbox.backends import open_sandbox
@@ -55,6 +56,21 @@ def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSp
             disk_mb=limits.disk_mb,
         ),
     )
+
+
+def _environment_modules(spec: SandboxSpec) -> list[str]:
+    """The top-level modules of the built environment the sandbox runs (its site-packages)."""
+    site = Path(spec.overlay) / SITE_PACKAGES if spec.overlay else None
+    if site is None or not site.is_dir():
+        return []
+    return [path.name.split(".", 1)[0] for path in site.iterdir() if not path.name.endswith((".dist-info", ".pth"))]
+
+
+def _import_roots(task: RepositoryTask) -> tuple[str, ...]:
+    """The repository's root and the folders of it its environment puts on PYTHONPATH."""
+    paths = task.environment.python_path if task.environment else ()
+    inside = (PurePosixPath(p).relative_to(WORKSPACE_DIR) for p in paths if PurePosixPath(p).is_relative_to(WORKSPACE_DIR))
+    return ("", *(str(p) for p in inside if str(p) != "."))
 
 
 def _workspace_alias(task: Task) -> str:
@@ -102,7 +118,8 @@ def _grade_repository(
     except PatchError as e:
         return reward.apply(_not_applied(task, sandbox, str(e), time.monotonic() - started), compiles=False,
                             process=process)
-    guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests)
+    guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests, _import_roots(task),
+                    _environment_modules(sandbox.spec))
     changed = changed_paths(task.files, submitted)
     graded = grade_test_command(
         sandbox, {**task.binary_contents(), **guarded.files}, task.expected_tests, task.test_command, grader_files=task.grader_files,

@@ -110,4 +110,6 @@ def _varying_tests(grades: list[GradeResult]) -> tuple[str, ...]:
 def _first_failure(grade: GradeResult) -> str:
     """Why the reference failed, in one line: the reason and its detail (sandbox/diagnosis.py)."""
     status = "" if grade.reward_status is RewardStatus.SCORED else f"{grade.reward_status.value}, "
+    if grade.failure is None:  # not passed, yet nothing failed: every test passed but one was never counted
+        return f"reference fails ({status}not every expected test was counted)"
     return f"reference fails ({status}{grade.failure.reason.value}): {grade.failure.detail}"

@@ -186,3 +186,22 @@ def test_every_reason_is_produced_by_a_test_here():
     source = open(__file__).read()
     assert [r.name for r in FailureReason if f"FailureReason.{r.name})" not in source
             and f"FailureReason.{r.name}\n" not in source and f"FailureReason.{r.name} " not in source] == []
+
+
+def test_a_missing_module_the_environment_does_provide_is_the_submissions_doing():
+    """The submission hides an installed module (the standard library's colorsys) from the
+    unchanged tests, which then fail to import it: a module the environment installs is never
+    blamed on the environment, whatever the traceback says."""
+    hides = change("calc/__init__.py", "", "import sys\nclass _Hide:\n    def find_spec(self, name, path=None, target=None):\n"
+                   "        if name == 'colorsys':\n            raise ModuleNotFoundError(\"No module named 'colorsys'\")\n"
+                   "sys.meta_path.insert(0, _Hide())")
+    files = {**REPOSITORY_FILES, "tests/test_ops.py": REPOSITORY_FILES["tests/test_ops.py"].replace(
+        "from calc.ops import add\n", "from calc.ops import add\nimport colorsys\n")}
+    grade, why = failure(repository(files=files), FIX + hides)
+    assert (grade.reward_status, grade.reward, why.reason) == (RewardStatus.SCORED, 0.0, FailureReason.MISSING_MODULE)
+
+
+def test_a_missing_program_named_by_the_submission_not_the_test_command_is_not_excused():
+    runs_script = change("run.sh", None, "#!/bin/sh\nnot_a_program_xyz")
+    grade = grade_solution(repository(test_command="sh run.sh && python3 -m pytest -q tests"), FIX + runs_script)
+    assert grade.reward_status is RewardStatus.SCORED and grade.reward == 0.0

@@ -107,13 +107,13 @@ REWARD_JSON = ("python3 -m pytest -q /tests/test_state.py; python3 -c \"import j
 
 @pytest.mark.parametrize(("performance", "runner_passes"), [(1, True), (0, False)])
 def test_reward_json_is_the_verdict_every_metric_must_reach_one(performance, runner_passes):
-    """A reward.json beside reward.txt is read instead of it; the runner's verdict must then
-    agree with the report: a metric at 0 while every test passed is a verdict that disagrees."""
+    """The runner's verdict must agree with the report: a metric at 0 while every test passed is
+    a verdict that disagrees."""
     task = parse_task({
         "id": "h/metrics", "kind": "repository", "prompt": "p", "difficulty": "easy", "family": "h", "split": "eval",
         "files": {"x.txt": "x\n"}, "reference_solution": "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-x\n+y\n",
         "grader_files": {"test_state.py": "def test_ok():\n    pass\n"}, "fail_to_pass": ["test_state.py::test_ok"],
-        "test_command": REWARD_JSON % performance, "verdict_file": "/logs/verifier/reward.txt"})
+        "test_command": REWARD_JSON % performance, "verdict_file": "/logs/verifier/reward.json"})
     graded = grade_solution(task, task.reference_solution)
     assert graded.passed is runner_passes
     assert [flag.value for flag in graded.tamper_flags] == ([] if runner_passes else ["exit_code_disagrees"])
@@ -141,7 +141,7 @@ def two_run_task(sessions: int):
         "files": {"x.txt": "x\n"}, "workdir": "/app", "grader_files": TWO_FILES, "pytest_sessions": sessions,
         "reference_solution": "--- /dev/null\n+++ b/y.txt\n@@ -0,0 +1 @@\n+y\n",
         "fail_to_pass": ["test_a.py::test_a", "test_b.py::test_b"], "test_command": TWO_RUNS,
-        "verdict_file": "/logs/verifier/reward.txt"})
+        "verdict_file": "/logs/verifier/reward.json"})
 
 
 def test_a_test_command_running_pytest_twice_has_both_sessions_vouched_for_and_kept(backend_name):
@@ -159,5 +159,19 @@ def test_a_second_session_the_task_did_not_declare_is_not_believed():
     assert not graded.passed and graded.tamper_flags == ("forged_output",)
 
 
-def test_harbor_counts_the_pytest_runs_of_a_test_sh(imported):
-    assert {t.id: t.pytest_sessions for t in imported.tasks} == {"cookbook/multi-reward": 2, "cookbook/simple-task": 1}
+def test_harbor_counts_the_pytest_runs_of_a_test_sh_and_reads_the_verdict_it_writes(imported):
+    assert {t.id: (t.pytest_sessions, t.verdict_file) for t in imported.tasks} == {
+        "cookbook/multi-reward": (2, "/logs/verifier/reward.json"), "cookbook/simple-task": (1, "/logs/verifier/reward.txt")}
+
+
+def test_a_planted_verdict_the_test_command_never_writes_is_not_read():
+    """Code under test writes reward.json; the task's verdict is reward.txt, which says 0."""
+    task = parse_task({
+        "id": "h/plant", "kind": "repository", "prompt": "p", "difficulty": "easy", "family": "h", "split": "eval",
+        "files": {"x.txt": "x\n"}, "reference_solution": "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-x\n+y\n",
+        "grader_files": {"test_state.py": "import json\n\ndef test_ok():\n"
+                         "    json.dump({'reward': 1}, open('/logs/verifier/reward.json', 'w'))\n"},
+        "fail_to_pass": ["test_state.py::test_ok"], "verdict_file": "/logs/verifier/reward.txt",
+        "test_command": "python3 -m pytest -q /tests/test_state.py; echo 0 > /logs/verifier/reward.txt"})
+    graded = grade_solution(task, task.reference_solution)
+    assert not graded.passed and graded.tamper_flags == ("exit_code_disagrees",)

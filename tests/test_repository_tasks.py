@@ -150,7 +150,8 @@ def test_code_run_by_the_tests_cannot_change_hidden_tests(backend_name, attack):
         assert g.tamper_flags == ("protected_path_modified",) and g.reward == 0.0
 
 
-@pytest.mark.parametrize("path", ["json.py", "attr.py", "attr/__init__.py"])  # stdlib, and pytest's dependency
+@pytest.mark.parametrize("path", ["json.py", "attr.py", "attr/__init__.py",  # stdlib, and pytest's dependency
+                                  "session_files.py", "session_signature.py"])  # the grader's plugin's own modules
 def test_a_module_shadowing_the_standard_library_is_removed_and_flagged(path):
     g = grade(TASK.reference_solution + diff({path: "import os\nos._exit(0)\n"}))
     assert g.tamper_flags == ("shadows_runner_module",) and g.reward == 0.0

@@ -133,3 +133,14 @@ def test_a_missing_repository_names_the_clone_and_the_snapshot_it_looked_for(tmp
     imported = import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=tmp_path))
     assert imported.tasks == [] and len(imported.rejected) == 5
     assert "no snapshot pallets__flask-4c288bc97ea371817199908d0d9b12de9dae327e.tar.xz" in imported.rejected[0]
+
+
+def test_a_module_in_src_shadowing_the_standard_library_is_flagged(tasks, environments):
+    """flask's environment puts /workspace/src on PYTHONPATH, before the standard library: a
+    src/argparse.py would run before pytest's plugin takes its token."""
+    flask = tasks[0]
+    build_all([flask.environment], "local", environments)
+    shadow = "--- /dev/null\n+++ b/src/argparse.py\n@@ -0,0 +1,2 @@\n+import os\n+os._exit(0)\n"
+    graded = grade_solution(flask, flask.reference_solution + shadow)
+    assert graded.tamper_flags == ("shadows_runner_module",) and graded.reward == 0.0
+    assert graded.passed is False and graded.suite_ran  # graded without it: the gold patch's tests ran

@@ -17,8 +17,8 @@ Each task becomes a repository task:
   `def test*` functions of tests/test_*.py, as node ids relative to /tests;
 - the reference solution is the diff solution/solve.sh makes: the importer runs it in a local
   sandbox session over the starting workspace and records what changed.
-- the verdict is reward.json when test.sh writes one (every metric >= 1 is a pass), else
-  reward.txt, as Harbor reads them; [environment] allow_internet gives the task the network.
+- the verdict is reward.json where test.sh writes one (every metric >= 1 is a pass), else
+  reward.txt; the other file is never read, so code under test cannot plant it; [environment] allow_internet gives the task the network.
 A test.sh that fetches its tools from the network (curl, uv, pip, apt-get) in a task without
 the network cannot run here: the import says so, naming the line, and grading it is an
 environment error (network_unavailable or missing_command), never a failure of the submission.
@@ -35,6 +35,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sandbox.base import Mount, SandboxUnavailable
+from sandbox.diagnosis import NETWORK_FETCH
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_files import MAX_SESSIONS
 from sandbox.local import LocalSandbox
@@ -50,12 +51,11 @@ from task_sets.patches import make_patch, text_files_from_tar
 from task_sets.schema import DIFFICULTIES, WORKSPACE_DIR, RepositoryTask, TaskLimits
 
 VERDICT_FILE = "/logs/verifier/reward.txt"
+VERDICT_JSON = "/logs/verifier/reward.json"
 TEST_COMMAND = "bash /tests/test.sh"
 NOT_WORKSPACE = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", ".dockerignore")
 SOLVE_TIMEOUT_S = 120
-PYTEST_RUN = re.compile(r"(?<![\w.=/-])(py\.test|pytest)(?![\w.=-])")  # a command, not `--with pytest==8.4.1`
-NETWORK_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\b(pip3?|uv) install\b|\buvx\b|\buv run\b|"
-                           r"apt(-get)? (update|install)|\bnpm (install|ci)\b|git clone")
+PYTEST_RUN = re.compile(r"(?<![\w.=-])(py\.test|pytest)(?![\w.=-])")  # a command, not `--with pytest==8.4.1`
 
 
 def import_harbor(path: Path, options: ImportOptions) -> Imported:
@@ -95,7 +95,9 @@ def _fields(task_dir: Path, name: str, warnings: list[str]) -> dict:
         "id": f"{name}/{task_dir.name}", "kind": "repository", "prompt": prompt, "files": workspace,
         "reference_solution": _reference_diff(task_dir, workspace, limits, workdir), "grader_files": tests,
         "workdir": workdir, "network": network, "pytest_sessions": _pytest_runs(tests["test.sh"]),
-        "fail_to_pass": expected, "test_command": TEST_COMMAND, "verdict_file": VERDICT_FILE,
+        "fail_to_pass": expected, "test_command": TEST_COMMAND,
+        # The verdict test.sh writes: reward.json (one number per metric) where it writes one, as Harbor reads it.
+        "verdict_file": VERDICT_JSON if "reward.json" in tests["test.sh"] else VERDICT_FILE,
         "difficulty": metadata.get("difficulty") if metadata.get("difficulty") in DIFFICULTIES else "medium",
         "domain": category, "family": category, "limits": limits,
     }

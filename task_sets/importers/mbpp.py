@@ -101,15 +101,19 @@ def _definitions(code: str, task_id: object) -> set[str]:
 
 
 def _names(source: str, task_id: object) -> list[str]:
+    return [node.id for node in ast.walk(_parsed(source, task_id)) if isinstance(node, ast.Name)]
+
+
+def _parsed(source: str, task_id: object) -> ast.Module:
     try:
-        return [node.id for node in ast.walk(python_ast.parse(source)) if isinstance(node, ast.Name)]
-    except SyntaxError as e:
-        raise RecordError(f"task {task_id}: a test does not parse: {e.msg} ({source[:80]})") from None
+        return python_ast.parse(source)
+    except (SyntaxError, ValueError) as e:
+        raise RecordError(f"task {task_id}: a test does not parse: {getattr(e, 'msg', e)} ({source[:80]})") from None
 
 
 def _entry_point(first_assert: str, defined: set[str], task_id: object) -> str:
     """The function the first assert calls that the reference defines at top level."""
-    called = [node.func.id for node in ast.walk(python_ast.parse(first_assert))
+    called = [node.func.id for node in ast.walk(_parsed(first_assert, task_id))
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
     found = [name for name in called if name in defined]
     if not found:
