@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from environments.spec import SITE_PACKAGES, EnvironmentSpec
+from environments.spec import SITE_PACKAGES, WHEELS, EnvironmentSpec
 from environments.store import Built, EnvironmentStore, image_tag
 from sandbox.bwrap_exec import SANDBOX_PYTHON
 from sandbox.spec import ENVIRONMENT_ROOT
@@ -69,23 +69,35 @@ def _build_tree(spec: EnvironmentSpec, store: EnvironmentStore, progress: Callab
             return done
         started = time.monotonic()
         installed = _pip_install(spec, staging / SITE_PACKAGES, progress) if spec.python else []
+        wheels = _pip_download(spec, staging / WHEELS, progress) if spec.wheels else []
         for name, text in spec.files.items():
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_text(text)
         record = {"digest": spec.digest, "spec": spec.model_dump(mode="json"), "installed": installed,
-                  "built_at": time.time(),
+                  "wheels": wheels, "built_at": time.time(),
                   "build_s": round(time.monotonic() - started, 1)}
         progress(f"environment {spec.short}: built in {record['build_s']} s ({len(installed)} Python packages)")
         return store.publish(staging, spec.digest, record)
 
 
 def _pip_install(spec: EnvironmentSpec, target: Path, progress: Callable[[str], None]) -> list[str]:
-    requirements = target.parent / "requirements.txt"
-    requirements.write_text("".join(f"{line}\n" for line in spec.python))
-    command = [sys.executable, "-m", "pip", "--python", SANDBOX_PYTHON, "install", "--no-input",
-               "--disable-pip-version-check", "--no-warn-script-location", "--progress-bar", "off",
-               "--target", str(target), "-r", str(requirements)]
     progress(f"environment {spec.short}: pip install {len(spec.python)} requirement(s)")
+    _pip(spec, spec.python, target.parent, "install", ["--no-warn-script-location", "--target", str(target)])
+    return sorted(path.name.removesuffix(".dist-info") for path in target.glob("*.dist-info"))
+
+
+def _pip_download(spec: EnvironmentSpec, target: Path, progress: Callable[[str], None]) -> list[str]:
+    progress(f"environment {spec.short}: pip download {len(spec.wheels)} wheel requirement(s)")
+    _pip(spec, spec.wheels, target.parent, "download", ["--only-binary=:all:", "--dest", str(target)])
+    return sorted(path.name for path in target.glob("*.whl"))
+
+
+def _pip(spec: EnvironmentSpec, lines: tuple[str, ...], scratch: Path, subcommand: str, options: list[str]) -> None:
+    """pip `subcommand` of `lines`, for the sandbox's interpreter (its version and ABI)."""
+    requirements = scratch / "requirements.txt"
+    requirements.write_text("".join(f"{line}\n" for line in lines))
+    command = [sys.executable, "-m", "pip", "--python", SANDBOX_PYTHON, subcommand, "--no-input",
+               "--disable-pip-version-check", "--progress-bar", "off", *options, "-r", str(requirements)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -94,7 +106,6 @@ def _pip_install(spec: EnvironmentSpec, target: Path, progress: Callable[[str], 
         requirements.unlink(missing_ok=True)
     if done.returncode != 0:
         raise BuildError(f"environment {spec.short}: {_pip_failure(done.stdout + done.stderr)}")
-    return sorted(path.name.removesuffix(".dist-info") for path in target.glob("*.dist-info"))
 
 
 def _pip_failure(log: str) -> str:

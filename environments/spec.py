@@ -9,6 +9,9 @@ A task (or its set, in `environment.toml` beside the task files) declares:
 - `env`: environment variables for every command;
 - `python_path`: more directories on PYTHONPATH after the packages, e.g. /workspace/src where a
   repository keeps its own package under src/;
+- `wheels`: requirement lines downloaded as wheels (with their dependencies) into `wheels/`
+  under the root, for test commands that install at test time (`uvx --with pytest`, `pip
+  install`) on a sandbox without the network: point them there (UV_FIND_LINKS, PIP_FIND_LINKS);
 - `dockerfile` and `context`: the task's own Dockerfile (a Harbor task's environment/Dockerfile)
   and the files its COPY and ADD read: the Docker backend builds the image from it instead of
   from the sandbox base (its FROM must exist on the daemon); the local backend, which runs on
@@ -29,6 +32,7 @@ from sandbox.spec import ENVIRONMENT_ROOT
 
 RECIPE_VERSION = 1  # bump when a build's result changes for the same spec
 SITE_PACKAGES = "site-packages"  # under the root: pip's --target
+WHEELS = "wheels"  # under the root: pip download's --dest
 RESERVED_ENV = ("PATH", "PYTHONPATH", "HOME", "CRUCIBLE_ENV")
 
 
@@ -40,6 +44,7 @@ class EnvironmentSpec(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="files under the environment's root")
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
     python_path: tuple[str, ...] = Field((), description="absolute directories on PYTHONPATH after the packages")
+    wheels: tuple[str, ...] = Field((), description="requirement lines downloaded as wheels into <root>/wheels")
     dockerfile: str = Field("", description="the task's own Dockerfile, built on the Docker backend")
     context: dict[str, str] = Field(default_factory=dict, description="the files the Dockerfile's COPY and ADD read")
 
@@ -64,9 +69,9 @@ class EnvironmentSpec(BaseModel):
     def _files_inside(cls, files: dict[str, str]) -> dict[str, str]:
         for name in files:
             path = PurePosixPath(name)
-            if not name or path.is_absolute() or ".." in path.parts or path.parts[0] == SITE_PACKAGES:
+            if not name or path.is_absolute() or ".." in path.parts or path.parts[0] in (SITE_PACKAGES, WHEELS):
                 raise ValueError(f"{name!r} must be a relative path under the environment's root, "
-                                 f"outside {SITE_PACKAGES}/")
+                                 f"outside {SITE_PACKAGES}/ and {WHEELS}/")
         return files
 
     @field_validator("env")

@@ -40,7 +40,7 @@ Record = tuple[str, object]
 
 
 SYSTEM_MESSAGE_FILE = "system.md"  # optional, beside the task files
-ENVIRONMENT_FILE = "environment.toml"  # optional: the environment of every task that names none
+ENVIRONMENT_FILE = "environment.toml"  # optional: every task's environment, or what is added to a task's own
 
 
 class TaskSetError(ValueError):
@@ -149,9 +149,22 @@ def _lock_lines(text: str) -> list[str]:
 
 
 def _with_environment(record: object, environment: dict | None) -> object:
-    if environment is None or not isinstance(record, dict) or record.get("environment") is not None:
+    """The set's environment for a task that declares none; added to what a task declares (an
+    imported Harbor task's Dockerfile, say): its lists joined, its mappings merged, the task's
+    own entries winning."""
+    if environment is None or not isinstance(record, dict):
         return record
-    return {**record, "environment": environment}
+    own = record.get("environment")
+    if own is None:
+        return {**record, "environment": environment}
+    if not isinstance(own, dict):
+        return record  # validation says why
+    merged = {**environment, **own}
+    for key in ("python", "debian", "wheels", "python_path"):
+        merged[key] = list(dict.fromkeys([*environment.get(key, ()), *own.get(key, ())]))
+    for key in ("env", "files", "context"):
+        merged[key] = {**environment.get(key, {}), **own.get(key, {})}
+    return {**record, "environment": merged}
 
 
 def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:

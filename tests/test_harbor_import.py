@@ -175,3 +175,39 @@ def test_a_planted_verdict_the_test_command_never_writes_is_not_read():
         "test_command": "python3 -m pytest -q /tests/test_state.py; echo 0 > /logs/verifier/reward.txt"})
     graded = grade_solution(task, task.reference_solution)
     assert not graded.passed and graded.tamper_flags == ("exit_code_disagrees",)
+
+
+OFFLINE_TOOLS = '''\
+# What the cookbook's test.sh fetches at test time, provided without the network.
+python = ["uv==0.9.7"]
+wheels = ["pytest==8.4.1", "pytest-json-ctrf==0.3.5"]
+[env]
+UV_OFFLINE = "1"
+UV_NO_INDEX = "1"
+UV_FIND_LINKS = "/opt/crucible/env/wheels"
+UV_CACHE_DIR = "/tmp/uv-cache"
+UV_PYTHON = "/usr/bin/python3"
+'''
+
+
+def test_with_what_test_sh_fetches_provided_both_recipes_judge_cleanly(imported, environments, tmp_path):
+    """The set's environment.toml adds uv and a wheelhouse to each task's own environment (its
+    Dockerfile): test.sh's network lines fail harmlessly, `uvx --with pytest` installs offline,
+    and both recipes judge: the reference passes (multi-reward: two pytest sessions, both
+    vouched for, and its reward.json), the empty diff fails."""
+    from task_sets.importers import write_task_set
+    from task_sets.loader import load_task_set
+    from task_sets.validation import validate
+
+    write_task_set(imported.tasks, tmp_path / "cookbook")
+    (tmp_path / "cookbook" / "environment.toml").write_text(OFFLINE_TOOLS)
+    tasks = load_task_set(tmp_path / "cookbook").tasks
+    assert all(t.environment.dockerfile and "uv==0.9.7" in t.environment.python for t in tasks)
+    build_all([t.environment for t in tasks], "local")
+    with SandboxPool(lambda spec: open_sandbox("local", spec), PoolConfig(cpu_slots=2)) as pool:
+        report = validate(tasks, pool, repeats=1, task_set="cookbook")
+    assert [(t.task_id, t.verdict) for t in report.tasks] == [("cookbook/multi-reward", "ok"),
+                                                              ("cookbook/simple-task", "ok")]
+    multi = next(t for t in tasks if t.id == "cookbook/multi-reward")
+    graded = grade_solution(multi, multi.reference_solution)
+    assert (graded.passed, graded.tests_collected, graded.tamper_flags) == (True, 8, ())
