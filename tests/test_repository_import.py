@@ -8,11 +8,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from environments.build import build_all, images, remove_image
+from environments.store import EnvironmentStore
 from sandbox.backends import open_sandbox
+from sandbox.docker import DEFAULT_IMAGE
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.loader import load_task_set
 from task_sets.schema import RepositoryTask
@@ -182,7 +186,7 @@ def harbor_task(root: Path, name: str, **overrides: str | None) -> Path:
         "instruction.md": "Make `greet(name)` in greet.py return 'Hello, NAME!' with NAME stripped of spaces.\n",
         "task.toml": 'version = "1.0"\n\n[metadata]\ndifficulty = "easy"\ncategory = "python"\n\n'
                      "[verifier]\ntimeout_sec = 60.0\n\n[environment]\nmemory_mb = 1024\nstorage_mb = 256\n",
-        "environment/Dockerfile": "FROM python:3.11-slim\nWORKDIR /workspace\nCOPY greet.py .\n",
+        "environment/Dockerfile": f"FROM {DEFAULT_IMAGE}\nWORKDIR /workspace\nCOPY greet.py .\n",
         "environment/greet.py": 'def greet(name):\n    return "Hi"\n',
         "solution/solve.sh": "#!/bin/bash\ncat > greet.py <<'PY'\ndef greet(name):\n"
                              "    return f\"Hello, {name.strip()}!\"\nPY\n",
@@ -195,14 +199,28 @@ def harbor_task(root: Path, name: str, **overrides: str | None) -> Path:
 
 
 @pytest.fixture(scope="module")
-def harbor(tmp_path_factory) -> Path:
+def harbor(tmp_path_factory) -> Iterator[Path]:
+    """Harbor task directories, and a store of their own for the environments their Dockerfiles
+    make (removed with their Docker images after the module)."""
     root = tmp_path_factory.mktemp("harbor")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("CRUCIBLE_ENVIRONMENTS", str(root / ".environments"))
     harbor_task(root, "greet")
     harbor_task(root, "no-instruction", **{"instruction.md": None})
     harbor_task(root, "bad-toml", **{"task.toml": "[metadata\n"})
     harbor_task(root, "solve-fails", **{"solution/solve.sh": "#!/bin/bash\necho cannot >&2\nexit 3\n"})
     harbor_task(root, "no-tests", **{"tests/test_outputs.py": "def helper():\n    pass\n"})
-    return root
+    yield root
+    for digest in images(EnvironmentStore()):
+        remove_image(digest)
+    patch.undo()
+
+
+def greet_task(harbor: Path, backend: str = "local"):
+    """The greet task, its environment built for `backend`."""
+    task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
+    build_all([task.environment], backend)
+    return task
 
 
 def test_harbor_task_directories_import_with_a_reference_diff_from_solve_sh(harbor):
@@ -223,7 +241,7 @@ def test_harbor_task_directories_import_with_a_reference_diff_from_solve_sh(harb
 
 
 def test_a_harbor_task_is_graded_by_its_test_sh_and_verdict_file(harbor):
-    task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
+    task = greet_task(harbor)
     solved, untouched = grade_solution(task, task.reference_solution), grade_solution(task, "")
     assert (solved.reward, solved.tamper_flags, set(solved.outcomes.values())) == (1.0, (), {"passed"})
     assert (untouched.reward, untouched.tamper_flags, set(untouched.outcomes.values())) == (0.0, (), {"failed"})
@@ -233,7 +251,7 @@ def test_a_harbor_task_is_graded_by_its_test_sh_and_verdict_file(harbor):
 
 
 def test_a_harbor_submission_cannot_write_the_verdict_for_failing_tests(harbor):
-    task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
+    task = greet_task(harbor)
     cheat = textwrap.dedent("""\
         --- a/greet.py
         +++ b/greet.py
@@ -252,7 +270,7 @@ def test_a_harbor_submission_cannot_write_the_verdict_for_failing_tests(harbor):
 
 
 def test_a_harbor_reference_passes_on_every_backend(harbor, backend_name):
-    task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
+    task = greet_task(harbor, backend_name)  # on Docker, an image built from the task's Dockerfile
     g = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task)))
     assert (g.reward, g.exec.backend) == (1.0, backend_name)
 
