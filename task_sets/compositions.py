@@ -114,13 +114,13 @@ def _family_tasks(family: Family) -> list[Task]:
     entry_point = family.signature.split("(")[0]
     return [
         FunctionTask(id=task_id, prompt=prompt, entry_point=entry_point, reference_solution=solution,
-                     tests=_hidden_tests(entry_point, solution, family.calls), difficulty=family.difficulty,
+                     tests=hidden_tests(entry_point, solution, family.calls), difficulty=family.difficulty,
                      domain="python-functions", family=family.name, split=splits[task_id])
         for task_id, (prompt, solution) in zip(ids, pairs)
     ]
 
 
-def _hidden_tests(entry_point: str, solution: str, calls: Sequence[str]) -> str:
+def hidden_tests(entry_point: str, solution: str, calls: Sequence[str]) -> str:
     namespace: dict[str, object] = {}
     exec(solution, namespace)  # our own generated code, not model output
     cases = [f"\n\ndef test_case_{number}():\n    assert {call} == {eval(call, namespace)!r}\n"

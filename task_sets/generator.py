@@ -272,8 +272,10 @@ def _hidden_tests(instance: Instance) -> str:
     return f"from solution import {instance.entry_point}\n" + "".join(cases)
 
 
-def write_jsonl(tasks: Sequence[Task], path: Path) -> None:
-    lines = [json.dumps(task.model_dump(mode="json", include=_WRITTEN_FIELDS)) + "\n" for task in tasks]
+def write_jsonl(tasks: Sequence[Task], path: Path, extra_fields: Sequence[str] = ()) -> None:
+    """One task per line: the fields every generated set sets, and `extra_fields`."""
+    fields = _WRITTEN_FIELDS | set(extra_fields)
+    lines = [json.dumps(task.model_dump(mode="json", include=fields)) + "\n" for task in tasks]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8", newline="\n") as out:
         out.writelines(lines)

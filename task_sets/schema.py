@@ -31,6 +31,7 @@ from pydantic import (
     ValidationInfo,
     computed_field,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -54,7 +55,8 @@ SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/sbin", "/lib",
                "/tests", "/grader", "/logs", "/solution")
 
 
-LATER_FIELDS = {"environment": None, "binary_files": {}, "workdir": WORKSPACE_DIR, "pytest_sessions": 1}
+LATER_FIELDS = {"environment": None, "binary_files": {}, "workdir": WORKSPACE_DIR, "pytest_sessions": 1,
+                "check_command": None}
 
 
 class TaskLimits(BaseModel):
@@ -86,6 +88,9 @@ class TaskBase(BaseModel):
     environment: EnvironmentSpec | None = Field(None, description="what the tests need installed (environments/); "
                                                 "None: the sandbox image as it is")
     split: Split
+    check_command: str | None = Field(None, description="what the starting workspace runs to show what the tests "
+                                      "expect (its visible tests); the warm-up's demonstrations run it before and "
+                                      "after the fix")
 
     @field_validator("files")
     @classmethod
@@ -131,6 +136,15 @@ class FunctionTask(TaskBase):
         if entry_point is not None and entry_point not in _top_level_definitions(prefix + source):
             raise _source_error(f"does not define {entry_point!r} at top level")
         return source
+
+    @model_validator(mode="after")
+    def _starting_solution_without_prefix(self) -> FunctionTask:
+        # solution.py among the files is the module an episode starts from (a defect to fix, a
+        # stub); a prefix would be put in front of whatever the policy writes over it.
+        if "solution.py" in self.files and self.solution_prefix:
+            raise PydanticCustomError("starting_solution", "{reason}", {"reason": "solution.py is among the starting "
+                                      "files, so solution_prefix must be empty"})
+        return self
 
     def solution_file(self, submission: str) -> str:
         """The solution.py that grading runs for `submission`."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from task_sets import compositions as compose
+from task_sets import repairs
 from task_sets.generator import (
     DEFAULT_OUTPUT,
     FAMILIES,
@@ -189,6 +190,63 @@ def test_compose_eval_tasks_are_unseen_combinations_of_phrases_seen_in_training(
 def test_compose_generator_reproduces_the_committed_file(tmp_path: Path) -> None:
     compose.main(["--out", str(tmp_path / "generated.jsonl")])
     assert (tmp_path / "generated.jsonl").read_bytes() == compose.DEFAULT_OUTPUT.read_bytes()
+
+
+# --- the built-in repair set ----------------------------------------------------------------
+
+_CHECKING_SCRIPT = """
+import contextlib, io, json, sys, types
+def check(task, solution):
+    module = types.ModuleType("solution")
+    exec(solution, module.__dict__)
+    sys.modules["solution"] = module
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(task["files"]["check.py"], {"__name__": "__main__"})
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, out.getvalue()
+print(json.dumps({t["id"]: [check(t, t["files"]["solution.py"]), check(t, t["reference_solution"])]
+                  for t in json.load(open(sys.argv[1]))}))
+"""
+
+
+def test_repair_tasks_need_their_check_run_the_start_fails_it_and_the_reference_passes(tmp_path: Path) -> None:
+    """What the hidden tests expect is in what check.py prints, never in the prompt; the starting
+    solution.py fails the check with the call, both values and the behaviour wanted; the
+    reference passes it."""
+    task_set = load_task_set("repair")
+    (tmp_path / "check.py").write_text(_CHECKING_SCRIPT)
+    (tmp_path / "tasks.json").write_text(json.dumps([task.model_dump(mode="json") for task in task_set]))
+    completed = subprocess.run(["/usr/bin/python3", "-I", "-S", "check.py", "tasks.json"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    prompts = {(task.family, task.prompt) for task in task_set}
+    assert len(prompts) == len(compose.FAMILIES)  # one prompt per family: it says nothing of the combination
+    for task in task_set:
+        (start_code, start_output), (reference_code, reference_output) = report[task.id]
+        fail, want = start_output.splitlines()
+        assert start_code == 1 and fail.startswith(f"FAIL {task.entry_point}(") and ", got " in fail, task.id
+        assert want.startswith(f"want: {task.entry_point}(") and task.check_command == "python3 check.py"
+        assert reference_code == 0 and reference_output == "all 2 checks passed\n", task.id
+
+
+def test_repair_eval_tasks_are_combinations_no_train_task_shows() -> None:
+    task_set = load_task_set("repair")
+    specs = {task.id: task.files["check.py"].split("EXPECTED = ", 1)[1].split("\n", 1)[0] for task in task_set}
+    train = {specs[task.id] for task in task_set.train()}
+    assert not [task.id for task in task_set.eval() if specs[task.id] in train]
+    assert {task.family for task in task_set.eval()} == {family.name for family in compose.FAMILIES}
+    assert 40 <= len(task_set.eval()) <= 70 and len(set(specs.values())) == len(task_set) > 800
+    assert task_set.reward.version.startswith("all-or-nothing@")
+
+
+def test_repair_generator_reproduces_the_committed_file(tmp_path: Path) -> None:
+    repairs.main(["--out", str(tmp_path / "generated.jsonl")])
+    assert (tmp_path / "generated.jsonl").read_bytes() == repairs.DEFAULT_OUTPUT.read_bytes()
 
 
 # --- loading from files -------------------------------------------------------------------
