@@ -26,13 +26,16 @@ from sandbox.base import Session, WorkspacePathError
 from task_sets.patches import make_patch, text_files_from_tar
 from task_sets.schema import RepositoryTask, Task
 from task_sets.submission import SOLUTION_FILE
-from training.agent.actions import USAGE, Malformed, Replace, Run, Submit, Write, parse_action
+from training.agent.actions import USAGE, Action, Malformed, Replace, Run, Submit, Write, parse_action
 from training.agent.rollout import Rollout, Turn
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
 from training.policy.chat import ChatFormat
 
 OBSERVATION_CHARS = 1200  # of command output shown to the policy per turn
-SYSTEM_MESSAGE = f"You work in a sandboxed repository. {USAGE}"
+SYSTEM_MESSAGE = f"You work in a sandbox. {USAGE}"
+# What a policy evaluated blind is shown instead of every observation: the same text whatever
+# happened, so nothing of the environment's answer reaches it (the exit status neither).
+BLANKED_OBSERVATION = "[output hidden]"
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,12 @@ def run_episodes(
     group_prefix: str,
     progress: Callable[[int, int], None] | None = None,
     system: str | None = None,
+    blanked: bool = False,
 ) -> list[Episode]:
     """`params.n` episodes for every task, run together; `open_session(task)` gives a fresh
-    session holding the task's starting files; `system` is the task set's system message."""
+    session holding the task's starting files; `system` is the task set's system message.
+    `blanked`: the actions run as usual, but the policy is shown BLANKED_OBSERVATION instead of
+    what they answered (what a policy makes of the environment's feedback is the difference)."""
     def start(task: Task, index: int) -> Episode:
         messages = episode_messages(chat, task, system)
         return Episode(task, f"{group_prefix}/{task.id}", index, engine.policy_version, chat.prompt_ids(messages),
@@ -100,7 +106,7 @@ def run_episodes(
                 completions = engine.generate([e.context for e in live], turn_params, [e.messages for e in live])
                 share = (time.perf_counter() - began) / len(live)
                 list(pool.map(_act, live, [group[0] for group in completions], [share] * len(live),
-                              [chat] * len(live), [limits] * len(live)))
+                              [chat] * len(live), [limits] * len(live), [blanked] * len(live)))
                 if progress:
                     progress(turn + 1, limits.max_turns)
             for episode in episodes:
@@ -114,10 +120,11 @@ def run_episodes(
 
 def starting_files(task: Task) -> dict[str, str | bytes]:
     """What an episode's workspace holds at the start: the task's files (a repository's binary
-    files included; for a function task, solution.py with the task's prefix)."""
+    files included; for a function task, solution.py with the task's prefix unless the files
+    hold the solution.py to start from)."""
     if isinstance(task, RepositoryTask):
         return {**task.binary_contents(), **task.files}
-    return {**task.files, SOLUTION_FILE: task.solution_prefix}
+    return {SOLUTION_FILE: task.solution_prefix, **task.files}
 
 
 def episode_messages(chat: ChatFormat, task: Task, system: str | None = None) -> list[dict[str, str]]:
@@ -138,8 +145,10 @@ def _out_of_budget(episode: Episode, params: SamplingParams, limits: EpisodeLimi
     return episode.done
 
 
-def _act(episode: Episode, completion: Completion, generate_s: float, chat: ChatFormat, limits: EpisodeLimits) -> None:
-    """Take the sampled reply into the context, run its action, answer with an observation."""
+def _act(episode: Episode, completion: Completion, generate_s: float, chat: ChatFormat, limits: EpisodeLimits,
+         blanked: bool) -> None:
+    """Take the sampled reply into the context, run its action, answer with an observation (the
+    turn stores what the action answered, also when the policy was shown BLANKED_OBSERVATION)."""
     episode.response_ids += completion.token_ids
     episode.loss_mask += [1] * len(completion.token_ids)
     if episode.behaviour_logprobs is not None and completion.logprobs is not None:
@@ -149,17 +158,18 @@ def _act(episode: Episode, completion: Completion, generate_s: float, chat: Chat
     reply = chat.reply_text(completion.text)
     action = parse_action(reply)
     began = time.perf_counter()
-    kind, detail, status, exit_code, observation = _perform(episode, action, limits)
+    kind, detail, status, exit_code, observation = perform(episode.session, action, limits.command_timeout_s)
     episode.turns.append(Turn(reply, kind, detail, status, exit_code, observation, generate_s,
                               time.perf_counter() - began, len(completion.token_ids)))
     if isinstance(action, Submit):
         episode.finish_reason = "submitted"
         return
+    shown = BLANKED_OBSERVATION if blanked else observation
     # Closed only by the template's own end of turn: a reply that stopped at another stop token,
     # was cut at its budget, or came back as a server's text gets the template's close.
-    observed = chat.observation_ids(observation, reply_closed=completion.token_ids[-1:] == [chat.end_of_turn_id])
+    observed = chat.observation_ids(shown, reply_closed=completion.token_ids[-1:] == [chat.end_of_turn_id])
     episode.messages = [*episode.messages, {"role": "assistant", "content": reply},
-                        {"role": chat.observation_role, "content": observation}]
+                        {"role": chat.observation_role, "content": shown}]
     episode.response_ids += observed
     episode.loss_mask += [0] * len(observed)
     if episode.behaviour_logprobs is not None:
@@ -171,16 +181,15 @@ def wrote(path: str, content: str) -> str:
     return f"wrote {len(content.encode())} bytes to {path}"
 
 
-def _perform(episode: Episode, action, limits: EpisodeLimits) -> tuple[str, str, str, int | None, str]:
-    """(action, detail, status, exit code, observation) of one action in the episode's session."""
-    session = episode.session
+def perform(session: Session, action: Action, command_timeout_s: float) -> tuple[str, str, str, int | None, str]:
+    """(action, detail, status, exit code, observation) of one action in an episode's session."""
     match action:
         case Submit():
             return "submit", "", "submitted", None, "submitted"
         case Malformed(reason=reason):
             return "malformed", reason, "error", None, f"error: {reason}"
         case Run(command=command):
-            result = session.exec(["/bin/sh", "-c", command], timeout_s=limits.command_timeout_s)
+            result = session.exec(["/bin/sh", "-c", command], timeout_s=command_timeout_s)
             output = (result.stdout + result.stderr)[-OBSERVATION_CHARS:]
             status = "ok" if result.ok else "error"
             return "run", command, status, result.exit_code, f"[{result.status.value} exit {result.exit_code}]\n{output}"
