@@ -50,7 +50,7 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
 
     replaced = _content_hash(out_dir)
     try:
-        metrics = make_base_policy(experiment, task_set, out_dir, report)
+        metrics = make_base_policy(experiment, task_set, out_dir, report, open_session=crucible.open_session)
     except ModelImportError as error:
         raise Failure(str(error), allow_retries=False) from None
     manifest = verify_checkpoint(out_dir)

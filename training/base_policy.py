@@ -17,14 +17,14 @@ from training.experiment import ExperimentConfig
 from training.policy.chat import ChatFormat
 from training.policy.importing import import_model
 from training.policy.model import PolicyConfig, build_base_policy
-from training.sft.demonstrations import warmup_examples
+from training.sft.demonstrations import OpenSession, warmup_examples
 from training.sft.warmup import ProgressFn, SFTConfig, supervised_warmup
 
 
 def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: Path,
-                     progress: ProgressFn | None = None) -> dict:
+                     progress: ProgressFn | None = None, open_session: OpenSession | None = None) -> dict:
     """Write the experiment's base policy to `out_dir`; its metrics (`examples` and the
-    warm-up's `sft/…`)."""
+    warm-up's `sft/…`). `open_session` plays the demonstrations that run a task's check."""
     steps = experiment.base.sft_steps
     with tempfile.TemporaryDirectory() as scratch:
         initial = _initial_policy(experiment, out_dir if steps == 0 else Path(scratch) / "initial")
@@ -32,7 +32,7 @@ def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: P
             return {"examples": 0}
         chat = ChatFormat.from_pretrained(initial, experiment.observation_role)
         examples = warmup_examples(chat, task_set.train(), episodes=experiment.base.episode_demonstrations,
-                                   system=task_set.system_message)
+                                   system=task_set.system_message, open_session=open_session)
         sft = SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr)
         metrics = supervised_warmup(initial, examples, out_dir, sft, progress)
     return {"examples": len(examples), **{f"sft/{key}": value for key, value in metrics.items()

@@ -1,54 +1,104 @@
 """Warm-up examples: what a good answer looks like, in both of the policy's formats.
 
-- single-turn: the prompt of training/agent/prompts.py, answered with the reference solution;
-- episode: the prompt of training/agent/episodes.py, answered turn by turn with actions: write each
-  file the reference changes (the whole solution.py for a function task), then submit. Each
-  turn is one example whose prompt is the context so far (earlier actions and the observations
-  the environment would have given), so the warm-up teaches the same token sequences an episode
-  produces.
-Examples are token ids (prompt, response), the response ending with the model's own end-of-turn token.
+- single-turn: the prompt of training/agent/prompts.py, answered with the reference solution
+  (only where the prompt says enough to write it: not for a task whose tests must be run to
+  learn what they expect);
+- episode: the prompt of training/agent/episodes.py, answered turn by turn with actions. A task
+  with a `check_command` (its visible tests) is demonstrated as a good episode runs it: run the
+  check, read what failed, write the fix, submit; the episode is played in a real sandbox
+  session, so every observation is exactly what the environment answered. Any other
+  task: write each file the reference changes (the whole solution.py for a function task), then
+  submit. The episode is one example: its prompt, then its replies (learned) and observations (not
+  learned, as in a trajectory's loss mask), so the warm-up teaches the token sequences an episode
+  produces at the cost of one pass over it.
+Examples are token ids (training/sft/warmup.py's Example), every reply ending with the model's own
+end-of-turn token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
+from sandbox.base import Session
 from task_sets.patches import apply_patch, changed_paths
 from task_sets.schema import RepositoryTask, Task
 from task_sets.submission import SOLUTION_FILE
-from training.agent.episodes import episode_messages, wrote
+from training.agent.actions import Action, Run, Submit, Write
+from training.agent.episodes import EpisodeLimits, episode_messages, perform, wrote
 from training.agent.prompts import render_prompt
 from training.policy.chat import ChatFormat
+from training.sft.warmup import Example
 
-Example = tuple[list[int], list[int]]
+OpenSession = Callable[[Task], Session]
+DemonstratedTurn = tuple[str, str | None]  # the reply, what it was answered (None: the episode ended)
 
 
-def warmup_examples(chat: ChatFormat, tasks: Iterable[Task], episodes: bool = True,
-                    system: str | None = None) -> list[Example]:
-    """For every task: its single-turn example (function tasks) and, with `episodes`, its
-    episode's turns, prompted with `system` (the task set's system message) if it has one."""
+def warmup_examples(chat: ChatFormat, tasks: Sequence[Task], episodes: bool = True, system: str | None = None,
+                    open_session: OpenSession | None = None) -> list[Example]:
+    """For every task: its single-turn example (function tasks whose prompt is enough) and, with
+    `episodes`, its episode's turns, prompted with `system` (the task set's system message) if
+    it has one. `open_session` plays the episodes of tasks with a check command (required when
+    there are any)."""
+    played = demonstrated_turns(tasks, open_session) if episodes else {}
     examples = []
     for task in tasks:
-        if not isinstance(task, RepositoryTask):
+        if not isinstance(task, RepositoryTask) and task.check_command is None:
             examples += single_turn_examples(chat, [(task.prompt, task.reference_solution)], system)
         if episodes:
-            examples += episode_examples(chat, task, system)
+            examples += episode_examples(chat, task, played[task.id], system)
     return examples
 
 
 def single_turn_examples(chat: ChatFormat, pairs: Iterable[tuple[str, str]],
                          system: str | None = None) -> list[Example]:
-    return [(render_prompt(chat, prompt, system), chat.reply_ids(solution)) for prompt, solution in pairs]
+    return [Example(render_prompt(chat, prompt, system), chat.reply_ids(solution)) for prompt, solution in pairs]
 
 
-def episode_examples(chat: ChatFormat, task: Task, system: str | None = None) -> list[Example]:
-    context, examples = chat.prompt_ids(episode_messages(chat, task, system)), []
-    for path, content in _files_to_write(task):
-        reply = chat.reply_ids(f'<write path="{path}">\n{content}</write>')
-        examples.append((context, reply))
-        context = context + reply + chat.observation_ids(wrote(path, content), reply_closed=True)
-    examples.append((context, chat.reply_ids("<submit/>")))
-    return examples
+def episode_examples(chat: ChatFormat, task: Task, turns: Sequence[DemonstratedTurn],
+                     system: str | None = None) -> list[Example]:
+    """The demonstrated episode as one example: the replies learned, the observations not."""
+    response: list[int] = []
+    scored: list[int] = []
+    for reply_text, observation in turns:
+        reply = chat.reply_ids(reply_text)
+        observed = [] if observation is None else chat.observation_ids(observation, reply_closed=True)
+        response += reply + observed
+        scored += [1] * len(reply) + [0] * len(observed)
+    return [Example(chat.prompt_ids(episode_messages(chat, task, system)), response, scored)]
+
+
+def demonstrated_turns(tasks: Sequence[Task], open_session: OpenSession | None,
+                       workers: int = 8) -> dict[str, list[DemonstratedTurn]]:
+    """Every task's good episode, by task id; those that run a check command play in sandbox
+    sessions, `workers` at a time."""
+    def turns(task: Task) -> list[DemonstratedTurn]:
+        if task.check_command is None:
+            return [*((_write_reply(path, content), wrote(path, content)) for path, content in _files_to_write(task)),
+                    ("<submit/>", None)]
+        if open_session is None:
+            raise ValueError(f"task {task.id} is demonstrated by running its check command: give open_session")
+        return _played(task, open_session)
+
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip((task.id for task in tasks), pool.map(turns, tasks)))
+
+
+def _played(task: Task, open_session: OpenSession) -> list[DemonstratedTurn]:
+    """Run the check, write the fix, submit: in a session of the task's own."""
+    check = Run(task.check_command)
+    actions: list[tuple[str, Action]] = [(f"<run>{check.command}</run>", check)]
+    actions += [(_write_reply(path, content), Write(path, content)) for path, content in _files_to_write(task)]
+    session = open_session(task)
+    try:
+        played = [(reply, perform(session, action, EpisodeLimits().command_timeout_s)[-1]) for reply, action in actions]
+    finally:
+        session.close()
+    return [*played, ("<submit/>", None)]
+
+
+def _write_reply(path: str, content: str) -> str:
+    return f'<write path="{path}">\n{content}</write>'
 
 
 def _files_to_write(task: Task) -> list[tuple[str, str]]:

@@ -15,12 +15,12 @@ from training.policy.tokenizer import VOCABULARY_FILE, VOCABULARY_SIZE, learn_vo
 
 
 def builtin_train_texts() -> Iterator[str]:
-    """What the policy reads and writes on the built-in sets' train splits: the system
-    messages, prompts, reference solutions and starting files."""
-    yield SYSTEM_MESSAGE
-    yield EPISODE_SYSTEM_MESSAGE
+    """What the policy reads and writes on the built-in sets' train splits, as often as it reads
+    them: for every task its prompt, reference solution and starting files, and the system
+    message its prompt starts with (an episode's where the task is solved by running its check)."""
     for name in builtin_task_set_names():
         for task in load_task_set(name).train():
+            yield EPISODE_SYSTEM_MESSAGE if task.check_command else SYSTEM_MESSAGE
             yield task.prompt
             yield task.reference_solution
             yield from task.files.values()

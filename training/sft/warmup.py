@@ -1,8 +1,9 @@
 """Supervised warm-up: teach the base policy the answer format before RL.
 
-Each example is (prompt ids, response ids), as training/sft/demonstrations.py makes them: a
-chat-templated prompt (or an episode's context so far) and the reply, ending with its end-of-turn token.
-The model learns only the response tokens (prompt targets are masked, like labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
+Each example is (prompt ids, response ids, scored), as training/sft/demonstrations.py makes them:
+a chat-templated prompt and the reply, ending with its end-of-turn token; or a whole episode after
+its prompt, replies and observations, with `scored` marking the replies' tokens. The model learns
+only the scored response tokens (prompt and observation targets are masked, like labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
 
 Measured on the 2-core CPU box (compose set: 792 train tasks, 56 held out; 2 threads): the
 default 3.4M Llama learns to read the three phrases out of the prompt, and what it learns on
@@ -17,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,13 +32,19 @@ from training.rl.schedule import lr_factor
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
 
 
+class Example(NamedTuple):
+    prompt: list[int]
+    response: list[int]
+    scored: list[int] | None = None  # per response token, 1 where it is learned (an episode's replies); None: all
+
+
 class SFTConfig(BaseModel):
     """The warm-up's settings."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int = Field(200, ge=1, description="optimizer steps: 200 is 3.2k examples (~4 epochs of compose's "
-                       "train split), ~80 s on 2 cores")
+    steps: int = Field(300, ge=1, description="optimizer steps: 300 is 4.8k examples (~6 epochs of the repair "
+                       "set's 792 train episodes), ~205 s on 2 cores")
     lr: float = Field(3e-3, gt=0, description="peak learning rate; a small (3M) from-scratch model is stable at "
                       "a high peak with warm-up and cosine decay")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor, as a share of lr")
@@ -56,7 +63,7 @@ class SFTConfig(BaseModel):
 
 def supervised_warmup(
     policy_dir: str | Path,
-    examples: list[tuple[list[int], list[int]]],
+    examples: list[Example],
     out_dir: str | Path,
     config: SFTConfig = SFTConfig(),
     progress: ProgressFn | None = None,
@@ -66,7 +73,7 @@ def supervised_warmup(
         torch.set_num_threads(config.threads)
     model, tokenizer = load_policy(policy_dir)
     pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
-    data = [(p, r) for p, r in examples if p and r and len(p) + len(r) <= config.max_len]
+    data = [e for e in examples if e.prompt and e.response and len(e.prompt) + len(e.response) <= config.max_len]
     skipped = len(examples) - len(data)
     if not data:
         raise ValueError("no usable SFT examples (all empty or longer than max_len)")
@@ -81,7 +88,8 @@ def supervised_warmup(
             optimizer, lambda s: lr_factor(s, "cosine", config.warmup_steps, config.steps, config.min_lr_ratio))
         losses, tokens, start = [], 0, time.perf_counter()
         for step, batch_rows in enumerate(_batches(data, config, rng), start=1):
-            batch = make_batch([p for p, _ in batch_rows], [r for _, r in batch_rows], pad_id)
+            batch = make_batch([e.prompt for e in batch_rows], [e.response for e in batch_rows], pad_id)
+            batch.mask = _learned(batch.mask, batch.response_slices, [e.scored for e in batch_rows])
             scored = batch.valid if config.prompt_loss_weight > 0 else batch.mask
             lp = token_logprobs(model, batch, scored=scored)
             loss = -(lp * batch.mask).sum() / batch.mask.sum()  # response tokens only
@@ -143,8 +151,18 @@ def _epoch_batches(data: list, config: SFTConfig, rng: random.Random) -> list[li
     for w in range(0, len(order), window):
         chunk = order[w : w + window]
         if config.group_by_length:
-            chunk.sort(key=lambda i: len(data[i][0]) + len(data[i][1]))
+            chunk.sort(key=lambda i: len(data[i].prompt) + len(data[i].response))
         batches.extend(chunk[k : k + size] for k in range(0, len(chunk), size))
     rng.shuffle(batches)
     return batches
 
+
+
+def _learned(mask: torch.Tensor, spans: list[slice], scored: list[list[int] | None]) -> torch.Tensor:
+    """The batch's response mask, less the response tokens an example does not learn (an
+    episode's observations)."""
+    mask = mask.clone()
+    for row, (span, row_scored) in enumerate(zip(spans, scored)):
+        if row_scored is not None:
+            mask[row, span] = torch.tensor(row_scored, dtype=mask.dtype)
+    return mask
