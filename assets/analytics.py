@@ -42,6 +42,8 @@ ITERATION_MEASURES = ("tasks", "samples", "scored", "pass_rate", "reward_mean", 
                       "reward_p90", "zero_variance_fraction", "infra_error_rate", "env_error_rate", "invalid_rate",
                       "truncation_rate", "tamper_rate", "generate_s", "sandbox_s", "response_tokens", "sampled_tokens",
                       "generated_tokens")
+EPISODE_MEASURES = ("turns_per_episode", "runs_per_episode", "submitted_share", "ran_before_submitting_share",
+                    "checked_last_edit_share", "wasted_turn_share", "malformed_turn_share", "repeated_command_share")
 TASK_COLUMNS = ("task_id", "family", "difficulty", "samples", "pass_rate", "reward_mean", "reward_std",
                 "zero_variance_groups", "infra_error_rate", "truncation_rate", "tamper_rate", "generate_s",
                 "sandbox_s", "response_tokens")
@@ -63,7 +65,9 @@ def _check_description(measure: str, limit: str, severity: str) -> str:
 )
 def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """This iteration's rewards per task and overall: pass rate, reward distribution, zero-variance
-    groups, infrastructure errors, truncation, tamper flags, sandbox and generation time, tokens."""
+    groups, infrastructure errors, truncation, tamper flags, sandbox and generation time, tokens;
+    and its episodes turn by turn: turns, runs before submitting, wasted turns, pass rate by
+    number of turns, the commonest failures the commands printed."""
     iteration = this_iteration(context, crucible)
     experiment, con = iteration.experiment, catalog.connect(crucible.storage_root)
     where = [experiment.name, iteration.number]
@@ -78,6 +82,11 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     flags = catalog.records(con, "SELECT flag, count(*) AS samples FROM (SELECT unnest(tamper_flags) AS flag FROM "
                           "trajectories WHERE experiment = ? AND iteration = ?) GROUP BY flag ORDER BY samples DESC",
                      where)
+    [episodes] = catalog.records(con, "SELECT * FROM turn_analytics WHERE experiment = ? AND iteration = ?", where)
+    by_turns = catalog.records(con, "SELECT turns, episodes, pass_rate FROM pass_rate_by_turns WHERE experiment = ? "
+                               "AND iteration = ? ORDER BY turns", where)
+    failures = catalog.records(con, "SELECT failure, runs FROM failing_observations WHERE experiment = ? AND "
+                               "iteration = ? ORDER BY runs DESC, failure LIMIT 10", where)
     verdicts = judge_samples(stats, experiment.monitors)
     if stats["scored"]:
         scored = f"pass rate {stats['pass_rate']:.3f}, reward {stats['reward_mean']:.3f} ± {stats['reward_std']:.3f}"
@@ -97,6 +106,10 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
             "reward_distribution": MetadataValue.md(png_markdown("reward distribution", reward_histogram_png(
                 rewards, f"{experiment.name} iteration {iteration.number}: reward per sample"))),
             "tamper_flags": table_metadata(flags, ("flag", "samples")),
+            **{f"episodes/{name}": MetadataValue.null() if episodes[name] is None else episodes[name]
+               for name in EPISODE_MEASURES},
+            "pass_rate_by_turns": table_metadata(by_turns, ("turns", "episodes", "pass_rate")),
+            "failing_observations": table_metadata(failures, ("failure", "runs")),
         },
         check_results=[check_result(v) for v in verdicts],
     )

@@ -73,11 +73,16 @@ def png_markdown(title: str, png: bytes) -> str:
     return f"![{title}](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
-def eval_curve_png(experiment: str, points: list[tuple[int, float, float]]) -> bytes:
-    """Held-out pass rate (± one standard error) per iteration; iteration 0 is the base policy."""
+def eval_curve_png(experiment: str, points: list[tuple[int, float, float]],
+                   blanked: list[tuple[int, float, float]] = ()) -> bytes:
+    """Held-out pass rate (± one standard error) per iteration; iteration 0 is the base policy.
+    `blanked`: the same checkpoints with their observations hidden, beside it."""
     figure, axis = plt.subplots(figsize=(6, 3.5), dpi=100)
     axis.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
                   marker="o", capsize=3, label=experiment)
+    if blanked:
+        axis.errorbar([p[0] for p in blanked], [p[1] for p in blanked], yerr=[p[2] for p in blanked],
+                      marker="s", capsize=3, color="tab:orange", label="observations blanked")
     axis.axhline(points[0][1], color="grey", linestyle=":", label="base policy")
     axis.set(xlabel="iteration (0 = base policy)", ylabel="held-out pass rate", ylim=(0, 1),
              title=f"{experiment}: held-out pass rate ± 1 s.e.")

@@ -288,6 +288,11 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
     context.log.info(f"held-out pass rate {now['pass_rate']:.3f} ± {now['stderr']:.3f} "
                      f"({now['improvement']:+.3f} over the base policy, {gain:+.1f} standard errors)")
+    blanked = iteration.feedback_curve()
+    blind = blanked[-1] if blanked and blanked[-1]["iteration"] == number else None
+    if blind:
+        context.log.info(f"with observations blanked: {blind['blanked_pass_rate']:.3f}; what feedback is worth: "
+                         f"{blind['feedback_gap']:+.3f} ± {blind['feedback_gap_stderr']:.3f}")
     return MaterializeResult(
         metadata={
             "eval_pass_rate": now["pass_rate"], "eval_stderr": now["stderr"], "eval_tasks": now["tasks"],
@@ -295,7 +300,18 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
             "improvement": now["improvement"], "improvement_stderr": now["improvement_stderr"],
             "improvement_in_stderrs": gain if math.isfinite(gain) else MetadataValue.text(
                 f"{gain} (every task moved by the same amount)"),
+            **(_feedback_metadata(blind) if blind else {}),
             "curve": MetadataValue.md(png_markdown("held-out pass rate", eval_curve_png(
-                iteration.experiment.name, [(p["iteration"], p["pass_rate"], p["stderr"]) for p in curve]))),
+                iteration.experiment.name, [(p["iteration"], p["pass_rate"], p["stderr"]) for p in curve],
+                [(p["iteration"], p["blanked_pass_rate"], p["blanked_stderr"]) for p in blanked]))),
         }
     )
+
+
+def _feedback_metadata(blind: dict) -> dict:
+    """The blanked evaluation of this iteration, beside the normal one: what feedback is worth."""
+    gap = blind["feedback_gap_in_stderrs"]
+    return {"blanked_pass_rate": blind["blanked_pass_rate"], "feedback_gap": blind["feedback_gap"],
+            "feedback_gap_stderr": blind["feedback_gap_stderr"],
+            "feedback_gap_in_stderrs": gap if math.isfinite(gap) else MetadataValue.text(f"{gap} (every task moved "
+                                                                                            "by the same amount)")}

@@ -18,6 +18,16 @@ Definitions:
   evidence. The improvement over the base policy (iteration 0) is paired by task: the mean of the
   per-task differences over the tasks both evaluated, with the standard error of those
   differences.
+- The value of execution feedback (`feedback_value`): the same checkpoint's held-out episodes
+  with observations shown and blanked (the commands run, their output hidden from the policy),
+  paired by task: the mean of the per-task differences of pass rates and its standard error.
+- Episodes (`episodes`, one row per trajectory; `turn_analytics` per iteration): turns, runs and
+  edits; whether it ran a command before submitting; whether its last edit was followed by a run
+  (it checked its fix); wasted turns: malformed actions, and runs of the same command as the turn
+  right before (nothing changed in between, so nothing new to read). `pass_rate_by_turns` is the
+  pass rate of scored episodes by their number of turns; `failing_observations` counts the
+  failures commands printed, normalised (a traceback by its last line, anything else by its first;
+  numbers and quoted strings masked) so that one kind of failure is one row.
 - A model evaluation (`crucible eval`, the model_evaluations dataset) is reported the same way:
   pass rates are means over tasks with that standard error, per task set and per domain and
   difficulty within it. Its stability is the agreement of a task's repeated samples: the share
@@ -29,6 +39,7 @@ Definitions:
 from __future__ import annotations
 
 SCORED = "reward_status = 'scored'"
+SHOWN = "coalesce(observations, 'shown') = 'shown'"  # evaluations stored before schema 9 were shown
 
 # Over samples carrying `flat_group` (SAMPLES_WITH_GROUP_FLAG). A sample's sandbox time is its
 # grading (set-up, tests, parsing) plus the commands its episode ran.
@@ -50,6 +61,19 @@ SAMPLE_MEASURES = f"""
     avg(response_tokens) AS response_tokens,
     avg(list_sum(loss_mask)) AS sampled_tokens
 """
+# An episode that submitted after running a command (single replies have no run; episodes that
+# hit a limit did not submit: null).
+RAN_BEFORE_SUBMITTING = """CASE WHEN finish_reason = 'submitted'
+                               THEN len(list_filter(turns, lambda t: t.action = 'run')) > 0 END"""
+# What a failed command printed, in one line: a traceback's last line, else the first.
+FAILURE_LINE = "CASE WHEN output[1] LIKE 'Traceback%' THEN output[-1] ELSE coalesce(output[1], '(no output)') END"
+
+
+def masked(line: str) -> str:
+    """`line` (SQL) with its numbers and quoted strings masked: one kind of failure, whatever its values."""
+    return rf"""regexp_replace(regexp_replace({line}, '''[^'']*''', '''_''', 'g'), '-?[0-9]+', '#', 'g')"""
+
+
 SAMPLES_WITH_GROUP_FLAG = """
     (SELECT *, coalesce(max(reward) OVER g = min(reward) OVER g, true) AS flat_group
      FROM trajectories WINDOW g AS (PARTITION BY experiment, iteration, group_id))
@@ -76,7 +100,28 @@ METRIC_VIEWS = {
     "held_out_tasks": f"""
         SELECT experiment, iteration, task_id, any_value(difficulty) AS difficulty, count(*) AS samples,
                avg(passed::INT) AS pass_rate
-        FROM evaluations WHERE {SCORED} GROUP BY experiment, iteration, task_id
+        FROM evaluations WHERE {SCORED} AND {SHOWN} GROUP BY experiment, iteration, task_id
+    """,
+    "feedback_value": f"""
+        WITH per_task AS (
+            SELECT experiment, iteration, task_id,
+                   avg(passed::INT) FILTER (WHERE {SHOWN}) AS shown,
+                   avg(passed::INT) FILTER (WHERE observations = 'blanked') AS blanked
+            FROM evaluations WHERE {SCORED} GROUP BY experiment, iteration, task_id
+        ),
+        summary AS (
+            SELECT experiment, iteration, count(*) AS tasks, avg(shown) AS pass_rate,
+                   avg(blanked) AS blanked_pass_rate,
+                   coalesce(stddev_samp(blanked) / sqrt(count(*)), 0) AS blanked_stderr,
+                   avg(shown - blanked) AS feedback_gap,
+                   coalesce(stddev_samp(shown - blanked) / sqrt(count(*)), 0) AS feedback_gap_stderr
+            FROM per_task WHERE shown IS NOT NULL AND blanked IS NOT NULL GROUP BY experiment, iteration
+        )
+        SELECT *,
+               CASE WHEN feedback_gap_stderr > 0 THEN feedback_gap / feedback_gap_stderr
+                    WHEN feedback_gap = 0 THEN 0.0
+                    ELSE sign(feedback_gap) * 'inf'::DOUBLE END AS feedback_gap_in_stderrs
+        FROM summary
     """,
     "held_out": """
         WITH paired AS (
@@ -99,6 +144,47 @@ METRIC_VIEWS = {
                     WHEN improvement = 0 THEN 0.0
                     ELSE sign(improvement) * 'inf'::DOUBLE END AS improvement_in_stderrs
         FROM summary
+    """,
+    "episodes": f"""
+        SELECT experiment, iteration, task_id, family, difficulty, group_id, sample_index, passed, reward_status,
+               finish_reason, len(turns) AS turns,
+               len(list_filter(turns, lambda t: t.action = 'run')) AS runs,
+               len(list_filter(turns, lambda t: t.action IN ('write', 'replace'))) AS edits,
+               {RAN_BEFORE_SUBMITTING} AS ran_before_submitting,
+               coalesce(list_max([t.index FOR t IN turns IF t.action = 'run']), -1)
+                   > coalesce(list_max([t.index FOR t IN turns IF t.action IN ('write', 'replace')]), -1)
+                   AS checked_last_edit,
+               len(list_filter(turns, lambda t: t.action = 'malformed')) AS malformed_turns,
+               len(list_filter(turns, lambda t, i: i > 1 AND t.action = 'run' AND turns[i - 1].action = 'run'
+                                                   AND turns[i - 1].detail = t.detail)) AS repeated_commands
+        FROM trajectories
+    """,
+    "turn_analytics": f"""
+        SELECT experiment, iteration, count(*) AS episodes, avg(turns) AS turns_per_episode,
+               avg(runs) AS runs_per_episode, avg(edits) AS edits_per_episode,
+               avg((finish_reason = 'submitted')::INT) AS submitted_share,
+               avg(ran_before_submitting::INT) FILTER (WHERE finish_reason = 'submitted') AS ran_before_submitting_share,
+               avg(checked_last_edit::INT) FILTER (WHERE edits > 0) AS checked_last_edit_share,
+               sum(malformed_turns + repeated_commands) / sum(turns) AS wasted_turn_share,
+               sum(malformed_turns) / sum(turns) AS malformed_turn_share,
+               sum(repeated_commands) / sum(turns) AS repeated_command_share,
+               avg(passed::INT) FILTER (WHERE {SCORED}) AS pass_rate
+        FROM episodes GROUP BY experiment, iteration
+    """,
+    "pass_rate_by_turns": f"""
+        SELECT experiment, iteration, turns, count(*) AS episodes, avg(passed::INT) FILTER (WHERE {SCORED}) AS pass_rate
+        FROM episodes GROUP BY experiment, iteration, turns
+    """,
+    "failing_observations": f"""
+        WITH failed AS (
+            SELECT experiment, iteration, list_filter(string_split(turn.observation_excerpt, chr(10))[2:],
+                                                      lambda line: trim(line) <> '') AS output
+            FROM (SELECT experiment, iteration, unnest(turns) AS turn FROM trajectories)
+            WHERE turn.action = 'run' AND turn.status = 'error'
+        )
+        SELECT experiment, iteration, {masked(FAILURE_LINE)} AS failure,
+               count(*) AS runs
+        FROM failed GROUP BY ALL
     """,
     "model_eval_tasks": f"""
         SELECT experiment AS evaluation, any_value(model) AS model, task_set, domain, difficulty, task_id,

@@ -15,14 +15,23 @@ from sandbox.result import ExecStatus
 from sandbox.test_report import Outcome
 from sandbox.verdict import RewardStatus, TamperFlag
 
-SCHEMA_VERSION = 8  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
+SCHEMA_VERSION = 9  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;
 # 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl,
 # and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
 # tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone;
 # 7: regrades and outputs (new datasets; the others are unchanged); 8: failure_reason and
 # failure_detail on trajectories, model evaluations and regrades (why a grading did not pass),
-# environment (the digest of the task's built environment) on trajectories and model evaluations
+# environment (the digest of the task's built environment) on trajectories and model evaluations;
+# 9: observations and turns on evaluations (held-out episodes, also evaluated blind)
+
+
+class Observations(ClosedSet):
+    """What an evaluated episode's policy was shown of its actions' results."""
+
+    SHOWN = "shown", "what each action answered (the normal evaluation)"
+    BLANKED = "blanked", ("the same fixed text after every action: the commands ran, their output was hidden from "
+                          "the policy (what execution feedback is worth is the difference)")
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -117,6 +126,10 @@ EVALUATIONS = pa.schema(
         _field("passed", pa.bool_(), PASSED_DOC),
         _field("reward_status", pa.string(), "whether `reward` means anything (RewardStatus)"),
         _field("reward_version", pa.string(), "the reward function that set `reward`: name@hash of its weights"),
+        _field("observations", pa.string(), "what the policy was shown after each action (Observations); null in "
+               "data stored before schema 9, which was shown"),
+        _field("turns", pa.list_(TURN), "the episode turn by turn, as in trajectories (the observation stored is "
+               "what the action answered, also when the policy was shown it blanked)"),
     ]
 )
 
@@ -259,7 +272,7 @@ DATASETS: dict[str, pa.Schema] = {
 CLOSED_SETS: dict[str, dict[str, type[ClosedSet]]] = {
     "trajectories": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
                      "test_results.outcome": Outcome, "failure_reason": FailureReason},
-    "evaluations": {"reward_status": RewardStatus},
+    "evaluations": {"reward_status": RewardStatus, "observations": Observations},
     "model_evaluations": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
                           "test_results.outcome": Outcome, "failure_reason": FailureReason},
     "regrades": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,

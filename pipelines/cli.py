@@ -106,9 +106,9 @@ def command_continue(args: argparse.Namespace) -> int:
 
 
 SUMMARY_QUERY = """
-    SELECT iteration, tasks, samples, pass_rate, reward_mean, generated_tokens,
+    SELECT iteration, tasks, samples, turns_per_episode, pass_rate, reward_mean, generated_tokens,
            rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval,
-           eval_pass_rate, eval_stderr
+           eval_pass_rate, eval_stderr, eval_blanked_pass_rate
     FROM iterations WHERE experiment = ? ORDER BY iteration
 """
 
@@ -121,14 +121,14 @@ def print_summary(storage_root: str, experiment: str) -> None:
     """One row per iteration, read back from the stored datasets."""
     rows = catalog.connect(storage_root).execute(SUMMARY_QUERY, [experiment]).fetchall()
     table = Table(title=f"experiment {experiment!r}")
-    for header in ("iter", "tasks", "samples", "pass rate", "mean reward", "gen tokens",
-                   "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass ± se"):
+    for header in ("iter", "tasks", "samples", "turns", "pass rate", "mean reward", "gen tokens",
+                   "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass ± se", "blanked"):
         table.add_column(header, justify="right")
-    for (it, tasks, samples, pass_rate, reward, tokens, *seconds, eval_rate, eval_se) in rows:
+    for (it, tasks, samples, turns, pass_rate, reward, tokens, *seconds, eval_rate, eval_se, blanked) in rows:
         held_out = "" if eval_rate is None else f"{eval_rate:.3f} ± {eval_se:.3f}"
         table.add_row("0 (base)" if it == 0 else str(it), *(_cell(v, "") for v in (tasks, samples)),
-                      *(_cell(v, ".3f") for v in (pass_rate, reward)), _cell(tokens, ""),
-                      *(_cell(s, ".1f") for s in seconds), held_out)
+                      _cell(turns, ".2f"), *(_cell(v, ".3f") for v in (pass_rate, reward)), _cell(tokens, ""),
+                      *(_cell(s, ".1f") for s in seconds), held_out, _cell(blanked, ".3f"))
     console.print(table)
 
 
@@ -178,27 +178,40 @@ def _export_database(args: argparse.Namespace) -> int:
     return 0
 
 
+CURVE_QUERY = """
+    SELECT h.*, f.blanked_pass_rate, f.blanked_stderr, f.feedback_gap, f.feedback_gap_stderr, f.feedback_gap_in_stderrs
+    FROM held_out h LEFT JOIN feedback_value f USING (experiment, iteration)
+    WHERE experiment = ? ORDER BY iteration
+"""
+
+
 def command_curve(args: argparse.Namespace) -> int:
     """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
     from assets.charts import eval_curve_png
 
     environment.use_storage(args.storage)
-    rows = catalog.records(catalog.connect(environment.storage_root()),
-                           "SELECT * FROM held_out WHERE experiment = ? ORDER BY iteration", [args.experiment])
+    rows = catalog.records(catalog.connect(environment.storage_root()), CURVE_QUERY, [args.experiment])
     if not rows or rows[0]["iteration"] != 0:
         raise UserError(f"experiment {args.experiment!r} has no scored evaluation of its base policy (iteration 0) "
                         f"under {environment.storage_root()}: run it first")
     table = Table(title=f"{args.experiment}: held-out pass rate (iteration 0 = base policy)")
-    for header in ("iteration", "pass rate", "stderr", "vs base", "paired stderr", "in stderrs"):
+    for header in ("iteration", "pass rate", "stderr", "vs base", "paired stderr", "in stderrs",
+                   "blanked", "feedback gap ± paired se", "in stderrs"):
         table.add_column(header, justify="right")
     for row in rows:
+        gap = row["feedback_gap"]
         table.add_row(str(row["iteration"]), f"{row['pass_rate']:.3f}", f"{row['stderr']:.3f}",
                       _cell(row["improvement"], "+.3f"),
                       _cell(row["improvement_stderr"] if row["paired_tasks"] else None, ".3f"),
-                      "" if row["iteration"] == 0 else _cell(row["improvement_in_stderrs"], "+.1f"))
+                      "" if row["iteration"] == 0 else _cell(row["improvement_in_stderrs"], "+.1f"),
+                      _cell(row["blanked_pass_rate"], ".3f"),
+                      "" if gap is None else f"{gap:+.3f} ± {row['feedback_gap_stderr']:.3f}",
+                      _cell(row["feedback_gap_in_stderrs"], "+.1f"))
+    blanked = [(r["iteration"], r["blanked_pass_rate"], r["blanked_stderr"]) for r in rows
+               if r["blanked_pass_rate"] is not None]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_bytes(eval_curve_png(args.experiment, [(r["iteration"], r["pass_rate"], r["stderr"])
-                                                                for r in rows]))
+                                                                for r in rows], blanked))
     console.print(table)
     console.print(f"curve written to {args.out}")
     return 0

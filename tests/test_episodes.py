@@ -11,13 +11,20 @@ from sandbox.backends import open_sandbox
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
 from task_sets.submission import grade_solution, sandbox_spec
-from training.agent.episodes import EpisodeLimits, as_rollout, episode_messages, run_episodes, starting_files
+from training.agent.episodes import (
+    BLANKED_OBSERVATION,
+    EpisodeLimits,
+    as_rollout,
+    episode_messages,
+    run_episodes,
+    starting_files,
+)
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.inference.engine import Completion, SamplingParams
 from training.policy.chat import ChatFormat
 from training.policy.model import generation_config
 from training.policy.tokenizer import build_tokenizer
-from training.sft.demonstrations import episode_examples
+from training.sft.demonstrations import demonstrated_turns, episode_examples, warmup_examples
 
 SHOPCART = load_task_set("shopcart")
 TASK = SHOPCART.by_id["shopcart/negative-money"]
@@ -124,22 +131,56 @@ def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(
     for episode in episodes:
         malformed, listed, _ = episode.turns
         assert (malformed.action, malformed.status) == ("malformed", "error")
-        assert malformed.observation.startswith("error: no action found. Actions (one per turn)")
+        assert malformed.observation.startswith("error: no action found. One action per turn")
         assert "money.py" in listed.observation and episode.finish_reason == "submitted"
         assert episode.submission == ""  # nothing changed: an empty diff
     assert [e.sample_index for e in episodes] == [0, 1, 2] and {e.group_id for e in episodes} == {
         "it-1/shopcart/negative-money"}
 
 
-@pytest.mark.parametrize("task", [TASK, load_task_set("default").by_id["default/add_k/0000"]], ids=["repository", "function"])
-def test_warm_up_examples_are_the_token_sequences_an_episode_produces(chat, task):
-    examples = episode_examples(chat, task)
-    replies = [chat.tokenizer.decode(response[:-1]) for _, response in examples]
-    policy = ScriptedPolicy(chat, replies)
-    contexts = []
-    policy.generate = lambda prompts, params, _=None, inner=policy.generate: contexts.extend(prompts) or inner(prompts, params)
-    [episode] = run_episodes(policy, chat, [task], SamplingParams(n=1, max_new_tokens=4000), ROOMY,
-                             lambda t: open_sandbox("local", sandbox_spec(t)).session(starting_files(t)), "warm")
-    assert contexts == [prompt for prompt, _ in examples]  # every turn's context, token for token
+def _open_session(task):
+    return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
+
+
+REPAIR = load_task_set("repair").train()[0]
+
+
+@pytest.mark.parametrize("task", [TASK, load_task_set("default").by_id["default/add_k/0000"], REPAIR],
+                         ids=["repository", "function", "check-command"])
+def test_a_warm_up_example_is_the_token_sequence_its_episode_produces(chat, task):
+    """The demonstration (for a task with a check command: played in a sandbox, run, write,
+    submit) is, token for token and mask for mask, what the same replies produce as an episode."""
+    turns = demonstrated_turns([task], _open_session)[task.id]
+    [example] = episode_examples(chat, task, turns)
+    policy = ScriptedPolicy(chat, [reply for reply, _ in turns])
+    [episode] = run_episodes(policy, chat, [task], SamplingParams(n=1, max_new_tokens=4000), ROOMY, _open_session,
+                             "warm")
+    assert (episode.prompt_ids, episode.response_ids, episode.loss_mask) == (example.prompt, example.response,
+                                                                           example.scored)
     assert episode.finish_reason == "submitted"
     assert grade_solution(task, episode.submission).reward_components["all_passed"] == 1.0
+    if task.check_command:
+        assert [t.action for t in episode.turns] == ["run", "write", "submit"]
+        assert "FAIL" in episode.turns[0].observation and "want:" in episode.turns[0].observation
+
+
+def test_a_task_with_a_check_command_is_not_demonstrated_as_a_single_reply(chat):
+    """Its prompt does not say what the tests expect: only the episode that runs the check can."""
+    examples = warmup_examples(chat, [REPAIR], open_session=_open_session)
+    assert len(examples) == 1 and examples[0].scored is not None
+    with pytest.raises(ValueError, match="give open_session"):
+        warmup_examples(chat, [REPAIR])
+
+
+def test_blanked_observations_hide_what_the_actions_answered_but_the_actions_still_run(chat):
+    """The evaluation with observations blanked: the policy's context shows the same fixed text
+    after every action; the turns keep what the commands really printed."""
+    script = ["<run>python3 check.py</run>", '<write path="solution.py">\nx = 1\n</write>', "<submit/>"]
+    policy = ScriptedPolicy(chat, script)
+    [episode] = run_episodes(policy, chat, [REPAIR], SamplingParams(n=1, max_new_tokens=4000), ROOMY,
+                             _open_session, "blind", blanked=True)
+    run, write, _ = episode.turns
+    assert run.exit_code == 1 and "want:" in run.observation and write.observation.startswith("wrote ")
+    shown = chat.tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 0])
+    assert shown.count(BLANKED_OBSERVATION) == 2 and "want:" not in shown and "wrote" not in shown
+    assert episode.submission == "x = 1\n"  # the write really happened

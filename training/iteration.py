@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from datastore import catalog
+from datastore.schema import Observations
 from datastore.store import DatasetStore, rows_to_table
 from sandbox.base import Session
 from sandbox.pool import SandboxPool
@@ -228,8 +229,9 @@ class Iteration:
                               temperature=self.experiment.temperature, seed=self.seed)
 
     def sample(self, engine: InferenceEngine, tasks: list[TaskBase], params: SamplingParams,
-               group_prefix: str) -> list[Rollout]:
-        """Single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns."""
+               group_prefix: str, blanked: bool = False) -> list[Rollout]:
+        """Single replies, or multi-turn episodes in sandbox sessions when the experiment allows
+        turns (`blanked`: their observations hidden from the policy)."""
         experiment = self.experiment
         if experiment.max_turns == 1:
             return sample_rollouts(engine, engine.chat, tasks, params, group_prefix,
@@ -239,7 +241,7 @@ class Iteration:
                                command_timeout_s=experiment.command_timeout_s)
         episodes = run_episodes(engine, engine.chat, tasks, params, limits, self.env.open_session, group_prefix,
                                 progress=lambda turn, turns: self.log(f"episodes: turn {turn}/{turns} done"),
-                                system=self.task_set.system_message)
+                                system=self.task_set.system_message, blanked=blanked)
         return [as_rollout(episode, engine.chat) for episode in episodes]
 
     def grade(self, work: list[tuple[TaskBase, Rollout]]) -> list[VerifiedRollout]:
@@ -426,7 +428,8 @@ class Iteration:
 
     def _evaluate(self, iteration: int, expected_hash: str | None = None) -> list[dict]:
         """Checkpoint `iteration` on the held-out tasks (refused unless it still is
-        `expected_hash`): greedily, or `eval_samples` samples per task at the rollout temperature."""
+        `expected_hash`): greedily, or `eval_samples` samples per task at the rollout temperature;
+        with `eval_blanked` (episodes), again with every observation hidden from the policy."""
         experiment = self.experiment
         policy_dir, content_hash = self._checkpoint(iteration, f"iteration {self.number} evaluates")
         if expected_hash not in (None, content_hash):
@@ -438,11 +441,29 @@ class Iteration:
         greedy = experiment.eval_samples == 1
         params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
                                 temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)
-        samples = self.sample(engine, tasks, params, f"{experiment.name}/eval/{iteration}")
         by_id = {task.id: task for task in tasks}
-        rows = [evaluation_row(v) for v in self.grade([(by_id[s.task_id], s) for s in samples])]
+        rows = []
+        for observations in self.eval_conditions():
+            label = "" if observations is Observations.SHOWN else f" with observations {observations.value}"
+            self.log(f"evaluating checkpoint {iteration} on {len(tasks)} held-out tasks{label}")
+            samples = self.sample(engine, tasks, params, f"{experiment.name}/eval/{iteration}",
+                                  blanked=observations is Observations.BLANKED)
+            rows += [evaluation_row(v, observations) for v in self.grade([(by_id[s.task_id], s) for s in samples])]
         self.env.store().write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
         return rows
+
+    def eval_conditions(self) -> tuple[Observations, ...]:
+        """Shown, and blanked as well where the experiment asks for it and its samples are episodes
+        (a single reply sees no observation)."""
+        blind = self.experiment.eval_blanked and self.experiment.max_turns > 1
+        return (Observations.SHOWN, Observations.BLANKED) if blind else (Observations.SHOWN,)
+
+    def feedback_curve(self) -> list[dict]:
+        """The `feedback_value` rows of iterations 0..this one (datastore/metrics.py): held-out pass
+        rates with observations shown and blanked, paired by task; [] without blanked evaluations."""
+        return catalog.records(catalog.connect(self.env.storage_root), "SELECT * FROM feedback_value WHERE "
+                               "experiment = ? AND iteration <= ? ORDER BY iteration",
+                               [self.experiment.name, self.number])
 
     def held_out_curve(self) -> list[dict]:
         """The `held_out` rows of iterations 0..this one (datastore/metrics.py), the base policy's

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from datastore.schema import Observations
 from sandbox.verdict import GradeResult
 from task_sets.schema import Task
 from training.agent.rollout import Rollout
@@ -100,9 +101,12 @@ def _turns(rollout: Rollout) -> list[dict]:
              "exec_s": t.exec_s, "sampled_tokens": t.sampled_tokens} for index, t in enumerate(rollout.turns)]
 
 
-def evaluation_row(verified: VerifiedRollout) -> dict:
-    """One row of the `evaluations` dataset: one answer to a held-out task."""
+def evaluation_row(verified: VerifiedRollout, observations: Observations = Observations.SHOWN) -> dict:
+    """One row of the `evaluations` dataset: one answer to a held-out task, its policy shown
+    its actions' results or not (`observations`)."""
     return {
+        "observations": observations.value,
+        "turns": _turns(verified.rollout),
         "task_id": verified.task.id,
         "sample_index": verified.rollout.sample_index,
         "difficulty": verified.task.difficulty,
