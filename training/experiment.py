@@ -40,8 +40,9 @@ class BasePolicySettings(BaseModel):
     sft_lr: float | None = Field(None, gt=0, description="the warm-up's peak learning rate; default "
                                  f"{SFTConfig.model_fields['lr'].default} for the built-in model (small, from scratch), "
                                  f"{IMPORTED_SFT_LR} for an imported base_model (pretrained: a high rate would undo it)")
-    episode_demonstrations: bool = Field(False, description="also warm up on the references as episodes of actions "
-                                         "(write, then submit): multi-turn experiments (max_turns > 1) need it")
+    episode_demonstrations: bool | None = Field(None, description="also warm up on good episodes of actions (a task "
+                                                "with a check command: run it, write the fix, submit; any other: write, "
+                                                "then submit); default: when the experiment runs episodes (max_turns > 1)")
 
 
 class ExperimentConfig(BaseModel):
@@ -50,14 +51,14 @@ class ExperimentConfig(BaseModel):
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     base_model: str | None = Field(None, description="the Hugging Face causal LM to post-train: its directory, or a "
                                    "hub id already in the local cache (nothing is downloaded); None: the built-in model")
-    task_set: str = Field("compose", description="built-in task set name or a path")
-    iterations: int = Field(10, ge=1, description="the sensor stops advancing after this many")
+    task_set: str = Field("repair", description="built-in task set name or a path")
+    iterations: int = Field(8, ge=1, description="the sensor stops advancing after this many")
     continuous: bool = Field(False, description="the advance_iterations sensor (when switched on) starts this "
                              "experiment's next iteration once the last one is evaluated")
     plateau_patience: int | None = Field(None, ge=1, description="the sensor stops once the held-out pass rate "
                                          "has not beaten its best for this many iterations; None: never")
     tasks_per_iteration: int | None = Field(
-        64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
+        32, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
     samples_per_task: int = Field(8, ge=2, description="GRPO group size K")
     engine: Literal["transformers", "vllm", "openai"] = Field(
@@ -68,9 +69,9 @@ class ExperimentConfig(BaseModel):
     max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes): the "
                                 "compose set's reference solutions take 21 tokens (median), 26 at most; a write "
                                 "action of the default set's takes 39 (median), 54 (95th percentile)")
-    max_turns: int = Field(1, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
-                           "episodes in a sandbox session, ended by a submit or this many turns (2 lets a "
-                           "policy warmed up with episode_demonstrations write its solution, then submit)")
+    max_turns: int = Field(4, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
+                           "episodes in a sandbox session, ended by a submit or this many turns (the repair set's "
+                           "good episode takes 3: run the check, write the fix, submit)")
     observation_role: Literal["user", "tool"] = Field(
         "user", description="the chat role an episode's observations take: user (every template has it) or tool "
         "(for a template that frames tool output its own way, e.g. Qwen2.5's <tool_response>)")
@@ -84,8 +85,12 @@ class ExperimentConfig(BaseModel):
         "valid Python",
     )
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
-    eval_samples: int = Field(8, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "
+    eval_samples: int = Field(4, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "
                               "`temperature`, and a task's pass rate is the share that passed")
+    eval_blanked: bool = Field(True, description="evaluate each checkpoint a second time with every observation "
+                               "hidden from the policy (the commands still run): the gap between the two pass rates "
+                               "is what execution feedback is worth to it. Episodes only (max_turns > 1): a single "
+                               "reply sees no observation")
     regrade_fraction: float = Field(
         0.05, ge=0, le=1,
         description="share of each iteration's submissions graded a second time, in fresh sandboxes, "
@@ -116,7 +121,8 @@ class ExperimentConfig(BaseModel):
                                       "describe (base_url, model), and only that engine has one")
         imported = self.base_model is not None
         defaults = {"sft_steps": 0 if imported else SFTConfig.model_fields["steps"].default,
-                    "sft_lr": IMPORTED_SFT_LR if imported else SFTConfig.model_fields["lr"].default}
+                    "sft_lr": IMPORTED_SFT_LR if imported else SFTConfig.model_fields["lr"].default,
+                    "episode_demonstrations": self.max_turns > 1}
         unset = {name: value for name, value in defaults.items() if getattr(self.base, name) is None}
         if unset:
             self.base = self.base.model_copy(update=unset)

@@ -90,7 +90,7 @@ class GRPOConfig(BaseModel):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="floor of a decaying schedule, as a share of lr")
     epochs: int = Field(4, ge=1, description="passes over the samples (PPO epochs); the clipped ratio keeps later "
                         "passes near the policy that sampled them")
-    minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
+    minibatch_size: int = Field(64, ge=1, description="samples per optimizer step (8 groups of 8)")
     micro_batch_tokens: int = Field(4096, ge=1, description="tokens per forward pass, padded (rows x longest row; "
                                     "memory only: the loss is unchanged); a longer sample goes alone")
     logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the "
