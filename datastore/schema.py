@@ -47,7 +47,7 @@ TURN = pa.struct(
         ("detail", pa.string()),  # the command, the path, or why the reply was malformed
         ("status", pa.string()),  # ok | error | submitted
         ("exit_code", pa.int32()),  # of a run; null otherwise
-        ("observation_excerpt", pa.string()),  # what the policy was shown next
+        ("observation_excerpt", pa.string()),  # what the action answered (shown next, unless blanked)
         ("generate_s", pa.float64()),
         ("exec_s", pa.float64()),
         ("sampled_tokens", pa.int32()),

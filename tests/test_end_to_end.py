@@ -208,9 +208,10 @@ def test_every_view_has_rows_after_an_iteration(finished_run, environment):
     con = catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"])
     empty = {view for view in catalog.VIEWS if con.execute(f"SELECT count(*) FROM {view}").fetchone() == (0,)}
     # Re-grading is launched on demand (tests/test_regrades.py); model evaluations by `crucible eval`
-    # (tests/test_transformers_serve.py).
+    # (tests/test_transformers_serve.py); this experiment's samples are single replies, which run no
+    # command and have no observation to blank (test_an_experiment_with_turns_runs_multi_turn_episodes).
     model_evaluation = {"model_evaluations", *(view for view in catalog.VIEWS if view.startswith("model_eval_"))}
-    assert empty == {"regrades", "regraded", *model_evaluation}
+    assert empty == {"regrades", "regraded", "failing_observations", "feedback_value", *model_evaluation}
     sampled, tasks, eval_tasks = con.execute("SELECT count(*) FILTER (WHERE sampled), count(*), count(*) FILTER "
                                              "(WHERE split = 'eval') FROM tasks WHERE experiment = 'tiny'").fetchone()
     assert sampled == 4 and tasks > eval_tasks > 0  # the whole set, as the iteration saw it
@@ -231,7 +232,7 @@ def test_running_again_skips_the_finished_iteration(finished_run, environment, s
     assert stored["tasks_per_iteration"] == 4
 
 
-def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, store, mini_set):
+def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, store, mini_set, tmp_path):
     """An experiment allowing two turns (its own base policy, built by `crucible run`): each sample
     is an episode in a sandbox session, stored turn by turn with its loss mask."""
     os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
@@ -250,6 +251,15 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environ
     assert all(row["turns"][0]["reply"] and row["turns"][0]["action"] for row in rows)
     with_observation = [row for row in rows if len(row["turns"]) == 2]
     assert with_observation and all(0 in row["loss_mask"] and 1 in row["loss_mask"] for row in with_observation)
+    # Every checkpoint is also evaluated blind (eval_blanked, on by default for episodes).
+    evaluated = store.read_partition("evaluations", "turns", 1).to_pylist()
+    assert sorted(row["observations"] for row in evaluated) == ["blanked", "blanked", "shown", "shown"]
+    assert all(row["turns"] for row in evaluated)
+    blind = catalog.records(catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"]), "SELECT iteration, tasks FROM "
+                            "feedback_value WHERE experiment = 'turns' ORDER BY iteration")
+    assert blind == [{"iteration": 0, "tasks": 2}, {"iteration": 1, "tasks": 2}]
+    curve = crucible_cli(environment, "curve", "--experiment", "turns", "--out", str(tmp_path / "turns.png"))
+    assert curve.returncode == 0 and "blanked" in curve.stdout, curve.stderr
 
 
 def test_curve_plots_the_held_out_pass_rate_against_the_base_policy(finished_run, environment, tmp_path):

@@ -32,6 +32,19 @@ lora_rank = 8
 """
 
 
+def test_the_default_experiment_is_the_agentic_loop_and_compose_keeps_its_file():
+    """The default runs episodes on repair, warmed up on played episodes and evaluated blind too;
+    experiments/compose.toml is the single-reply experiment that was the default before it."""
+    default = ExperimentConfig()
+    assert (default.task_set, default.max_turns, default.base.episode_demonstrations, default.eval_blanked) == (
+        "repair", 4, True, True)
+    compose = load_experiment_file(Path(__file__).parents[1] / "experiments" / "compose.toml")
+    assert (compose.name, compose.task_set, compose.max_turns, compose.base.episode_demonstrations) == (
+        "compose", "compose", 1, False)
+    assert (compose.base.sft_steps, compose.grpo.minibatch_size, compose.grpo.lr, compose.temperature) == (
+        200, 128, 2e-4, 0.6)
+
+
 def test_a_toml_file_describes_an_experiment(tmp_path):
     path = tmp_path / "lora.toml"
     path.write_text(GOOD)

@@ -177,7 +177,7 @@ def test_the_base_policy_evaluation_is_redone_for_a_rebuilt_base_policy(crucible
     """Problem 4 of issue 16: a rebuilt base policy left the stored iteration-0 evaluation stale.
     The evaluation is keyed by the base policy's content hash."""
     wide = TINY.model_copy(update={"max_position_embeddings": 1024})
-    settings = dict(task_set="compose", eval_tasks=1, eval_samples=1, max_new_tokens=8)
+    settings = dict(task_set="compose", eval_tasks=1, eval_samples=1, max_new_tokens=8, max_turns=1)
 
     def build(iteration_number: int, seed: int) -> str:
         directory = crucible.checkpoint_dir("exp", iteration_number)

@@ -52,13 +52,13 @@ class ExperimentConfig(BaseModel):
     base_model: str | None = Field(None, description="the Hugging Face causal LM to post-train: its directory, or a "
                                    "hub id already in the local cache (nothing is downloaded); None: the built-in model")
     task_set: str = Field("repair", description="built-in task set name or a path")
-    iterations: int = Field(8, ge=1, description="the sensor stops advancing after this many")
+    iterations: int = Field(4, ge=1, description="the sensor stops advancing after this many")
     continuous: bool = Field(False, description="the advance_iterations sensor (when switched on) starts this "
                              "experiment's next iteration once the last one is evaluated")
     plateau_patience: int | None = Field(None, ge=1, description="the sensor stops once the held-out pass rate "
                                          "has not beaten its best for this many iterations; None: never")
     tasks_per_iteration: int | None = Field(
-        32, ge=1, description="train tasks sampled each iteration (seeded); None means all"
+        64, ge=1, description="train tasks sampled each iteration (seeded); None means all"
     )
     samples_per_task: int = Field(8, ge=2, description="GRPO group size K")
     engine: Literal["transformers", "vllm", "openai"] = Field(
@@ -79,10 +79,11 @@ class ExperimentConfig(BaseModel):
                                     "observations); at most the model's max_position_embeddings")
     command_timeout_s: float = Field(10.0, gt=0, description="wall limit of each command an episode runs")
     temperature: float = Field(
-        0.6, gt=0,
+        1.0, gt=0,
         description="the one temperature: rollouts sample at it and the trainer recomputes log-probs at it (the "
-        "importance ratio is only right if the two agree); 0.6 keeps the warmed-up default model's samples mostly "
-        "valid Python",
+        "importance ratio is only right if the two agree); on repair the warmed-up default model's groups of 8 "
+        "carry a reward spread 19 times in 32 at 1.0, 12 at 0.6 (which compose uses), for a pass rate of 0.09 "
+        "against 0.11",
     )
     eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
     eval_samples: int = Field(4, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "

@@ -12,6 +12,9 @@ An episode ends when the policy submits (`submitted`), or at a limit: `max_turns
 workspace is the submission: a diff against the task's files for a repository task, solution.py
 (less the task's prefix) for a function task. Grading happens later, in a fresh sandbox, by the
 verification protocol; never in the working session.
+
+An episode run `blanked` is shown BLANKED_OBSERVATION after every action instead of its answer:
+the evaluation that measures what execution feedback is worth to the policy.
 """
 
 from __future__ import annotations

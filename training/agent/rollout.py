@@ -23,7 +23,7 @@ class Turn:
     detail: str  # the command, the path, or why the reply was malformed
     status: str  # ok | error (the action ran and failed, or could not run) | submitted
     exit_code: int | None
-    observation: str  # what the policy was shown
+    observation: str  # what the action answered (what the policy was shown, unless the episode was blanked)
     generate_s: float  # this episode's share of the turn's batched generation
     exec_s: float
     sampled_tokens: int

@@ -82,7 +82,7 @@ class GRPOConfig(BaseModel):
     # Adam moves every weight by ~lr per step whatever the gradient, so fresh moments want the
     # warm-up, and large minibatches give each of those steps a direction worth taking. Models
     # of 1B+ parameters want 1e-6..1e-5.
-    lr: float = Field(2e-4, gt=0, description="peak learning rate (AdamW)")
+    lr: float = Field(3e-4, gt=0, description="peak learning rate (AdamW)")
     lr_schedule: Schedule = Field("constant", description="constant, linear or cosine decay over lr_decay_steps")
     lr_warmup_steps: int = Field(8, ge=0, description="optimizer steps of linear warm-up, counted over the experiment")
     lr_decay_steps: int | None = Field(None, ge=1, description="optimizer steps (over the experiment) at which a "
