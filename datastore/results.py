@@ -35,6 +35,10 @@ def write_result(table: pa.Table, file_format: str, out: Path | None, stdout: Bi
 
 def _encode(table: pa.Table, file_format: str) -> bytes:
     if file_format == "csv":
+        nested = [field.name for field in table.schema if pa.types.is_nested(field.type)]
+        if nested:
+            raise ValueError(f"CSV has no place for column {nested[0]!r} ({table.schema.field(nested[0]).type}): use "
+                             "--format json or parquet, or flatten it in the query (array_to_string, unnest)")
         sink = io.BytesIO()
         pa_csv.write_csv(table, sink)
         return sink.getvalue()

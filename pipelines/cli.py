@@ -154,6 +154,8 @@ def command_sql(args: argparse.Namespace) -> int:
         result = con.execute(args.query)
     except duckdb.Error as error:
         raise UserError(f"{error}\navailable views: {', '.join(catalog.VIEWS)}") from None
+    except ValueError as error:  # a result the format cannot hold (datastore/results.py)
+        raise UserError(str(error)) from None
     except OSError as error:
         raise UserError(f"{args.out}: cannot write: {error.strerror}") from None
     if result.description is None:

@@ -74,6 +74,7 @@ def test_exported_database_is_a_self_contained_snapshot_of_every_view(storage, t
     (("SELECT 1", "--export-db", "x.duckdb"), "--export-db writes the views themselves"),
     ((), "give a query, or --export-db FILE.duckdb"),
     (("SELECT * FROM stagez", "--format", "csv"), "available views: trajectories"),
+    (("SELECT [1, 2] AS pair", "--format", "csv"), "CSV has no place for column 'pair'"),
 ])
 def test_user_mistakes_get_one_line_of_reason_and_exit_2(storage, capfd, args, message):
     assert sql(storage, *args) == 2
