@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-ITERATIONS ?= 4
+ITERATIONS ?= 10
 STORAGE ?=  # a storage root for `make run`, e.g. s3://crucible/data (default ./.crucible/data)
 
 .PHONY: run test setup docker-sandbox browser ui clean

@@ -32,17 +32,15 @@ lora_rank = 8
 """
 
 
-def test_the_default_experiment_is_the_agentic_loop_and_compose_keeps_its_file():
-    """The default runs episodes on repair, warmed up on played episodes and evaluated blind too;
-    experiments/compose.toml is the single-reply experiment that was the default before it."""
+def test_the_agentic_loop_is_described_by_its_own_file():
+    """experiments/repair.toml runs episodes on repair, warmed up on played episodes and evaluated
+    blind too; the default stays single replies on compose."""
+    loop = load_experiment_file(Path(__file__).parents[1] / "experiments" / "repair.toml")
+    assert (loop.name, loop.task_set, loop.max_turns, loop.base.episode_demonstrations, loop.eval_blanked) == (
+        "repair", "repair", 4, True, True)
+    assert (loop.base.sft_steps, loop.grpo.minibatch_size, loop.grpo.lr, loop.temperature) == (300, 64, 3e-4, 1.0)
     default = ExperimentConfig()
-    assert (default.task_set, default.max_turns, default.base.episode_demonstrations, default.eval_blanked) == (
-        "repair", 4, True, True)
-    compose = load_experiment_file(Path(__file__).parents[1] / "experiments" / "compose.toml")
-    assert (compose.name, compose.task_set, compose.max_turns, compose.base.episode_demonstrations) == (
-        "compose", "compose", 1, False)
-    assert (compose.base.sft_steps, compose.grpo.minibatch_size, compose.grpo.lr, compose.temperature) == (
-        200, 128, 2e-4, 0.6)
+    assert (default.task_set, default.max_turns, default.base.episode_demonstrations) == ("compose", 1, False)
 
 
 def test_a_toml_file_describes_an_experiment(tmp_path):

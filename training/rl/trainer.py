@@ -82,7 +82,7 @@ class GRPOConfig(BaseModel):
     # Adam moves every weight by ~lr per step whatever the gradient, so fresh moments want the
     # warm-up, and large minibatches give each of those steps a direction worth taking. Models
     # of 1B+ parameters want 1e-6..1e-5.
-    lr: float = Field(3e-4, gt=0, description="peak learning rate (AdamW)")
+    lr: float = Field(2e-4, gt=0, description="peak learning rate (AdamW)")
     lr_schedule: Schedule = Field("constant", description="constant, linear or cosine decay over lr_decay_steps")
     lr_warmup_steps: int = Field(8, ge=0, description="optimizer steps of linear warm-up, counted over the experiment")
     lr_decay_steps: int | None = Field(None, ge=1, description="optimizer steps (over the experiment) at which a "
@@ -90,7 +90,7 @@ class GRPOConfig(BaseModel):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="floor of a decaying schedule, as a share of lr")
     epochs: int = Field(4, ge=1, description="passes over the samples (PPO epochs); the clipped ratio keeps later "
                         "passes near the policy that sampled them")
-    minibatch_size: int = Field(64, ge=1, description="samples per optimizer step (8 groups of 8)")
+    minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
     micro_batch_tokens: int = Field(4096, ge=1, description="tokens per forward pass, padded (rows x longest row; "
                                     "memory only: the loss is unchanged); a longer sample goes alone")
     logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the "

@@ -43,8 +43,8 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int = Field(300, ge=1, description="optimizer steps: 300 is 4.8k examples (~6 epochs of the repair "
-                       "set's 792 train episodes), ~205 s on 2 cores")
+    steps: int = Field(200, ge=1, description="optimizer steps: 200 is 3.2k examples (~4 epochs of compose's "
+                       "train split), ~80 s on 2 cores")
     lr: float = Field(3e-3, gt=0, description="peak learning rate; a small (3M) from-scratch model is stable at "
                       "a high peak with warm-up and cosine decay")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor, as a share of lr")
