@@ -202,7 +202,7 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(storage_root)
     evaluations = [
         {"task_id": f"e/{i}", "sample_index": 0, "difficulty": "easy", "family": "add_k", "policy_version": "p",
          "response_text": "", "reward": float(i % 2), "passed": bool(i % 2), "reward_status": "scored",
-         "reward_version": "tests-passed-fraction@5e1e1b606039"}
+         "reward_version": "tests-passed-fraction@5e1e1b606039", "observations": "shown", "turns": []}
         for i in range(4)
     ]
     store.write_partition("evaluations", "exp", 2, rows_to_table("evaluations", evaluations))

@@ -16,7 +16,7 @@ from datastore.store import DatasetStore, rows_to_table
 def _evaluation(task_id: str, passed: bool, status: str = "scored") -> dict:
     return {"task_id": task_id, "sample_index": 0, "difficulty": "easy", "family": "f", "policy_version": "p",
             "response_text": "", "reward": (1.0 if passed else 0.0) if status == "scored" else None,
-            "passed": passed, "reward_status": status, "reward_version": "r@1"}
+            "passed": passed, "reward_status": status, "reward_version": "r@1", "observations": "shown", "turns": []}
 
 
 def _held_out(tmp_path, evaluations: dict[int, list[tuple]]) -> dict[int, dict]:
