@@ -1,10 +1,13 @@
 """DuckDB views over every stored dataset, for analysts and for the run summary.
 
 Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, training_steps,
-regrades, outputs, model_evaluations);
+regrades, outputs, model_evaluations; a column added to a dataset after its data was stored reads
+as null);
 the metrics of datastore/metrics.py (task_rewards, difficulty_rewards and iteration_rewards: the
-reward analytics; held_out_tasks and held_out: the held-out evaluation; model_eval_*: the report
-of `crucible eval`); test_results (one row
+reward analytics; held_out_tasks and held_out: the held-out evaluation; feedback_value: the same
+evaluation with observations blanked beside it; episodes, turn_analytics, pass_rate_by_turns and
+failing_observations: episodes turn by turn; model_eval_*: the report of `crucible eval`);
+test_results (one row
 per hidden test), turns (one row per episode turn), rewards (one row per reward component of
 each sample), regraded (each re-graded sample beside its original reward and verdict), and
 iterations (the run summary).
@@ -94,21 +97,32 @@ def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False,
             # Matching columns by name costs a footer read per file at every bind (slow on S3):
             # only when the manifests say that schema versions differ.
             mixed = len({part.schema_version for part in parts}) > 1
+        empty = f"(SELECT *, NULL::VARCHAR AS experiment, NULL::BIGINT AS iteration FROM _empty_{name})"
+        con.register(f"_empty_{name}", schema.empty_table())
         if files:
             listed = ", ".join(_sql_string(uri) for uri in files)
             source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = {str(mixed).lower()})"
         else:
-            con.register(f"_empty_{name}", schema.empty_table())
-            source = f"(SELECT *, NULL::VARCHAR AS experiment, NULL::BIGINT AS iteration FROM _empty_{name})"
+            source = empty
         try:
             con.execute(f"CREATE OR REPLACE {kind} {name} AS SELECT * FROM {source}")
+            if files and _missing_columns(con, name, schema):
+                # Data stored before a column existed (every part older than it): the column reads as null.
+                con.execute(f"CREATE OR REPLACE {kind} {name} AS SELECT * FROM {source} UNION ALL BY NAME "
+                            f"SELECT * FROM {empty}")
         except duckdb.Error as error:  # a file its manifest names is missing or unreadable
             raise StorageUnavailable(f"storage {store.uri}: {name}: {error}") from None
-        if snapshot and not files:
+        if snapshot:
             con.unregister(f"_empty_{name}")
     for name, query in DERIVED_VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
     return con
+
+
+def _missing_columns(con: duckdb.DuckDBPyConnection, name: str, schema) -> list[str]:
+    """The dataset's columns that its view `name` lacks."""
+    present = {column[0] for column in con.execute(f"SELECT * FROM {name} LIMIT 0").description}
+    return [field.name for field in schema if field.name not in present]
 
 
 def export_database(root_uri: str, path: Path) -> None:

@@ -12,7 +12,8 @@ Definitions:
   otherwise).
 - A group (the samples of one prompt) carries a learning signal when at least two of its samples
   were scored with different rewards; every other group is a zero-variance group.
-- Held-out pass rate: tasks are the unit. A task's pass rate is the share of its scored samples
+- Held-out pass rate: tasks are the unit, and only the evaluation with observations shown counts
+  (the blanked one is `feedback_value`'s). A task's pass rate is the share of its scored samples
   that passed; the pass rate is the mean over tasks, its standard error the spread of the task
   rates over sqrt(tasks), so that repeated samples of one task never count as independent
   evidence. The improvement over the base policy (iteration 0) is paired by task: the mean of the
@@ -23,7 +24,7 @@ Definitions:
   paired by task: the mean of the per-task differences of pass rates and its standard error.
 - Episodes (`episodes`, one row per trajectory; `turn_analytics` per iteration): turns, runs and
   edits; whether it ran a command before submitting; whether its last edit was followed by a run
-  (it checked its fix); wasted turns: malformed actions, and runs of the same command as the turn
+  (it checked its fix; null without an edit); wasted turns: malformed actions, and runs of the same command as the turn
   right before (nothing changed in between, so nothing new to read). `pass_rate_by_turns` is the
   pass rate of scored episodes by their number of turns; `failing_observations` counts the
   failures commands printed, normalised (a traceback by its last line, anything else by its first;
@@ -151,8 +152,9 @@ METRIC_VIEWS = {
                len(list_filter(turns, lambda t: t.action = 'run')) AS runs,
                len(list_filter(turns, lambda t: t.action IN ('write', 'replace'))) AS edits,
                {RAN_BEFORE_SUBMITTING} AS ran_before_submitting,
-               coalesce(list_max([t.index FOR t IN turns IF t.action = 'run']), -1)
-                   > coalesce(list_max([t.index FOR t IN turns IF t.action IN ('write', 'replace')]), -1)
+               CASE WHEN len(list_filter(turns, lambda t: t.action IN ('write', 'replace'))) > 0
+                    THEN coalesce(list_max([t.index FOR t IN turns IF t.action = 'run']), -1)
+                         > list_max([t.index FOR t IN turns IF t.action IN ('write', 'replace')]) END
                    AS checked_last_edit,
                len(list_filter(turns, lambda t: t.action = 'malformed')) AS malformed_turns,
                len(list_filter(turns, lambda t, i: i > 1 AND t.action = 'run' AND turns[i - 1].action = 'run'

@@ -89,8 +89,8 @@ class TaskBase(BaseModel):
                                                 "None: the sandbox image as it is")
     split: Split
     check_command: str | None = Field(None, description="what the starting workspace runs to show what the tests "
-                                      "expect (its visible tests); the warm-up's demonstrations run it before and "
-                                      "after the fix")
+                                      "expect (its visible tests); the warm-up's demonstrations run it before "
+                                      "writing the fix")
 
     @field_validator("files")
     @classmethod

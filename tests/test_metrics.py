@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import math
 
+import pyarrow as pa
 import pytest
 from test_datastore import trajectory_row
 
 from datastore import catalog
+from datastore import store as store_module
+from datastore.schema import CLOSED_SETS, DATASETS
+from sandbox.verdict import RewardStatus
 from datastore.store import DatasetStore, rows_to_table
 
 
@@ -98,3 +102,21 @@ def test_pinned_files_are_measured_as_they_were_when_a_step_read_them(tmp_path):
     query = "SELECT samples, pass_rate FROM iteration_rewards"
     assert catalog.connect(str(tmp_path)).execute(query).fetchall() == [(3, 1.0)]
     assert catalog.connect(str(tmp_path), pinned={"trajectories": trained_on}).execute(query).fetchall() == [(2, 0.5)]
+
+
+def test_evaluations_stored_before_they_had_observations_are_the_shown_evaluation(tmp_path, monkeypatch):
+    """Every evaluation stored under schema 8 (no observations, no turns columns): the views still
+    bind, the missing columns read as null, and the held-out pass rate counts those samples."""
+    old = pa.schema([field for field in DATASETS["evaluations"] if field.name not in ("observations", "turns")])
+    rows = [{key: value for key, value in _evaluation(task, passed).items() if key in old.names}
+            for task, passed in (("t/1", True), ("t/2", False))]
+    with monkeypatch.context() as schema_8:
+        schema_8.setitem(DATASETS, "evaluations", old)
+        schema_8.setitem(CLOSED_SETS, "evaluations", {"reward_status": RewardStatus})
+        schema_8.setattr(store_module, "SCHEMA_VERSION", 8)
+        DatasetStore(str(tmp_path)).write_partition("evaluations", "exp", 0, pa.Table.from_pylist(rows, schema=old))
+    con = catalog.connect(str(tmp_path))
+    [held_out] = catalog.records(con, "SELECT tasks, pass_rate FROM held_out")
+    assert held_out == {"tasks": 2, "pass_rate": 0.5}
+    assert con.execute("SELECT count(*) FROM evaluations WHERE observations IS NULL AND turns IS NULL").fetchone() == (2,)
+    assert catalog.records(con, "SELECT * FROM feedback_value") == []

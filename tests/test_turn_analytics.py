@@ -71,9 +71,9 @@ def test_each_episode_says_how_it_used_its_turns(stored: str) -> None:
              repeated_commands=0, passed=True),
         dict(turns=3, runs=1, edits=1, ran_before_submitting=True, checked_last_edit=True, malformed_turns=0,
              repeated_commands=0, passed=True),
-        dict(turns=1, runs=0, edits=0, ran_before_submitting=False, checked_last_edit=False, malformed_turns=0,
+        dict(turns=1, runs=0, edits=0, ran_before_submitting=False, checked_last_edit=None, malformed_turns=0,
              repeated_commands=0, passed=False),
-        dict(turns=4, runs=2, edits=0, ran_before_submitting=True, checked_last_edit=True, malformed_turns=1,
+        dict(turns=4, runs=2, edits=0, ran_before_submitting=True, checked_last_edit=None, malformed_turns=1,
              repeated_commands=1, passed=False),
     ]
 

@@ -25,7 +25,7 @@ from task_sets.patches import apply_patch, changed_paths
 from task_sets.schema import RepositoryTask, Task
 from task_sets.submission import SOLUTION_FILE
 from training.agent.actions import Action, Run, Submit, Write
-from training.agent.episodes import EpisodeLimits, episode_messages, perform, wrote
+from training.agent.episodes import episode_messages, perform, wrote
 from training.agent.prompts import render_prompt
 from training.policy.chat import ChatFormat
 from training.sft.warmup import Example
@@ -91,7 +91,13 @@ def _played(task: Task, open_session: OpenSession) -> list[DemonstratedTurn]:
     actions += [(_write_reply(path, content), Write(path, content)) for path, content in _files_to_write(task)]
     session = open_session(task)
     try:
-        played = [(reply, perform(session, action, EpisodeLimits().command_timeout_s)[-1]) for reply, action in actions]
+        played = []
+        for reply, action in actions:
+            kind, _, _, exit_code, observation = perform(session, action, task.limits.wall_s)
+            if kind == "run" and exit_code is None:  # killed, timed out, or the sandbox failed
+                raise RuntimeError(f"task {task.id}: its check command did not exit ({observation.splitlines()[0]}), "
+                                   "so its demonstration would teach a broken observation")
+            played.append((reply, observation))
     finally:
         session.close()
     return [*played, ("<submit/>", None)]

@@ -15,8 +15,8 @@ from training.policy.tokenizer import VOCABULARY_FILE, VOCABULARY_SIZE, learn_vo
 
 
 # The sets the frozen vocabulary was learned from. Relearned with the repair set's texts too, each
-# system message weighted by how often an episode reads it, repair's episodes were half as long
-# (235 tokens, not ~350), but the compose experiment's held-out gain after 10 iterations fell from
+# system message weighted by how often an episode reads it, repair's episodes were a third shorter
+# (235 tokens, not 351), but the compose experiment's held-out gain after 10 iterations fell from
 # +0.321 (+5.9 paired standard errors) to +0.103 (+2.6), measured 2026-12-02: it stays learned
 # from these. The committed file
 # predates the shorter action usage (training/agent/actions.py): relearning now changes one merge.
