@@ -35,4 +35,4 @@ def test_actions_parse(reply, action):
 ])
 def test_malformed_replies_say_what_is_wrong(reply, reason):
     action = parse_action(reply)
-    assert isinstance(action, Malformed) and reason in action.reason and "One action per turn" in action.reason
+    assert isinstance(action, Malformed) and reason in action.reason and "Actions (one per turn)" in action.reason

@@ -131,7 +131,7 @@ def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(
     for episode in episodes:
         malformed, listed, _ = episode.turns
         assert (malformed.action, malformed.status) == ("malformed", "error")
-        assert malformed.observation.startswith("error: no action found. One action per turn")
+        assert malformed.observation.startswith("error: no action found. Actions (one per turn)")
         assert "money.py" in listed.observation and episode.finish_reason == "submitted"
         assert episode.submission == ""  # nothing changed: an empty diff
     assert [e.sample_index for e in episodes] == [0, 1, 2] and {e.group_id for e in episodes} == {

@@ -350,7 +350,7 @@ def test_bad_task_set_names_file_line_task_and_field(
 
 def test_unknown_builtin_lists_available_sets(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CRUCIBLE_TASK_SETS", str(tmp_path))  # an empty library
-    with pytest.raises(TaskSetError, match=r"^unknown task set 'nope'; available: compose, default, shopcart$"):
+    with pytest.raises(TaskSetError, match=r"^unknown task set 'nope'; available: compose, default, repair, shopcart$"):
         load_task_set("nope")
 
 

@@ -22,10 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-# Short on purpose: every episode's prompt carries it, and every token is one the small policy
-# attends over at every turn.
-USAGE = ('One action per turn: <run>CMD</run>, <write path="F">TEXT</write>, '
-         '<replace path="F"><old>A</old><new>B</new></replace> or <submit/>.')
+USAGE = ('Actions (one per turn): <run>COMMAND</run> | <write path="FILE">CONTENT</write> | '
+         '<replace path="FILE"><old>TEXT</old><new>TEXT</new></replace> | <submit/>')
 _ACTION = re.compile(
     r"<(?P<tag>run|write|replace)(?P<attrs>(?:\s+[a-z]+=\"[^\"]*\")*)\s*>(?P<body>.*?)</(?P=tag)>"
     r"|<submit\s*/>|<submit>\s*</submit>",

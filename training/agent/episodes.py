@@ -35,7 +35,7 @@ from training.inference.engine import Completion, InferenceEngine, SamplingParam
 from training.policy.chat import ChatFormat
 
 OBSERVATION_CHARS = 1200  # of command output shown to the policy per turn
-SYSTEM_MESSAGE = f"You work in a sandbox. {USAGE}"
+SYSTEM_MESSAGE = f"You work in a sandboxed repository. {USAGE}"
 # What a policy evaluated blind is shown instead of every observation: the same text whatever
 # happened, so nothing of the environment's answer reaches it (the exit status neither).
 BLANKED_OBSERVATION = "[output hidden]"

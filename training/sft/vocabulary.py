@@ -16,12 +16,12 @@ from training.policy.tokenizer import VOCABULARY_FILE, VOCABULARY_SIZE, learn_vo
 
 # The sets the frozen vocabulary was learned from. Relearned with the repair set's texts too, each
 # system message weighted by how often an episode reads it, repair's episodes were a third shorter
-# (235 tokens, not 351), but the compose experiment then went from 0.295 to 0.397 held out in 10
-# iterations (+0.103, +2.6 paired standard errors), where the README's run with this vocabulary
-# gained +0.321 (+5.9) on another machine; on the machine of that comparison, this vocabulary's
-# run starts from 0.163 (iteration 1: 0.176) and was not run to the end (2026-12-02). Until the
-# two are compared on one machine, the vocabulary stays the one compose's numbers were made with. The committed file
-# predates the shorter action usage (training/agent/actions.py): relearning now changes one merge.
+# (235 tokens with a shorter action usage, not 375), but the compose experiment then went from
+# 0.295 to 0.397 held out in 10 iterations (+0.103, +2.6 paired standard errors), where the
+# README's run with this vocabulary gained +0.321 (+5.9) on another machine; on the machine of
+# that comparison, this vocabulary's run starts from 0.163 (iteration 1: 0.176) and was not run
+# to the end (2026-12-02). Until the two are compared on one machine, the vocabulary stays the one
+# compose's numbers were made with.
 VOCABULARY_SETS = ("compose", "default", "shopcart")
 
 
