@@ -62,10 +62,6 @@ SAMPLE_MEASURES = f"""
     avg(response_tokens) AS response_tokens,
     avg(list_sum(loss_mask)) AS sampled_tokens
 """
-# An episode that submitted after running a command (single replies have no run; episodes that
-# hit a limit did not submit: null).
-RAN_BEFORE_SUBMITTING = """CASE WHEN finish_reason = 'submitted'
-                               THEN len(list_filter(turns, lambda t: t.action = 'run')) > 0 END"""
 # What a failed command printed, in one line: a traceback's last line, else the first.
 FAILURE_LINE = "CASE WHEN output[1] LIKE 'Traceback%' THEN output[-1] ELSE coalesce(output[1], '(no output)') END"
 
@@ -146,14 +142,14 @@ METRIC_VIEWS = {
                     ELSE sign(improvement) * 'inf'::DOUBLE END AS improvement_in_stderrs
         FROM summary
     """,
-    "episodes": f"""
+    "episodes": """
         SELECT experiment, iteration, task_id, family, difficulty, group_id, sample_index, passed, reward_status,
                finish_reason, len(turns) AS turns,
                len(list_filter(turns, lambda t: t.action = 'run')) AS runs,
                len(list_filter(turns, lambda t: t.action IN ('write', 'replace'))) AS edits,
-               {RAN_BEFORE_SUBMITTING} AS ran_before_submitting,
-               CASE WHEN len(list_filter(turns, lambda t: t.action IN ('write', 'replace'))) > 0
-                    THEN coalesce(list_max([t.index FOR t IN turns IF t.action = 'run']), -1)
+               -- null for an episode a limit ended: it never submitted
+               CASE WHEN finish_reason = 'submitted' THEN runs > 0 END AS ran_before_submitting,
+               CASE WHEN edits > 0 THEN coalesce(list_max([t.index FOR t IN turns IF t.action = 'run']), -1)
                          > list_max([t.index FOR t IN turns IF t.action IN ('write', 'replace')]) END
                    AS checked_last_edit,
                len(list_filter(turns, lambda t: t.action = 'malformed')) AS malformed_turns,

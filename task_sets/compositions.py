@@ -121,11 +121,16 @@ def _family_tasks(family: Family) -> list[Task]:
 
 
 def hidden_tests(entry_point: str, solution: str, calls: Sequence[str]) -> str:
-    namespace: dict[str, object] = {}
-    exec(solution, namespace)  # our own generated code, not model output
-    cases = [f"\n\ndef test_case_{number}():\n    assert {call} == {eval(call, namespace)!r}\n"
+    cases = [f"\n\ndef test_case_{number}():\n    assert {call} == {call_value(solution, call)!r}\n"
              for number, call in enumerate(calls, start=1)]
     return f"from solution import {entry_point}\n" + "".join(cases)
+
+
+def call_value(solution: str, call: str) -> object:
+    """What `call` returns with `solution` defined: our own generated code, not model output."""
+    namespace: dict[str, object] = {}
+    exec(solution, namespace)
+    return eval(call, namespace)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from task_sets.compositions import FAMILIES, Family, combinations, hidden_tests
+from task_sets.compositions import FAMILIES, Family, call_value, combinations, hidden_tests
 from task_sets.generator import write_jsonl
 from task_sets.schema import FunctionTask, Task
 from task_sets.splits import hash_splits
@@ -71,7 +71,7 @@ def _family_tasks(family: Family) -> list[Task]:
     for task_id, (phrases, _, solution) in zip(ids, combos):
         spec = f"{family.signature} {family.template.format(*phrases)}"
         visible = family.calls[:VISIBLE_CASES]
-        cases = tuple((call, _value(solution, call)) for call in visible)
+        cases = tuple((call, call_value(solution, call)) for call in visible)
         defective = _defect(task_id, phrases, solutions, cases)
         check = CHECK_TEMPLATE.format(signature=family.signature, command=CHECK_COMMAND, name=name, spec=spec,
                                       cases=cases)
@@ -83,19 +83,13 @@ def _family_tasks(family: Family) -> list[Task]:
     return tasks
 
 
-def _value(solution: str, call: str) -> object:
-    namespace: dict[str, object] = {}
-    exec(solution, namespace)  # our own generated code, not model output
-    return eval(call, namespace)
-
-
 def _defect(task_id: str, phrases: tuple[str, ...], solutions: dict[tuple[str, ...], str],
             cases: tuple[tuple[str, object], ...]) -> str:
     """The starting solution.py: the combination that differs in one slot and fails a visible
     case, chosen by the task id's hash (stable across runs and machines)."""
     candidates = [other for other in solutions
                   if sum(a != b for a, b in zip(other, phrases)) == 1
-                  and any(_value(solutions[other], call) != want for call, want in cases)]
+                  and any(call_value(solutions[other], call) != want for call, want in cases)]
     if not candidates:
         raise ValueError(f"{task_id}: no one-slot defect fails a visible case")
     digest = int(hashlib.sha256(task_id.encode()).hexdigest(), 16)

@@ -138,7 +138,7 @@ def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(
         "it-1/shopcart/negative-money"}
 
 
-def _open_session(task):
+def open_episode_session(task):
     return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
 
 
@@ -150,10 +150,10 @@ REPAIR = load_task_set("repair").train()[0]
 def test_a_warm_up_example_is_the_token_sequence_its_episode_produces(chat, task):
     """The demonstration (for a task with a check command: played in a sandbox, run, write,
     submit) is, token for token and mask for mask, what the same replies produce as an episode."""
-    turns = demonstrated_turns([task], _open_session)[task.id]
+    turns = demonstrated_turns([task], open_episode_session)[task.id]
     [example] = episode_examples(chat, task, turns)
     policy = ScriptedPolicy(chat, [reply for reply, _ in turns])
-    [episode] = run_episodes(policy, chat, [task], SamplingParams(n=1, max_new_tokens=4000), ROOMY, _open_session,
+    [episode] = run_episodes(policy, chat, [task], SamplingParams(n=1, max_new_tokens=4000), ROOMY, open_episode_session,
                              "warm")
     assert (episode.prompt_ids, episode.response_ids, episode.loss_mask) == (example.prompt, example.response,
                                                                            example.scored)
@@ -166,7 +166,7 @@ def test_a_warm_up_example_is_the_token_sequence_its_episode_produces(chat, task
 
 def test_a_task_with_a_check_command_is_not_demonstrated_as_a_single_reply(chat):
     """Its prompt does not say what the tests expect: only the episode that runs the check can."""
-    examples = warmup_examples(chat, [REPAIR], open_session=_open_session)
+    examples = warmup_examples(chat, [REPAIR], open_session=open_episode_session)
     assert len(examples) == 1 and examples[0].scored is not None
     with pytest.raises(ValueError, match="give open_session"):
         warmup_examples(chat, [REPAIR])
@@ -178,7 +178,7 @@ def test_blanked_observations_hide_what_the_actions_answered_but_the_actions_sti
     script = ["<run>python3 check.py</run>", '<write path="solution.py">\nx = 1\n</write>', "<submit/>"]
     policy = ScriptedPolicy(chat, script)
     [episode] = run_episodes(policy, chat, [REPAIR], SamplingParams(n=1, max_new_tokens=4000), ROOMY,
-                             _open_session, "blind", blanked=True)
+                             open_episode_session, "blind", blanked=True)
     run, write, _ = episode.turns
     assert run.exit_code == 1 and "want:" in run.observation and write.observation.startswith("wrote ")
     shown = chat.tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if m == 0])

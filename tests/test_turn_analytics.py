@@ -7,17 +7,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_episodes import ScriptedPolicy, open_episode_session
 
 from datastore import catalog
 from datastore.schema import Observations
 from datastore.store import DatasetStore, rows_to_table
-from sandbox.backends import open_sandbox
 from task_sets.loader import load_task_set
-from task_sets.submission import grade_solution, sandbox_spec
-from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes, starting_files
+from task_sets.submission import grade_solution
+from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, evaluation_row, trajectory_row
-from training.inference.engine import Completion, SamplingParams
+from training.inference.engine import SamplingParams
 from training.policy.chat import ChatFormat
 from training.policy.model import generation_config
 from training.policy.tokenizer import build_tokenizer
@@ -34,27 +34,14 @@ SCRIPTS = {
 }
 
 
-class Scripted:
-    policy_version = "scripted"
-
-    def __init__(self, chat: ChatFormat, script: list[str]):
-        self.chat, self.script, self.turn = chat, script, 0
-
-    def generate(self, prompts, params, conversations=None):
-        ids = self.chat.reply_ids(self.script[self.turn])
-        self.turn += 1
-        return [[Completion(list(ids), [-0.1] * len(ids), "stop", self.chat.tokenizer.decode(ids))] for _ in prompts]
-
-
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory) -> str:
     tokenizer = build_tokenizer()
     chat = ChatFormat.of(tokenizer, generation_config(tokenizer))
     rows = []
     for index, script in enumerate(SCRIPTS.values()):
-        [episode] = run_episodes(Scripted(chat, script), chat, [TASK], SamplingParams(n=1, max_new_tokens=400),
-                                 EpisodeLimits(max_turns=6, max_tokens=60_000),
-                                 lambda t: open_sandbox("local", sandbox_spec(t)).session(starting_files(t)), "it")
+        [episode] = run_episodes(ScriptedPolicy(chat, script), chat, [TASK], SamplingParams(n=1, max_new_tokens=400),
+                                 EpisodeLimits(max_turns=6, max_tokens=60_000), open_episode_session, "it")
         rollout = dataclasses.replace(as_rollout(episode, chat), sample_index=index)
         rows.append(trajectory_row(VerifiedRollout(rollout, TASK, grade_solution(TASK, rollout.solution), 0.1)))
     root = str(tmp_path_factory.mktemp("data"))
