@@ -41,6 +41,16 @@ def test_an_experiment_without_a_subset_samples_every_train_task(crucible):
     assert len(rule.sample_tasks()) == len(rule.task_set.train())
 
 
+def test_an_experiment_warming_up_on_a_share_samples_only_the_train_tasks_the_warm_up_left_out(crucible):
+    rule = iteration(crucible, 1, task_set="repair", tasks_per_iteration=None, base={"warmup_fraction": 0.5})
+    warmed = {task.id for task in rule.experiment.warmup_tasks(rule.task_set)}
+    sampled = {task.id for task in rule.sample_tasks()}
+    assert warmed.isdisjoint(sampled) and warmed | sampled == {task.id for task in rule.task_set.train()}
+    assert len(warmed) == len(rule.task_set.train()) // 2
+    everything = iteration(crucible, 1, task_set="repair", tasks_per_iteration=None)
+    assert len(everything.experiment.warmup_tasks(everything.task_set)) == len(everything.sample_tasks())
+
+
 def test_every_task_of_the_set_is_recorded_and_marked_sampled_or_not(crucible):
     rule = iteration(crucible, 3)
     sampled = rule.sample_tasks()

@@ -31,7 +31,8 @@ def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: P
         if steps == 0:
             return {"examples": 0}
         chat = ChatFormat.from_pretrained(initial, experiment.observation_role)
-        examples = warmup_examples(chat, task_set.train(), episodes=experiment.base.episode_demonstrations,
+        examples = warmup_examples(chat, experiment.warmup_tasks(task_set),
+                                   episodes=experiment.base.episode_demonstrations,
                                    system=task_set.system_message, open_session=open_session)
         sft = SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr)
         metrics = supervised_warmup(initial, examples, out_dir, sft, progress)

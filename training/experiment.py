@@ -17,6 +17,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from task_sets.loader import TaskSet
+from task_sets.schema import Task
+from task_sets.splits import hash_share
 from training.evaluation.monitors import MonitorConfig
 from training.inference.settings import ServerSettings, VLLMSettings
 from training.policy.model import PolicyConfig
@@ -43,6 +46,9 @@ class BasePolicySettings(BaseModel):
     episode_demonstrations: bool | None = Field(None, description="also warm up on good episodes of actions (a task "
                                                 "with a check command: run it, write the fix, submit; any other: write, "
                                                 "then submit); default: when the experiment runs episodes (max_turns > 1)")
+    warmup_fraction: float = Field(1.0, gt=0, le=1, description="share of the train split the warm-up demonstrates "
+                                   "(drawn by task id hash); below 1, reinforcement learning samples only the rest, so "
+                                   "no reward it earns can be the recall of a demonstrated answer")
 
 
 class ExperimentConfig(BaseModel):
@@ -106,6 +112,22 @@ class ExperimentConfig(BaseModel):
     base: BasePolicySettings = BasePolicySettings()
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
+
+    def warmup_tasks(self, task_set: TaskSet) -> list[Task]:
+        """The train tasks the base policy's warm-up demonstrates."""
+        warmed = self._warmed(task_set)
+        return [task for task in task_set.train() if task.id in warmed]
+
+    def rl_tasks(self, task_set: TaskSet) -> list[Task]:
+        """The train tasks iterations sample: all of them, or those the warm-up left out when it
+        demonstrated a share only."""
+        if self.base.warmup_fraction == 1:
+            return task_set.train()
+        warmed = self._warmed(task_set)
+        return [task for task in task_set.train() if task.id not in warmed]
+
+    def _warmed(self, task_set: TaskSet) -> set[str]:
+        return hash_share([task.id for task in task_set.train()], self.base.warmup_fraction, salt="warmup:")
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:

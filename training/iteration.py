@@ -136,7 +136,7 @@ class Iteration:
 
     def sample_tasks(self) -> list[TaskBase]:
         """The train tasks this iteration samples: a seeded subset when the experiment asks for one."""
-        tasks = self.task_set.train()
+        tasks = self.experiment.rl_tasks(self.task_set)
         wanted = self.experiment.tasks_per_iteration
         return random.Random(self.seed).sample(tasks, wanted) if wanted and wanted < len(tasks) else tasks
 
@@ -320,7 +320,7 @@ class Iteration:
         """Dynamic sampling: more train tasks, from the same policy, while too few groups have a
         reward spread (training/agent/dynamic_sampling.py)."""
         taken = {task.id for task in sampled}
-        reserve = [task for task in self.task_set.train() if task.id not in taken]
+        reserve = [task for task in self.experiment.rl_tasks(self.task_set) if task.id not in taken]
         random.Random(self.seed).shuffle(reserve)
         engine: InferenceEngine | None = None  # opened on the first refill round only
 
