@@ -51,6 +51,12 @@ def test_an_experiment_warming_up_on_a_share_samples_only_the_train_tasks_the_wa
     assert len(everything.experiment.warmup_tasks(everything.task_set)) == len(everything.sample_tasks())
 
 
+def test_a_warm_up_share_that_leaves_nothing_to_sample_is_refused_with_the_reason(crucible):
+    rule = iteration(crucible, 1, task_set="repair", base={"warmup_fraction": 0.9999})
+    with pytest.raises(ValueError, match=r"warmup_fraction 0.9999 leaves none of task set 'repair'\'s 792 train tasks"):
+        rule.sample_tasks()
+
+
 def test_every_task_of_the_set_is_recorded_and_marked_sampled_or_not(crucible):
     rule = iteration(crucible, 3)
     sampled = rule.sample_tasks()

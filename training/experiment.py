@@ -124,7 +124,11 @@ class ExperimentConfig(BaseModel):
         if self.base.warmup_fraction == 1:
             return task_set.train()
         warmed = self._warmed(task_set)
-        return [task for task in task_set.train() if task.id not in warmed]
+        left = [task for task in task_set.train() if task.id not in warmed]
+        if not left:
+            raise ValueError(f"base.warmup_fraction {self.base.warmup_fraction} leaves none of task set "
+                             f"{task_set.name!r}'s {len(warmed)} train tasks for the iterations to sample: lower it")
+        return left
 
     def _warmed(self, task_set: TaskSet) -> set[str]:
         return hash_share([task.id for task in task_set.train()], self.base.warmup_fraction, salt="warmup:")
