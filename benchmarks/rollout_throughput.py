@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/rollout_throughput.py [--prompts 16] [--new-tokens 64] [--episodes 8] [--turns 3]
 
 Part 1, what the engine interface costs over the model's own `generate` (same prompts, same
-sampling, same seed, one thread):
+sampling, same seed, one thread unless said):
   raw                     model.generate, left-padded batch, no scores
   raw + scores            the same with output_scores (what log-probs need)
   engine                  TransformersEngine: batching by length, log-probs, stop handling, Completions
+  engine, N threads       the same with torch's default of a thread per core (the engine's default:
+                          an episode's generation and its actions take turns, so it has the cores)
 Part 2, episodes per minute (a default-model policy whose every reply runs a real command in its
 sandbox session: generation is the model's, the action is fixed so every turn does sandbox work):
   sequential              one episode at a time, turn by turn
@@ -52,7 +54,8 @@ class ModelThenFixedAction:
         return [[Completion(self.action_ids, [0.0] * len(self.action_ids), "stop", text) for _ in g] for g in groups]
 
 
-def generation_rows(engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams, runs: int):
+def generation_rows(engine: TransformersEngine, prompts: list[list[int]], params: SamplingParams, runs: int,
+                    cores: int):
     prompts = sorted(prompts, key=len)  # the engine's own batch order, so every row draws the same samples
     config = engine._generation_config(params)
     bare = config.to_dict() | {"output_scores": False, "return_dict_in_generate": False}
@@ -69,9 +72,11 @@ def generation_rows(engine: TransformersEngine, prompts: list[list[int]], params
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         generated[name] = _until_stop(sequences[:, width:].tolist(), engine.stop_ids)
 
-    def through_engine() -> None:
+    def through_engine(name: str = "engine", threads: int = 1) -> None:
+        torch.set_num_threads(threads)
         groups = engine.generate(prompts, single)
-        generated["engine"] = sum(len(group[0].token_ids) for group in groups)
+        torch.set_num_threads(1)
+        generated[name] = sum(len(group[0].token_ids) for group in groups)
 
     single = SamplingParams(n=1, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                             seed=params.seed)
@@ -79,6 +84,7 @@ def generation_rows(engine: TransformersEngine, prompts: list[list[int]], params
         "raw": lambda: raw("raw", type(config).from_dict(bare)),
         "raw + scores": lambda: raw("raw + scores", config),
         "engine": through_engine,
+        f"engine, {cores} threads": lambda: through_engine(f"engine, {cores} threads", cores),
     }
     for call in cases.values():
         call()  # warm-up
@@ -126,6 +132,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args()
     console = Console()
+    cores = torch.get_num_threads()  # torch's default, before the engine below pins one
     tasks = load_task_set("default").train()
     with tempfile.TemporaryDirectory() as scratch:
         policy = build_base_policy(Path(scratch) / "policy")  # the default model's architecture and size
@@ -133,9 +140,9 @@ def main() -> None:
         params = SamplingParams(n=1, max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
         prompts = [render_prompt(engine.chat, task.prompt) for task in tasks[: args.prompts]]
         console.print(f"generation: {len(prompts)} prompts x {args.new_tokens} new tokens, {args.runs} runs each …")
-        medians, generated = generation_rows(engine, prompts, params, args.runs)
+        medians, generated = generation_rows(engine, prompts, params, args.runs, cores)
         table = Table(title=f"Generation, default model: {len(prompts)} prompts x {args.new_tokens} new tokens, "
-                            f"1 thread, median of {args.runs}")
+                            f"1 thread unless said, median of {args.runs}")
         for column in ("path", "seconds", "tokens", "tokens/s", "vs raw + scores"):
             table.add_column(column, justify="left" if column == "path" else "right")
         for name, seconds in medians.items():
