@@ -241,7 +241,8 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environ
                          checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"]).save_experiment(
             ExperimentConfig(name="turns", task_set=str(mini_set), base=TINY_BASE, tasks_per_iteration=2,
                              samples_per_task=2, max_new_tokens=24,
-                             eval_tasks=2, eval_samples=1, refill_rounds=0, max_turns=2, episode_max_tokens=1024))
+                             eval_tasks=2, eval_samples=2, eval_blanked_samples=1, refill_rounds=0, max_turns=2,
+                             episode_max_tokens=1024))
     finally:
         del os.environ["DAGSTER_HOME"]
     done = crucible_cli(environment, "run", "--experiment", "turns", "--iterations", "1")
@@ -251,9 +252,10 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environ
     assert all(row["turns"][0]["reply"] and row["turns"][0]["action"] for row in rows)
     with_observation = [row for row in rows if len(row["turns"]) == 2]
     assert with_observation and all(0 in row["loss_mask"] and 1 in row["loss_mask"] for row in with_observation)
-    # Every checkpoint is also evaluated blind (eval_blanked, on by default for episodes).
+    # Every checkpoint is also evaluated blind (eval_blanked, on by default for episodes), with
+    # eval_blanked_samples episodes per task.
     evaluated = store.read_partition("evaluations", "turns", 1).to_pylist()
-    assert sorted(row["observations"] for row in evaluated) == ["blanked", "blanked", "shown", "shown"]
+    assert sorted(row["observations"] for row in evaluated) == ["blanked"] * 2 + ["shown"] * 4
     assert all(row["turns"] for row in evaluated)
     blind = catalog.records(catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"]), "SELECT iteration, tasks FROM "
                             "feedback_value WHERE experiment = 'turns' ORDER BY iteration")

@@ -98,6 +98,10 @@ class ExperimentConfig(BaseModel):
                                "hidden from the policy (the commands still run): the gap between the two pass rates "
                                "is what execution feedback is worth to it. Episodes only (max_turns > 1): a single "
                                "reply sees no observation")
+    eval_blanked_samples: int | None = Field(None, ge=1, description="episodes per held-out task of the blanked "
+                                             "evaluation, drawn as the shown one's are; None: eval_samples. A blind "
+                                             "policy that rarely passes needs fewer to show it, and its episodes "
+                                             "are the longest (it writes at every turn, never reading a failure)")
     regrade_fraction: float = Field(
         0.05, ge=0, le=1,
         description="share of each iteration's submissions graded a second time, in fresh sandboxes, "

@@ -25,6 +25,7 @@ call these, and attach metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -429,7 +430,8 @@ class Iteration:
     def _evaluate(self, iteration: int, expected_hash: str | None = None) -> list[dict]:
         """Checkpoint `iteration` on the held-out tasks (refused unless it still is
         `expected_hash`): greedily, or `eval_samples` samples per task at the rollout temperature;
-        with `eval_blanked` (episodes), again with every observation hidden from the policy."""
+        with `eval_blanked` (episodes), again with every observation hidden from the policy
+        (`eval_blanked_samples` per task)."""
         experiment = self.experiment
         policy_dir, content_hash = self._checkpoint(iteration, f"iteration {self.number} evaluates")
         if expected_hash not in (None, content_hash):
@@ -446,8 +448,9 @@ class Iteration:
         for observations in self.eval_conditions():
             label = "" if observations is Observations.SHOWN else f" with observations {observations.value}"
             self.log(f"evaluating checkpoint {iteration} on {len(tasks)} held-out tasks{label}")
-            samples = self.sample(engine, tasks, params, f"{experiment.name}/eval/{iteration}",
-                                  blanked=observations is Observations.BLANKED)
+            blanked = observations is Observations.BLANKED
+            draws = dataclasses.replace(params, n=experiment.eval_blanked_samples or params.n) if blanked else params
+            samples = self.sample(engine, tasks, draws, f"{experiment.name}/eval/{iteration}", blanked=blanked)
             rows += [evaluation_row(v, observations) for v in self.grade([(by_id[s.task_id], s) for s in samples])]
         self.env.store().write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
         return rows
