@@ -14,24 +14,20 @@ from training.agent.prompts import SYSTEM_MESSAGE
 from training.policy.tokenizer import VOCABULARY_FILE, VOCABULARY_SIZE, learn_vocabulary
 
 
-# The sets the frozen vocabulary was learned from. Relearned with the repair set's texts too, each
-# system message weighted by how often an episode reads it, repair's episodes were a third shorter
-# (235 tokens with a shorter action usage, not 375), but the compose experiment then went from
-# 0.295 to 0.397 held out in 10 iterations (+0.103, +2.6 paired standard errors), where the
-# README's run with this vocabulary gained +0.321 (+5.9) on another machine; on the machine of
-# that comparison, this vocabulary's run starts from 0.163 (iteration 1: 0.176) and was not run
-# to the end (2026-12-02). Until the two are compared on one machine, the vocabulary stays the one
-# compose's numbers were made with.
-VOCABULARY_SETS = ("compose", "default", "shopcart")
+VOCABULARY_SETS = ("compose", "default", "repair", "shopcart")
+ROLES = ("system", "user", "assistant")
 
 
 def builtin_train_texts() -> Iterator[str]:
-    """What the policy reads and writes on the train splits of VOCABULARY_SETS: the system
-    messages, prompts, reference solutions and starting files."""
-    yield SYSTEM_MESSAGE
-    yield EPISODE_SYSTEM_MESSAGE
+    """What the policy reads and writes on the train splits of VOCABULARY_SETS, as often as it
+    reads it: per task, the chat template's role names, the system message its samples open with
+    (an episode's for a task with a check command), the prompt, the reference solution and the
+    starting files. Weighted so, the usage of actions every episode reads merges into few tokens:
+    a 3-turn repair episode takes ~230 tokens, not the ~375 of a vocabulary that saw it once."""
     for name in VOCABULARY_SETS:
         for task in load_task_set(name).train():
+            yield from ROLES
+            yield SYSTEM_MESSAGE if task.check_command is None else EPISODE_SYSTEM_MESSAGE
             yield task.prompt
             yield task.reference_solution
             yield from task.files.values()
