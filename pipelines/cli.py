@@ -20,6 +20,7 @@ import duckdb
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from datastore import catalog
 from datastore.results import FORMATS as RESULT_FORMATS
@@ -164,7 +165,8 @@ def command_sql(args: argparse.Namespace) -> int:
     for column in result.description:
         table.add_column(column[0])
     for row in result.fetchall():
-        table.add_row(*("NULL" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+        # Text: a value is never read as rich markup (a list like "[1, 2]" would vanish).
+        table.add_row(*(Text("NULL" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in row))
     console.print(table)
     return 0
 

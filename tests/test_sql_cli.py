@@ -47,6 +47,11 @@ def test_csv_and_json_lines_go_to_standard_output(storage, capfdbinary):
     assert rows[0] == {"stage": "checkpoint", "seconds": 30.0, "started_at": "2026-11-30 00:00:00+00:00"}
 
 
+def test_the_table_prints_values_as_they_are_never_as_markup(storage, capsys):
+    assert sql(storage, "SELECT 'FAIL pick([#, #]): expected [bold]#[/bold]' AS failure") == 0
+    assert "FAIL pick([#, #]): expected [bold]#[/bold]" in capsys.readouterr().out
+
+
 def test_parquet_goes_to_a_file_that_keeps_the_types(storage, tmp_path):
     out = tmp_path / "stages.parquet"
     assert sql(storage, QUERY, "--format", "parquet", "--out", str(out)) == 0
