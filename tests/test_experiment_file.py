@@ -118,6 +118,16 @@ def test_a_trainer_temperature_other_than_the_sampling_one_is_refused(tmp_path):
                                 "there is one setting; set `temperature` only")
 
 
+def test_several_blanked_episodes_of_a_greedy_evaluation_are_refused(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text('name = "a"\nmax_turns = 3\neval_samples = 1\neval_blanked_samples = 4\n')
+    with pytest.raises(ExperimentFileError) as error:
+        load_experiment_file(path)
+    assert str(error.value) == (f"{path}: eval_samples = 1 evaluates greedily, so its 4 blanked episodes per task "
+                                "would all be the same: set eval_blanked_samples to 1, or sample with "
+                                "eval_samples > 1")
+
+
 def test_a_trainer_temperature_equal_to_the_sampling_one_is_accepted(tmp_path):
     path = tmp_path / "exp.toml"
     path.write_text('name = "a"\ntemperature = 0.8\n[grpo]\ntemperature = 0.8\n')

@@ -141,12 +141,16 @@ class ExperimentConfig(BaseModel):
     def _consistent(self) -> ExperimentConfig:
         """The built-in model's sizes do not apply to an imported model, and the warm-up's
         length defaults by which of the two the experiment starts from; a server is given
-        exactly when the engine is one."""
+        exactly when the engine is one; a greedy evaluation draws one blanked episode per task."""
         sizes = [name for name in ("hidden_size", "num_layers")
                  if getattr(self.base, name) != BasePolicySettings.model_fields[name].default]
         if self.base_model is not None and sizes:
             raise PydanticCustomError("imported_sizes", f"base.{', base.'.join(sizes)} size the built-in model, and "
                                       f"this experiment imports base_model {self.base_model!r}: remove them")
+        if self.eval_samples == 1 and (self.eval_blanked_samples or 1) > 1:
+            raise PydanticCustomError("greedy_blanked", f"eval_samples = 1 evaluates greedily, so its "
+                                      f"{self.eval_blanked_samples} blanked episodes per task would all be the same: "
+                                      "set eval_blanked_samples to 1, or sample with eval_samples > 1")
         if (self.engine == "openai") != (self.server is not None):
             raise PydanticCustomError("engine_server", "engine = \"openai\" samples from the [server] the settings "
                                       "describe (base_url, model), and only that engine has one")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -19,16 +20,16 @@ class TransformersEngine:
         self,
         checkpoint_dir: str | Path,
         policy_version: str,
-        # None: torch's own (a thread per core). Generation and an episode's actions take turns, so
-        # generation has the cores to itself: on the 2-core box a repair iteration's 1,536 turns
-        # generated the same tokens in 54 s with 2 threads, 64 s with 1.
+        # None: a thread per CPU this process may run on, set explicitly so that the count never
+        # depends on what ran before in the process (the warm-up sets its own). Generation and an
+        # episode's actions take turns, so generation has the cores to itself: on the 2-core box a
+        # repair iteration's 1,536 turns generated the same tokens in 54 s with 2 threads, 64 s with 1.
         threads: int | None = None,
         batch_size: int = 64,  # sequences (prompt copies) per generate call
         static_cache: bool = True,  # preallocated KV cache: ~25% faster than DynamicCache on CPU
         observation_role: str = "user",  # the chat role of an episode's observations
     ) -> None:
-        if threads is not None:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
         self.checkpoint_dir = Path(checkpoint_dir)
         self.policy_version = policy_version
         self.batch_size = batch_size
