@@ -296,7 +296,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     return MaterializeResult(
         metadata={
             "eval_pass_rate": now["pass_rate"], "eval_stderr": now["stderr"], "eval_tasks": now["tasks"],
-            "eval_samples": len(evaluated), "eval_samples_scored": now["samples"], "base_pass_rate": curve[0]["pass_rate"],
+            "eval_samples": sum(row["observations"] == "shown" for row in evaluated), "eval_samples_scored": now["samples"], "base_pass_rate": curve[0]["pass_rate"],
             "improvement": now["improvement"], "improvement_stderr": now["improvement_stderr"],
             "improvement_in_stderrs": gain if math.isfinite(gain) else MetadataValue.text(
                 f"{gain} (every task moved by the same amount)"),
