@@ -7,7 +7,7 @@ sampling, same seed, one thread unless said):
   raw                     model.generate, left-padded batch, no scores
   raw + scores            the same with output_scores (what log-probs need)
   engine                  TransformersEngine: batching by length, log-probs, stop handling, Completions
-  engine, N threads       the same with torch's default of a thread per core (the engine's default:
+  engine, N threads       the same with a thread per CPU the process may use (the engine's default:
                           an episode's generation and its actions take turns, so it has the cores)
 Part 2, episodes per minute (a default-model policy whose every reply runs a real command in its
 sandbox session: generation is the model's, the action is fixed so every turn does sandbox work):
@@ -19,6 +19,7 @@ sandbox session: generation is the model's, the action is fixed so every turn do
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -132,7 +133,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args()
     console = Console()
-    cores = torch.get_num_threads()  # torch's default, before the engine below pins one
+    cores = len(os.sched_getaffinity(0))  # what the engine takes by default
     tasks = load_task_set("default").train()
     with tempfile.TemporaryDirectory() as scratch:
         policy = build_base_policy(Path(scratch) / "policy")  # the default model's architecture and size
