@@ -222,7 +222,7 @@ class InPlaceLayer(DynamicLayer):
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
             rows, heads, _, dim = key_states.shape
             self.key_buffer = key_states.new_empty((rows, heads, self.capacity, dim))
             self.value_buffer = value_states.new_empty((rows, heads, self.capacity, value_states.shape[-1]))
