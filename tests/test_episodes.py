@@ -148,8 +148,8 @@ REPAIR = load_task_set("repair").train()[0]
 @pytest.mark.parametrize("task", [TASK, load_task_set("default").by_id["default/add_k/0000"], REPAIR],
                          ids=["repository", "function", "check-command"])
 def test_a_warm_up_example_is_the_token_sequence_its_episode_produces(chat, task):
-    """The demonstration (for a task with a check command: played in a sandbox, run, write,
-    submit) is, token for token and mask for mask, what the same replies produce as an episode."""
+    """The demonstration (for a task with a check command: played in a sandbox, run, write, run
+    again, submit) is, token for token and mask for mask, what the same replies produce as an episode."""
     turns = demonstrated_turns([task], open_episode_session)[task.id]
     [example] = episode_examples(chat, task, turns)
     policy = ScriptedPolicy(chat, [reply for reply, _ in turns])
@@ -160,8 +160,17 @@ def test_a_warm_up_example_is_the_token_sequence_its_episode_produces(chat, task
     assert episode.finish_reason == "submitted"
     assert grade_solution(task, episode.submission).reward_components["all_passed"] == 1.0
     if task.check_command:
-        assert [t.action for t in episode.turns] == ["run", "write", "submit"]
+        assert [t.action for t in episode.turns] == ["run", "write", "run", "submit"]
         assert "FAIL" in episode.turns[0].observation and "want:" in episode.turns[0].observation
+        assert episode.turns[2].exit_code == 0 and "passed" in episode.turns[2].observation
+
+
+def test_a_reference_that_fails_its_own_check_is_never_demonstrated():
+    """The demonstration submits once the check passes: a reference that fails it would teach
+    submitting a failing fix."""
+    broken = REPAIR.model_copy(update={"reference_solution": REPAIR.reference_solution.replace("return ", "return 1 + ")})
+    with pytest.raises(RuntimeError, match="its reference solution fails its check command"):
+        demonstrated_turns([broken], open_episode_session)
 
 
 def test_a_task_with_a_check_command_is_not_demonstrated_as_a_single_reply(chat):

@@ -85,22 +85,31 @@ def demonstrated_turns(tasks: Sequence[Task], open_session: OpenSession | None,
 
 
 def _played(task: Task, open_session: OpenSession) -> list[DemonstratedTurn]:
-    """Run the check, write the fix, submit: in a session of the task's own."""
-    check = Run(task.check_command)
-    actions: list[tuple[str, Action]] = [(f"<run>{check.command}</run>", check)]
+    """Run the check, write the fix, run the check again, submit: in a session of the task's own.
+    The second run is the loop's point: a fix is submitted once the check says it passes (and a
+    policy that reads a failure there writes again, as it did after the first run)."""
+    check = (f"<run>{task.check_command}</run>", Run(task.check_command))
+    actions: list[tuple[str, Action]] = [check]
     actions += [(_write_reply(path, content), Write(path, content)) for path, content in _files_to_write(task)]
     session = open_session(task)
     try:
-        played = []
-        for reply, action in actions:
-            kind, _, _, exit_code, observation = perform(session, action, task.limits.wall_s)
-            if kind == "run" and exit_code is None:  # killed, timed out, or the sandbox failed
-                raise RuntimeError(f"task {task.id}: its check command did not exit ({observation.splitlines()[0]}), "
-                                   "so its demonstration would teach a broken observation")
-            played.append((reply, observation))
+        played = [_perform(task, session, reply, action)[0] for reply, action in actions]
+        rerun, exit_code = _perform(task, session, *check)
+        if exit_code != 0:
+            raise RuntimeError(f"task {task.id}: its reference solution fails its check command "
+                               f"({rerun[1].strip().splitlines()[-1]}), so its demonstration would submit a failing fix")
     finally:
         session.close()
-    return [*played, ("<submit/>", None)]
+    return [*played, rerun, ("<submit/>", None)]
+
+
+def _perform(task: Task, session: Session, reply: str, action: Action) -> tuple[DemonstratedTurn, int | None]:
+    """The demonstrated turn of `action` and its exit code (None if not a command)."""
+    kind, _, _, exit_code, observation = perform(session, action, task.limits.wall_s)
+    if kind == "run" and exit_code is None:  # killed, timed out, or the sandbox failed
+        raise RuntimeError(f"task {task.id}: its check command did not exit ({observation.splitlines()[0]}), "
+                           "so its demonstration would teach a broken observation")
+    return (reply, observation), exit_code
 
 
 def _write_reply(path: str, content: str) -> str:
