@@ -440,6 +440,25 @@ def test_behaviour_logprobs_match_teacher_forcing(engine, chat, temperature):
         torch.testing.assert_close(recomputed, torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
+def test_a_cached_next_turn_has_the_log_probs_of_a_full_recomputation(engine, chat):
+    """A policy that stops: replies of different lengths leave the batch at different steps, on
+    the first turn and on the next one, which starts from the prefix cache."""
+    prompts = [render_prompt(chat, p) for p, _ in EXAMPLES[:3]]
+    first = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=40, temperature=1.0, seed=4))
+    contexts = [p + c.token_ids + chat.observation_ids("wrote 40 bytes to solution.py",
+                                                       reply_closed=c.token_ids[-1:] == [chat.end_of_turn_id])
+                for p, group in zip(prompts, first) for c in group]
+    reused = engine.reused_tokens
+    replies = [g[0] for g in engine.generate(contexts, SamplingParams(n=1, max_new_tokens=40, temperature=1.0, seed=5))]
+    assert engine.reused_tokens > reused
+    assert len({len(c.token_ids) for group in first for c in group}) > 1 and len({len(c.token_ids) for c in replies}) > 1
+    batch = make_batch(contexts, [c.token_ids for c in replies], pad_id=EOT_ID)
+    with torch.no_grad():
+        lp = token_logprobs(engine.model, batch, 1.0)
+    for row, c in enumerate(replies):
+        torch.testing.assert_close(lp[row, batch.response_slices[row]], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
 # --- GRPO trainer --------------------------------------------------------------------------
 
 
