@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_families import FAMILIES, shared_model
+import json
+
+from model_families import FAMILIES, make_model, shared_model
 from training.inference.engine import SamplingParams
 from training.inference.prefix_cache import CachedPrefix, PrefixCache
 from training.inference.transformers_engine import TransformersEngine
@@ -65,6 +67,7 @@ def test_the_log_probs_of_cached_turns_are_those_of_a_full_recomputation(engine,
     contexts = first_turn(engine)
     for _ in range(2):  # turns 2 and 3: cached prefixes of different lengths in one batch
         contexts, _ = next_turn(engine, contexts, params)
+    contexts.append(first_turn(engine)[0])  # and a prompt nothing cached: its row starts from scratch
     reused = engine.reused_tokens
     replies = [group[0] for group in engine.generate(contexts, params)]
     assert engine.reused_tokens > reused
@@ -78,10 +81,22 @@ def test_the_log_probs_of_cached_turns_are_those_of_a_full_recomputation(engine,
 
 def test_copies_of_a_prompt_sample_independently_from_one_prefill(engine):
     prompt = first_turn(engine)[1]
+    engine.prefixes = PrefixCache(engine.prefix_cache_bytes)  # nothing of earlier tests
     prefilled = engine.prefilled_tokens
     group = engine.generate([prompt], SamplingParams(n=4, max_new_tokens=12, temperature=1.0, seed=3))[0]
     assert len({tuple(c.token_ids) for c in group}) > 1
     assert engine.prefilled_tokens - prefilled == len(prompt) - 1 + 4  # the prompt once, then a token per copy
+
+
+def test_a_sliding_window_narrower_than_a_batch_turns_prefix_caching_off(tmp_path):
+    """Its mask counts columns, so the holes of a cached batch would push tokens out of the window."""
+    source = make_model("mistral", tmp_path / "mistral")
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "sliding_window": 64}))
+    engine = TransformersEngine(import_model(str(source), tmp_path / "base", context_tokens=1024), "base", threads=1)
+    contexts, _ = next_turn(engine, first_turn(engine), SamplingParams(n=2, max_new_tokens=8, seed=4))
+    engine.generate(contexts, SamplingParams(n=1, max_new_tokens=8))
+    assert engine.prefix_cache_bytes == 0 and engine.reused_tokens == 0
 
 
 def _prefix(ids: tuple[int, ...], width: int = 2) -> CachedPrefix:

@@ -26,7 +26,9 @@ class SamplingParams:
     max_new_tokens: int = 128  # response budget; a reference solution is ~30-120 bytes
     temperature: float = 1.0  # 1.0 = sample from the policy itself (on-policy RL); 0 = greedy
     top_p: float = 1.0  # keep 1.0 for RL so behaviour and trainer logprobs match
-    seed: int = 0  # same prompts + params + checkpoint -> same completions
+    # Same prompts + params + checkpoint -> same completions (for an engine that caches prefixes:
+    # after the same earlier calls, whose keys and values it re-uses)
+    seed: int = 0
 
 
 @dataclass

@@ -36,10 +36,13 @@ class PrefixCache:
         self.nbytes = 0
         self._by_length: dict[int, dict[tuple[int, ...], CachedPrefix]] = {}
 
+    def fits(self, nbytes: int) -> bool:
+        return self.nbytes + nbytes <= self.max_bytes
+
     def add(self, prefix: CachedPrefix) -> bool:
         """Keep `prefix` if it fits the budget; False if it does not."""
         size = prefix.nbytes
-        if self.nbytes + size > self.max_bytes:
+        if not self.fits(size):
             return False
         same_length = self._by_length.setdefault(len(prefix.ids), {})
         if prefix.ids not in same_length:

@@ -12,6 +12,7 @@ top-p warper) rather than `generate`, for what generate cannot do across calls:
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections import Counter
 from pathlib import Path
@@ -41,8 +42,8 @@ class TransformersEngine:
         threads: int | None = None,
         batch_size: int = 64,  # sequences (prompt copies) per forward
         observation_role: str = "user",  # the chat role of an episode's observations
-        # Keys and values kept between calls. The default model's are 8 KiB a token: 2 GiB holds
-        # a repair iteration's 512 episodes at their longest.
+        # Keys and values kept between calls (0: no prefix caching). The default model's are 8 KiB
+        # a token: a repair iteration's 512 episodes take ~1 GiB at their longest.
         prefix_cache_bytes: int = 2 << 30,
     ) -> None:
         torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
@@ -54,7 +55,10 @@ class TransformersEngine:
         self.chat = ChatFormat.of(self.tokenizer, self.model.generation_config, observation_role)
         self.pad_id, self.stop_ids = self.chat.pad_id, list(self.chat.stop_ids)
         self.max_positions = int(self.model.config.max_position_embeddings)
-        self.prefixes = PrefixCache(prefix_cache_bytes)
+        self.takes_positions = "position_ids" in inspect.signature(self.model.forward).parameters
+        if not (self.takes_positions and _window_spans(self.model.config, 2 * self.max_positions)):
+            self.prefix_cache_bytes = 0  # see _window_spans: holes would change what a token attends to
+        self.prefixes = PrefixCache(self.prefix_cache_bytes)
         self.prefilled_tokens = 0  # prompt tokens run through the model, over the engine's life
         self.reused_tokens = 0  # prompt tokens whose keys and values came from the prefix cache
 
@@ -64,35 +68,37 @@ class TransformersEngine:
         self._check(prompts, params)
         flat = [i for i in range(len(prompts)) for _ in range(params.n)]
         with torch.inference_mode():
-            self._prefill_shared([prompts[i] for i in flat])
-        hits = [self.prefixes.longest_prefix(prompts[i]) for i in flat]
+            shared = self._prefill_shared([prompts[i] for i in flat])
+        found = {tuple(p): max(self.prefixes.longest_prefix(p), shared.longest_prefix(p), key=_length) for p in prompts}
+        hits = [found[tuple(prompts[i])] for i in flat]
+        # What this call re-uses stays alive through `hits`; the cache then holds what this call
+        # produces: an episode's next turn extends its last one, and nothing else would match.
+        self.prefixes = PrefixCache(self.prefix_cache_bytes)
         # Sorted by the tokens left to prefill, so that batches hold similar shapes.
         order = sorted(range(len(flat)), key=lambda k: len(prompts[flat[k]]) - _length(hits[k]))
         results: list[Completion | None] = [None] * len(flat)
-        # The cache holds what the last call produced: an episode's next turn extends its last
-        # one, and nothing else would match an older entry.
-        produced = PrefixCache(self.prefix_cache_bytes)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
             torch.manual_seed(params.seed)
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 rows = [(prompts[flat[k]], hits[k]) for k in chunk]
-                for k, completion in zip(chunk, self._generate_batch(rows, params, produced)):
+                for k, completion in zip(chunk, self._generate_batch(rows, params, self.prefixes)):
                     results[k] = completion
-        self.prefixes = produced
         return [results[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]  # type: ignore[misc]
 
-    def _prefill_shared(self, prompts: list[list[int]]) -> None:
+    def _prefill_shared(self, prompts: list[list[int]]) -> PrefixCache:
         """A prompt several rows start from (a group's first turn: its episodes, or n copies) is
-        prefilled once, up to its last token, into the cache: each copy then feeds one token."""
-        copies = Counter(tuple(p) for p in prompts)
-        shared = [list(p[:-1]) for p, count in copies.items()
+        prefilled once, up to its last token: each copy then feeds one token."""
+        shared = PrefixCache(self.prefix_cache_bytes)
+        copies = Counter(tuple(p) for p in prompts) if self.prefix_cache_bytes else Counter()
+        starts = [list(p[:-1]) for p, count in copies.items()
                   if count > 1 and len(p) > 1 and _length(self.prefixes.longest_prefix(p)) < len(p) - 1]
-        for start in range(0, len(shared), self.batch_size):
-            rows = [(ids, self.prefixes.longest_prefix(ids)) for ids in shared[start : start + self.batch_size]]
+        for start in range(0, len(starts), self.batch_size):
+            rows = [(ids, self.prefixes.longest_prefix(ids)) for ids in starts[start : start + self.batch_size]]
             cache, mask, _, _ = self._prefill(rows, max_new_tokens=0)
             for row, (ids, _) in enumerate(rows):
-                _keep(ids, cache, row, mask[row], self.prefixes)
+                _keep(ids, cache, row, mask[row], shared)
+        return shared
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if params.n < 1 or params.max_new_tokens < 1:
@@ -129,8 +135,7 @@ class TransformersEngine:
                 break
             if stopped.any():  # a finished row leaves the batch
                 keep = (~stopped).nonzero().flatten()
-                for layer in cache.layers:
-                    layer.batch_select_indices(keep)
+                cache.batch_select_indices(keep)
                 live, mask, positions, token = [live[i] for i in keep.tolist()], mask[keep], positions[keep], token[keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             positions = positions + 1
@@ -163,8 +168,9 @@ class TransformersEngine:
         return cache, mask, positions[:, -1:], self._forward(input_ids, mask, positions, cache)
 
     def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor, cache: Cache) -> Tensor:
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+        given = {"position_ids": positions} if self.takes_positions else {}  # else the model counts them itself
+        out = self.model(input_ids=input_ids, attention_mask=mask, past_key_values=cache, use_cache=True,
+                         logits_to_keep=1, **given)
         return out.logits[:, -1].float()
 
     def _completion(self, tokens: list[int], logprobs: list[float]) -> Completion:
@@ -172,6 +178,17 @@ class TransformersEngine:
         reason: FinishReason = "length" if stop is None else "stop"
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         return Completion(token_ids=tokens, logprobs=logprobs, finish_reason=reason, text=text)
+
+
+def _window_spans(config, columns: int) -> bool:
+    """Whether every layer attends over at least `columns` columns. A batch with cached prefixes
+    has holes between its cached and new tokens; positions are passed explicitly, but a sliding
+    window's mask counts columns, so a hole would push tokens out of it."""
+    config = config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return True
+    return window >= columns
 
 
 def _length(hit: CachedPrefix | None) -> int:
@@ -194,7 +211,10 @@ def _sample(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
 
 
 def _keep(ids: list[int], cache: Cache, row: int, row_mask: Tensor, store: PrefixCache) -> None:
-    """Store batch row `row`'s keys and values (its masked-in columns) as those of `ids`."""
+    """Store batch row `row`'s keys and values (its masked-in columns) as those of `ids`, if they fit."""
+    per_token = sum(layer.keys[row, :, 0].nbytes + layer.values[row, :, 0].nbytes for layer in cache.layers)
+    if not store.fits(per_token * len(ids)):
+        return
     columns = row_mask.nonzero().flatten()
     store.add(CachedPrefix(tuple(ids), tuple(layer.keys[row][:, columns] for layer in cache.layers),
                            tuple(layer.values[row][:, columns] for layer in cache.layers)))
@@ -212,7 +232,7 @@ def _stacked(tensors: list[Tensor | None], past: int) -> Tensor:
 
 
 class InPlaceLayer(DynamicLayer):
-    """A DynamicLayer whose keys and values are views of buffers sized for the whole call: a
+    """A DynamicLayer whose keys and values are views of buffers sized for the batch's call: a
     decode step writes its token in place where DynamicLayer copies the cache (torch.cat), which
     was a quarter of a step's time on CPU."""
 
