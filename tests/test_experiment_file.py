@@ -37,9 +37,9 @@ def test_the_agentic_loop_is_described_by_its_own_file():
     blind too; the default stays single replies on compose."""
     loop = load_experiment_file(Path(__file__).parents[1] / "experiments" / "repair.toml")
     assert (loop.name, loop.task_set, loop.max_turns, loop.base.episode_demonstrations, loop.eval_blanked) == (
-        "repair", "repair", 4, True, True)
-    assert (loop.base.sft_steps, loop.grpo.minibatch_size, loop.grpo.epochs, loop.grpo.lr, loop.temperature,
-            loop.eval_blanked_samples) == (300, 128, 2, 2e-4, 1.0, 1)
+        "repair", "repair", 3, True, True)
+    assert (loop.base.sft_steps, loop.grpo.minibatch_size, loop.grpo.epochs, loop.grpo.lr, loop.grpo.lr_warmup_steps,
+            loop.temperature, loop.eval_samples, loop.eval_blanked_samples) == (300, 64, 2, 2e-4, 0, 0.6, 8, 1)
     default = ExperimentConfig()
     assert (default.task_set, default.max_turns, default.base.episode_demonstrations) == ("compose", 1, False)
 

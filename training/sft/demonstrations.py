@@ -86,8 +86,8 @@ def demonstrated_turns(tasks: Sequence[Task], open_session: OpenSession | None,
 
 def _played(task: Task, open_session: OpenSession) -> list[DemonstratedTurn]:
     """Run the check, write the fix, run the check again, submit: in a session of the task's own.
-    The second run is the loop's point: a fix is submitted once the check says it passes (and a
-    policy that reads a failure there writes again, as it did after the first run)."""
+    A fix is submitted once the check says it passes (whether a policy gets a turn to act on a
+    failing second run is its experiment's max_turns)."""
     check = (f"<run>{task.check_command}</run>", Run(task.check_command))
     actions: list[tuple[str, Action]] = [check]
     actions += [(_write_reply(path, content), Write(path, content)) for path, content in _files_to_write(task)]
