@@ -147,8 +147,8 @@ METRIC_VIEWS = {
                finish_reason, len(turns) AS turns,
                len(list_filter(turns, lambda t: t.action = 'run')) AS runs,
                len(list_filter(turns, lambda t: t.action IN ('write', 'replace'))) AS edits,
-               -- null for an episode a limit ended: it never submitted
-               CASE WHEN finish_reason = 'submitted' THEN runs > 0 END AS ran_before_submitting,
+               -- whatever ended an episode (its submit or a limit), its workspace is its submission
+               runs > 0 AS ran_before_submitting,
                CASE WHEN edits > 0 THEN coalesce(list_max([t.index FOR t IN turns IF t.action = 'run']), -1)
                          > list_max([t.index FOR t IN turns IF t.action IN ('write', 'replace')]) END
                    AS checked_last_edit,
@@ -161,7 +161,7 @@ METRIC_VIEWS = {
         SELECT experiment, iteration, count(*) AS episodes, avg(turns) AS turns_per_episode,
                avg(runs) AS runs_per_episode, avg(edits) AS edits_per_episode,
                avg((finish_reason = 'submitted')::INT) AS submitted_share,
-               avg(ran_before_submitting::INT) FILTER (WHERE finish_reason = 'submitted') AS ran_before_submitting_share,
+               avg(ran_before_submitting::INT) AS ran_before_submitting_share,
                avg(checked_last_edit::INT) FILTER (WHERE edits > 0) AS checked_last_edit_share,
                sum(malformed_turns + repeated_commands) / sum(turns) AS wasted_turn_share,
                sum(malformed_turns) / sum(turns) AS malformed_turn_share,

@@ -31,6 +31,7 @@ SCRIPTS = {
     "fixes, then checks": [FIX, RUN, "<submit/>"],
     "submits blind": ["<submit/>"],
     "malformed, then repeats its command": ["<run>python3 check.py", RUN, RUN, "<submit/>"],
+    "reads, fixes, checks the fix, and its turns run out": [RUN, FIX, RUN],  # the workspace is its submission
 }
 
 
@@ -41,7 +42,7 @@ def stored(tmp_path_factory) -> str:
     rows = []
     for index, script in enumerate(SCRIPTS.values()):
         [episode] = run_episodes(ScriptedPolicy(chat, script), chat, [TASK], SamplingParams(n=1, max_new_tokens=400),
-                                 EpisodeLimits(max_turns=6, max_tokens=60_000), open_episode_session, "it")
+                                 EpisodeLimits(max_turns=len(script), max_tokens=60_000), open_episode_session, "it")
         rollout = dataclasses.replace(as_rollout(episode, chat), sample_index=index)
         rows.append(trajectory_row(VerifiedRollout(rollout, TASK, grade_solution(TASK, rollout.solution), 0.1)))
     root = str(tmp_path_factory.mktemp("data"))
@@ -62,25 +63,28 @@ def test_each_episode_says_how_it_used_its_turns(stored: str) -> None:
              repeated_commands=0, passed=False),
         dict(turns=4, runs=2, edits=0, ran_before_submitting=True, checked_last_edit=None, malformed_turns=1,
              repeated_commands=1, passed=False),
+        dict(turns=3, runs=2, edits=1, ran_before_submitting=True, checked_last_edit=True, malformed_turns=0,
+             repeated_commands=0, passed=True),
     ]
 
 
 def test_an_iteration_summarises_its_turns_and_pass_rate_by_turns(stored: str) -> None:
     con = catalog.connect(stored)
     [summary] = catalog.records(con, "SELECT * FROM turn_analytics")
-    assert summary["episodes"] == 4 and summary["turns_per_episode"] == pytest.approx(11 / 4)
-    assert summary["ran_before_submitting_share"] == pytest.approx(3 / 4)
-    assert summary["wasted_turn_share"] == pytest.approx(2 / 11)  # one malformed reply, one repeated command
-    assert summary["pass_rate"] == pytest.approx(0.5)
+    assert summary["episodes"] == 5 and summary["turns_per_episode"] == pytest.approx(14 / 5)
+    assert summary["ran_before_submitting_share"] == pytest.approx(4 / 5)  # the one that ran out of turns too
+    assert summary["submitted_share"] == pytest.approx(4 / 5)
+    assert summary["wasted_turn_share"] == pytest.approx(2 / 14)  # one malformed reply, one repeated command
+    assert summary["pass_rate"] == pytest.approx(3 / 5)
     by_turns = con.execute("SELECT turns, episodes, pass_rate FROM pass_rate_by_turns ORDER BY turns").fetchall()
-    assert by_turns == [(1, 1, 0.0), (3, 2, 1.0), (4, 1, 0.0)]
+    assert by_turns == [(1, 1, 0.0), (3, 3, 1.0), (4, 1, 0.0)]
 
 
 def test_failing_observations_count_one_kind_of_failure_once_whatever_its_values(stored: str) -> None:
     con = catalog.connect(stored)
     failures = con.execute("SELECT failure, runs FROM failing_observations ORDER BY runs DESC").fetchall()
-    # The check failed three times on the starting code (values masked); the run after the fix passed.
-    assert failures == [(f"FAIL {TASK.entry_point}(#, #): expected #, got #", 3)]
+    # The check failed four times on the starting code (values masked); the runs after a fix passed.
+    assert failures == [(f"FAIL {TASK.entry_point}(#, #): expected #, got #", 4)]
 
 
 def test_the_value_of_feedback_pairs_shown_and_blanked_evaluations_by_task(tmp_path) -> None:
