@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import marshal
 import os
-import select
 import selectors
 import signal
 import socket
@@ -206,7 +205,9 @@ class SupervisedExecutor:
                 self._proc = sandboxing.launch(tail, subprocess.DEVNULL, log, log, (theirs.fileno(),), SUPERVISOR_CAPS)
             finally:
                 theirs.close()
-        ready, _, _ = select.select([ours], [], [], _START_TIMEOUT_S)
+        with selectors.DefaultSelector() as sel:  # not select(): a run of a thousand episodes holds fds past 1024
+            sel.register(ours, selectors.EVENT_READ)
+            ready = sel.select(_START_TIMEOUT_S)
         if not ready or not ours.recv(1 << 16):
             self.close()
             raise SandboxUnavailable(f"the sandbox did not start: {sandboxing.log_text()}")

@@ -405,6 +405,18 @@ def test_session_keeps_the_workspace_between_execs(sandbox):
         assert session.get_files(["n.txt", "sub/extra.txt"]) == {"n.txt": b"2\n", "sub/extra.txt": b"\x00"}
 
 
+def test_a_session_starts_in_a_process_holding_more_than_1024_descriptors(sandbox):
+    """A run of 1,024 live episodes (128 tasks x 8) holds a session each: select() cannot watch a
+    descriptor numbered 1024 or more, and the 1,024th session failed to start."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with sandbox.session({"n.txt": "1"}) as session:
+            assert session.exec(["cat", "n.txt"]).stdout == "1"
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_snapshot_restore_and_reset(sandbox):
     with sandbox.session({"a.txt": "original\n"}) as session:
         session.exec(["sh", "-c", "echo edited > a.txt; mkdir d; echo new > d/b.txt"])
