@@ -38,8 +38,9 @@ def test_the_agentic_loop_is_described_by_its_own_file():
     loop = load_experiment_file(Path(__file__).parents[1] / "experiments" / "repair.toml")
     assert (loop.name, loop.task_set, loop.max_turns, loop.base.episode_demonstrations, loop.eval_blanked) == (
         "repair", "repair", 3, True, True)
-    assert (loop.base.sft_steps, loop.grpo.minibatch_size, loop.grpo.epochs, loop.grpo.lr, loop.grpo.lr_warmup_steps,
-            loop.temperature, loop.eval_samples, loop.eval_blanked_samples) == (300, 64, 2, 2e-4, 0, 0.6, 8, 1)
+    assert (loop.base.sft_steps, loop.tasks_per_iteration, loop.grpo.minibatch_size, loop.grpo.epochs, loop.grpo.lr,
+            loop.grpo.lr_warmup_steps, loop.temperature, loop.eval_samples, loop.eval_blanked_samples) == (
+        300, 128, 128, 2, 2e-4, 0, 0.6, 8, 1)
     default = ExperimentConfig()
     assert (default.task_set, default.max_turns, default.base.episode_demonstrations) == ("compose", 1, False)
 
