@@ -109,24 +109,26 @@ def test_the_cli_refuses_to_change_a_stored_experiment_without_a_traceback(tmp_p
     assert "grpo.estimator" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_a_trainer_temperature_other_than_the_sampling_one_is_refused(tmp_path):
-    path = tmp_path / "exp.toml"
-    path.write_text('name = "a"\ntemperature = 0.6\n[grpo]\ntemperature = 1.0\n')
+def _refusal(path: Path, text: str) -> str:
+    """The one sentence loading an experiment file of `text` is refused with."""
+    path.write_text(text)
     with pytest.raises(ExperimentFileError) as error:
         load_experiment_file(path)
-    assert str(error.value) == (f"{path}: grpo.temperature (1.0) differs from temperature (0.6): the "
-                                "trainer recomputes log-probs at the temperature the samples were drawn at, so "
-                                "there is one setting; set `temperature` only")
+    return str(error.value)
+
+
+def test_a_trainer_temperature_other_than_the_sampling_one_is_refused(tmp_path):
+    path = tmp_path / "exp.toml"
+    assert _refusal(path, 'name = "a"\ntemperature = 0.6\n[grpo]\ntemperature = 1.0\n') == (
+        f"{path}: grpo.temperature (1.0) differs from temperature (0.6): the trainer recomputes log-probs at the "
+        "temperature the samples were drawn at, so there is one setting; set `temperature` only")
 
 
 def test_several_blanked_episodes_of_a_greedy_evaluation_are_refused(tmp_path):
     path = tmp_path / "exp.toml"
-    path.write_text('name = "a"\nmax_turns = 3\neval_samples = 1\neval_blanked_samples = 4\n')
-    with pytest.raises(ExperimentFileError) as error:
-        load_experiment_file(path)
-    assert str(error.value) == (f"{path}: eval_samples = 1 evaluates greedily, so its 4 blanked episodes per task "
-                                "would all be the same: set eval_blanked_samples to 1, or sample with "
-                                "eval_samples > 1")
+    assert _refusal(path, 'name = "a"\nmax_turns = 3\neval_samples = 1\neval_blanked_samples = 4\n') == (
+        f"{path}: eval_samples = 1 evaluates greedily, so its 4 blanked episodes per task would all be the same: "
+        "set eval_blanked_samples to 1, or sample with eval_samples > 1")
 
 
 def test_a_trainer_temperature_equal_to_the_sampling_one_is_accepted(tmp_path):
