@@ -82,10 +82,12 @@ def run(control: socket.socket, request: dict, fds: list[int]) -> None:
         return
     send(control, {"started": pid})
     pidfd = os.pidfd_open(pid)
+    poller = select.poll()  # not select(): the host may pass a control fd numbered past 1024
+    poller.register(control, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
     try:
         while True:
-            ready, _, _ = select.select([control, pidfd], [], [])
-            if pidfd in ready:
+            if any(fd == pidfd for fd, _ in poller.poll()):
                 break
             message, extra = receive(control)
             for fd in extra:
