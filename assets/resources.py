@@ -19,8 +19,7 @@ from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import Session
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.schema import Task
-from task_sets.submission import sandbox_spec
-from training.agent.episodes import starting_files
+from training.agent.sessions import episode_session
 from training.experiment import ExperimentConfig, experiment_from
 from training.policy.writer_lock import ExperimentBusy, writer_lock
 
@@ -70,9 +69,10 @@ class CrucibleResource(ConfigurableResource):
             is_infra_failure=is_infra_failure,
         )
 
-    def open_session(self, task: Task) -> Session:
-        """A fresh sandbox session for an episode on `task`, holding its starting files."""
-        return open_sandbox(self.sandbox_backend, sandbox_spec(task)).session(starting_files(task))
+    def open_session(self, task: Task, previous: Session | None = None, /) -> Session:
+        """A session for an episode on `task`, holding its starting files (see
+        training/agent/sessions.py: `previous`, reset, where it can serve)."""
+        return episode_session(self.sandbox_backend, task, previous)
 
     def _experiments_dir(self) -> str:
         return f"{self.storage_root.rstrip('/')}/experiments"

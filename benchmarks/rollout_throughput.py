@@ -1,6 +1,6 @@
 """Generation and episode throughput on the default CPU model, side by side in one run.
 
-    .venv/bin/python benchmarks/rollout_throughput.py [--prompts 16] [--new-tokens 64] [--episodes 8] [--turns 3]
+    .venv/bin/python benchmarks/rollout_throughput.py [--prompts 16] [--new-tokens 64] [--episodes 8] [--turns 3] [--waves 4]
 
 Part 1, the engine against the model's own `generate` (the peer: transformers' static cache, which
 the engine used before it had its own loop), same prompts, same sampling, one thread unless said:
@@ -18,6 +18,8 @@ the context holds the fixed action, not what was sampled, so the prefix cache fi
   sequential              one episode at a time, turn by turn
   batched + concurrent    run_episodes: one batched generation per turn for every live episode,
                           then their commands run concurrently in their own sessions
+  … in N waves, sessions re-used   the same, episodes/N live at a time: a wave's episodes run in
+                          the last wave's sessions, reset, instead of opening their own
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,10 +38,9 @@ from transformers import GenerationConfig
 from rich.console import Console
 from rich.table import Table
 
-from sandbox.backends import open_sandbox
 from task_sets.loader import load_task_set
-from task_sets.submission import sandbox_spec
-from training.agent.episodes import EpisodeLimits, run_episodes, starting_files
+from training.agent.episodes import EpisodeLimits, run_episodes
+from training.agent.sessions import episode_session
 from training.agent.prompts import render_prompt
 from training.inference.engine import Completion, SamplingParams
 from training.inference.transformers_engine import TransformersEngine
@@ -133,21 +136,23 @@ def _timed(call) -> float:
     return time.perf_counter() - started
 
 
-def episode_rows(engine: TransformersEngine, tasks, params: SamplingParams, limits: EpisodeLimits):
+def episode_rows(engine: TransformersEngine, tasks, params: SamplingParams, limits: EpisodeLimits,
+                 waves: int) -> dict[str, float]:
+    """Seconds per schedule (see the module docstring)."""
     policy = ModelThenFixedAction(engine)
-
-    def open_session(task):
-        return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
-
+    open_session = partial(episode_session, "local")
     one = SamplingParams(n=1, max_new_tokens=params.max_new_tokens, temperature=params.temperature, seed=params.seed)
-    started = time.perf_counter()
-    for task in tasks:
-        run_episodes(policy, engine.chat, [task], one, limits, open_session, "bench")
-    sequential = time.perf_counter() - started
-    started = time.perf_counter()
-    run_episodes(policy, engine.chat, tasks, one, limits, open_session, "bench")
-    together = time.perf_counter() - started
-    return sequential, together
+
+    def sequential() -> None:
+        for task in tasks:
+            run_episodes(policy, engine.chat, [task], one, limits, open_session, "bench")
+
+    def together(max_live: int) -> Callable[[], None]:
+        return lambda: run_episodes(policy, engine.chat, tasks, one, limits, open_session, "bench", max_live=max_live)
+
+    schedules = {"sequential": sequential, "batched + concurrent": together(len(tasks)),
+                 f"… in {waves} waves, sessions re-used": together(-(-len(tasks) // waves))}
+    return {name: _timed(call) for name, call in schedules.items()}
 
 
 def main() -> None:
@@ -157,6 +162,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--waves", type=int, default=4)
     args = parser.parse_args()
     console = Console()
     cores = len(os.sched_getaffinity(0))  # what the engine takes by default
@@ -179,13 +185,14 @@ def main() -> None:
 
         limits = EpisodeLimits(max_turns=args.turns, max_tokens=1024)
         console.print(f"episodes: {args.episodes} episodes x {args.turns} turns, sequential then together …")
-        sequential, together = episode_rows(engine, tasks[: args.episodes], params, limits)
+        seconds_by = episode_rows(engine, tasks[: args.episodes], params, limits, args.waves)
     table = Table(title=f"Episodes, default model: {args.episodes} episodes x {args.turns} turns, "
                         f"{args.new_tokens} new tokens and a real command a turn")
     for column in ("schedule", "seconds", "episodes/min", "vs sequential"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
-    for name, seconds in (("sequential", sequential), ("batched + concurrent", together)):
-        table.add_row(name, f"{seconds:.1f}", f"{60 * args.episodes / seconds:.1f}", f"{sequential / seconds:.2f}x")
+    for name, seconds in seconds_by.items():
+        table.add_row(name, f"{seconds:.1f}", f"{60 * args.episodes / seconds:.1f}",
+                      f"{seconds_by['sequential'] / seconds:.2f}x")
     console.print(table)
 
 

@@ -205,11 +205,16 @@ class DockerSession(SessionLifecycle):
         if container is not None:
             _remove(container)
 
-    def reset(self) -> None:
-        """Back to the files the session was opened with; /tmp and /dev/shm emptied."""
+    def reset(self, files: Mapping[str, str | bytes] | None = None) -> None:
+        """See Session.reset."""
         self._check_open()
-        self._call(["sh", "-c", "find /tmp /dev/shm -mindepth 1 -delete"])
-        self._restore(self._initial)
+        if files is not None:
+            self._initial = files_to_tar(files, self.spec.uid, self.spec.gid)
+        try:
+            self._call(["sh", "-c", "find /tmp /dev/shm -mindepth 1 -delete"])
+            self._restore(self._initial)
+        except docker.errors.DockerException as e:  # the container or the daemon is gone
+            raise SandboxUnavailable(f"session {self.id} cannot be reset: {e}") from e
 
     # -- files -------------------------------------------------------------------------------
 

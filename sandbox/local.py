@@ -185,12 +185,19 @@ class LocalSession(SessionLifecycle):
             _unmount(self._dir)
             shutil.rmtree(self._dir)
 
-    def reset(self) -> None:
-        """Back to the files the session was opened with; /tmp and /dev/shm emptied."""
+    def reset(self, files: Mapping[str, str | bytes] | None = None) -> None:
+        """See Session.reset; the supervisor stays (nothing a command started outlived it)."""
         self._check_open()
+        if self._broken:
+            raise SandboxUnavailable(f"the session is broken ({self._broken}); open a new one")
         clear_directory(self._dir / "tmp")
         clear_directory(self._dir / "shm")
-        self.workspace.restore(self._initial)
+        if files is None:
+            self.workspace.restore(self._initial)
+        else:
+            self.workspace.clear()
+            self.workspace.put(files)
+            self._initial = self.workspace.snapshot()
 
     # -- files -------------------------------------------------------------------------------
 

@@ -3,22 +3,23 @@ replies are written in advance, so the test can walk a known path through a repo
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from datastore import catalog
 from datastore.store import DatasetStore, rows_to_table
-from sandbox.backends import open_sandbox
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
-from task_sets.submission import grade_solution, sandbox_spec
+from task_sets.submission import grade_solution
 from training.agent.episodes import (
     BLANKED_OBSERVATION,
     EpisodeLimits,
     as_rollout,
     episode_messages,
     run_episodes,
-    starting_files,
 )
+from training.agent.sessions import episode_session
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.inference.engine import Completion, SamplingParams
 from training.policy.chat import ChatFormat
@@ -30,6 +31,7 @@ SHOPCART = load_task_set("shopcart")
 TASK = SHOPCART.by_id["shopcart/negative-money"]
 MONEY = "shopcart/money.py"
 PARSE_LINE = '        return cls(int(whole) * 100 + int((fraction + "00")[:2]))'
+open_episode_session = partial(episode_session, "local")
 
 
 class ScriptedPolicy:
@@ -40,10 +42,13 @@ class ScriptedPolicy:
     def __init__(self, chat: ChatFormat, script: list[str]):
         self.chat, self.script, self.calls = chat, script, []
 
-    def generate(self, prompts, params, conversations=None):
+    def generate(self, prompts, params, conversations):
         self.calls.append(len(prompts))
-        ids = self.chat.reply_ids(self.script[len(self.calls) - 1])
-        return [[Completion(list(ids), [-0.5] * len(ids), "stop", self.chat.tokenizer.decode(ids))] for _ in prompts]
+        return [[self._reply(sum(m["role"] == "assistant" for m in conversation))] for conversation in conversations]
+
+    def _reply(self, turn: int) -> Completion:
+        ids = self.chat.reply_ids(self.script[turn])
+        return Completion(list(ids), [-0.5] * len(ids), "stop", self.chat.tokenizer.decode(ids))
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +62,8 @@ ROOMY = EpisodeLimits(max_turns=6, max_tokens=60_000)
 
 def episodes_for(chat, script, n=1, limits=ROOMY):
     policy = ScriptedPolicy(chat, script)
-    def open_session(task):
-        return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
     params = SamplingParams(n=n, max_new_tokens=4000)
-    return policy, run_episodes(policy, chat, [TASK], params, limits, open_session, "it-1")
+    return policy, run_episodes(policy, chat, [TASK], params, limits, open_episode_session, "it-1")
 
 
 def test_a_scripted_policy_edits_runs_the_tests_reads_the_failure_fixes_and_passes(chat, tmp_path):
@@ -138,8 +141,40 @@ def test_live_episodes_advance_together_and_a_malformed_reply_is_an_observation(
         "it-1/shopcart/negative-money"}
 
 
-def open_episode_session(task):
-    return open_sandbox("local", sandbox_spec(task)).session(starting_files(task))
+
+def test_episodes_past_max_live_run_in_waves_each_in_a_reset_session_of_the_last_wave(chat):
+    opened = []
+
+    def counting(task, previous=None):
+        session = open_episode_session(task, previous)
+        if session is not previous:
+            opened.append(session.id)
+        return session
+
+    policy = ScriptedPolicy(chat, ["<run>ls -A; echo mine > mark.txt</run>", "<submit/>"])
+    episodes = run_episodes(policy, chat, [TASK], SamplingParams(n=3, max_new_tokens=4000), ROOMY, counting, "it-1",
+                            max_live=2)
+    assert policy.calls == [2, 2, 1, 1]  # a wave of two episodes, then one
+    assert len(opened) == 2  # the third episode ran in a session of the first wave
+    for episode in episodes:
+        assert "mark.txt" not in episode.turns[0].observation  # nothing of the episode before it
+        assert episode.submission.count("+++ b/mark.txt") == 1
+
+
+def test_a_session_serves_the_next_task_only_under_the_same_sandbox_spec():
+    other_spec = TASK.model_copy(update={"limits": TASK.limits.model_copy(update={"memory_mb": 123})})
+    first = open_episode_session(TASK)
+    try:
+        first.exec(["sh", "-c", "echo x > /tmp/left; echo y > left.txt"])
+        assert open_episode_session(TASK, first) is first
+        assert first.exec(["sh", "-c", "ls -A /tmp; ls left.txt"]).stdout == ""
+        second = open_episode_session(other_spec, first)
+    finally:
+        first.close()
+    with second:
+        assert second is not first and second.spec.limits.memory_mb == 123
+        with pytest.raises(RuntimeError, match="is closed"):
+            first.exec(["true"])  # closed when it could not serve
 
 
 REPAIR = load_task_set("repair").train()[0]

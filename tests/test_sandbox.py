@@ -430,6 +430,18 @@ def test_snapshot_restore_and_reset(sandbox):
         assert session.exec(["sh", "-c", "cat a.txt; ls; ls -A /tmp"]).stdout == "original\na.txt\n"
 
 
+def test_reset_to_other_files_serves_another_task_and_becomes_what_reset_returns_to(sandbox):
+    with sandbox.session({"a.txt": "first task\n"}) as session:
+        session.exec(["sh", "-c", "echo t > /tmp/t; echo s > /dev/shm/s; echo w > written.txt"])
+        session.reset({"b/c.txt": "second task\n"})
+        listing = "b\nb/c.txt\n"
+        assert session.exec(["sh", "-c", "find . -mindepth 1 | sed s,^./,, | sort; ls -A /tmp /dev/shm"]).stdout == (
+            listing + "/dev/shm:\n\n/tmp:\n")
+        session.exec(["sh", "-c", "rm b/c.txt"])
+        session.reset()
+        assert session.get_files(["b/c.txt"]) == {"b/c.txt": b"second task\n"}
+
+
 def archive(*members: tuple[str, str | None]) -> bytes:
     """A tar of (name, symlink target or None for a one-byte file) members, in order."""
     buffer = io.BytesIO()

@@ -13,11 +13,12 @@ import tempfile
 from pathlib import Path
 
 from task_sets.loader import TaskSet
+from training.agent.sessions import OpenSession
 from training.experiment import ExperimentConfig
 from training.policy.chat import ChatFormat
 from training.policy.importing import import_model
 from training.policy.model import PolicyConfig, build_base_policy
-from training.sft.demonstrations import OpenSession, warmup_examples
+from training.sft.demonstrations import warmup_examples
 from training.sft.warmup import ProgressFn, SFTConfig, supervised_warmup
 
 

@@ -31,6 +31,7 @@ from task_sets.schema import RepositoryTask, Task
 from task_sets.submission import SOLUTION_FILE
 from training.agent.actions import USAGE, Action, Malformed, Replace, Run, Submit, Write, parse_action
 from training.agent.rollout import Rollout, Turn
+from training.agent.sessions import OpenSession
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
 from training.policy.chat import ChatFormat
 
@@ -39,6 +40,9 @@ SYSTEM_MESSAGE = f"You work in a sandboxed repository. {USAGE}"
 # What a policy evaluated blind is shown instead of every observation: the same text whatever
 # happened, so nothing of the environment's answer reaches it (the exit status neither).
 BLANKED_OBSERVATION = "[output hidden]"
+# Episodes live at once: enough for full generation batches (training/inference batches 64 rows),
+# few enough that their sandboxes are re-used wave after wave instead of opened one per episode.
+MAX_LIVE = 256
 
 
 @dataclass(frozen=True)
@@ -81,14 +85,16 @@ def run_episodes(
     tasks: Sequence[Task],
     params: SamplingParams,
     limits: EpisodeLimits,
-    open_session: Callable[[Task], Session],
+    open_session: OpenSession,
     group_prefix: str,
     progress: Callable[[int, int], None] | None = None,
     system: str | None = None,
     blanked: bool = False,
+    max_live: int = MAX_LIVE,
 ) -> list[Episode]:
-    """`params.n` episodes for every task, run together; `open_session(task)` gives a fresh
-    session holding the task's starting files; `system` is the task set's system message.
+    """`params.n` episodes for every task, `max_live` at a time (a wave), each in a session from
+    `open_session` (training/agent/sessions.py: a wave's sessions are the last wave's, reset);
+    `system` is the task set's system message; `progress(ended, total)` after every turn.
     `blanked`: the actions run as usual, but the policy is shown BLANKED_OBSERVATION instead of
     what they answered (what a policy makes of the environment's feedback is the difference)."""
     def start(task: Task, index: int) -> Episode:
@@ -96,38 +102,49 @@ def run_episodes(
         return Episode(task, f"{group_prefix}/{task.id}", index, engine.policy_version, chat.prompt_ids(messages),
                        messages)
 
+    def after_turn() -> None:
+        if progress:
+            progress(sum(e.done for e in episodes), len(episodes))
+
     episodes = [start(task, index) for task in tasks for index in range(params.n)]
+    idle: list[Session | None] = []  # ended episodes' sessions, for the next wave's
     with ThreadPoolExecutor(max(1, min(len(episodes), 8))) as pool:
         try:
-            list(pool.map(lambda e: _open(e, open_session), episodes))
-            for turn in range(limits.max_turns):
-                live = [e for e in episodes if not e.done and not _out_of_budget(e, params, limits)]
-                if not live:
-                    break
-                began = time.perf_counter()
-                turn_params = dataclasses.replace(params, n=1, seed=params.seed + turn)
-                completions = engine.generate([e.context for e in live], turn_params, [e.messages for e in live])
-                share = (time.perf_counter() - began) / len(live)
-                list(pool.map(_act, live, [group[0] for group in completions], [share] * len(live),
-                              [chat] * len(live), [limits] * len(live), [blanked] * len(live)))
-                if progress:
-                    progress(turn + 1, limits.max_turns)
-            for episode in episodes:
-                if not episode.done:
-                    episode.finish_reason = "max_turns"
-            list(pool.map(_submit, episodes))
+            for first in range(0, len(episodes), max_live):
+                wave = episodes[first : first + max_live]
+                handed = [idle.pop() if idle else None for _ in wave]
+                try:
+                    list(pool.map(_open, wave, handed, [open_session] * len(wave)))
+                except BaseException:
+                    list(pool.map(_close, handed))  # a no-op for those taken over
+                    raise
+                _play(wave, engine, chat, params, limits, pool, blanked, after_turn)
+                list(pool.map(_submit, wave))
+                idle += [e.session for e in wave]
+                for episode in wave:
+                    episode.session = None
         finally:
-            list(pool.map(_close, episodes))
+            list(pool.map(_close, idle + [e.session for e in episodes]))
     return episodes
 
 
-def starting_files(task: Task) -> dict[str, str | bytes]:
-    """What an episode's workspace holds at the start: the task's files (a repository's binary
-    files included; for a function task, solution.py with the task's prefix unless the files
-    hold the solution.py to start from)."""
-    if isinstance(task, RepositoryTask):
-        return {**task.binary_contents(), **task.files}
-    return {SOLUTION_FILE: task.solution_prefix, **task.files}
+def _play(wave: list[Episode], engine: InferenceEngine, chat: ChatFormat, params: SamplingParams,
+          limits: EpisodeLimits, pool: ThreadPoolExecutor, blanked: bool, after_turn: Callable[[], None]) -> None:
+    """Every turn: one batched generation for the wave's live episodes, then their actions."""
+    for turn in range(limits.max_turns):
+        live = [e for e in wave if not e.done and not _out_of_budget(e, params, limits)]
+        if not live:
+            break
+        began = time.perf_counter()
+        turn_params = dataclasses.replace(params, n=1, seed=params.seed + turn)
+        completions = engine.generate([e.context for e in live], turn_params, [e.messages for e in live])
+        share = (time.perf_counter() - began) / len(live)
+        list(pool.map(_act, live, [group[0] for group in completions], [share] * len(live),
+                      [chat] * len(live), [limits] * len(live), [blanked] * len(live)))
+        after_turn()
+    for episode in wave:
+        if not episode.done:
+            episode.finish_reason = "max_turns"
 
 
 def episode_messages(chat: ChatFormat, task: Task, system: str | None = None) -> list[dict[str, str]]:
@@ -136,8 +153,9 @@ def episode_messages(chat: ChatFormat, task: Task, system: str | None = None) ->
     return chat.messages(f"{system}\n\n{USAGE}" if system else SYSTEM_MESSAGE, task.prompt)
 
 
-def _open(episode: Episode, open_session: Callable[[Task], Session]) -> None:
-    episode.session = open_session(episode.task)
+def _open(episode: Episode, previous: Session | None, open_session: OpenSession) -> None:
+    episode.started = time.monotonic()  # its wall time counts from its wave
+    episode.session = open_session(episode.task, previous)
 
 
 def _out_of_budget(episode: Episode, params: SamplingParams, limits: EpisodeLimits) -> bool:
@@ -248,6 +266,6 @@ def as_rollout(episode: Episode, chat: ChatFormat) -> Rollout:
     )
 
 
-def _close(episode: Episode) -> None:
-    if episode.session is not None:
-        episode.session.close()
+def _close(session: Session | None) -> None:
+    if session is not None:
+        session.close()

@@ -17,20 +17,20 @@ end-of-turn token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from sandbox.base import Session
 from task_sets.patches import apply_patch, changed_paths
 from task_sets.schema import RepositoryTask, Task
 from task_sets.submission import SOLUTION_FILE
-from training.agent.actions import Action, Run, Submit, Write
+from training.agent.actions import Action, Run, Write
 from training.agent.episodes import episode_messages, perform, wrote
+from training.agent.sessions import OpenSession
 from training.agent.prompts import render_prompt
 from training.policy.chat import ChatFormat
 from training.sft.warmup import Example
 
-OpenSession = Callable[[Task], Session]
 DemonstratedTurn = tuple[str, str | None]  # the reply, what it was answered (None: the episode ended)
 
 
@@ -71,35 +71,46 @@ def episode_examples(chat: ChatFormat, task: Task, turns: Sequence[DemonstratedT
 def demonstrated_turns(tasks: Sequence[Task], open_session: OpenSession | None,
                        workers: int = 8) -> dict[str, list[DemonstratedTurn]]:
     """Every task's good episode, by task id; those that run a check command play in sandbox
-    sessions, `workers` at a time."""
-    def turns(task: Task) -> list[DemonstratedTurn]:
-        if task.check_command is None:
-            return [*((_write_reply(path, content), wrote(path, content)) for path, content in _files_to_write(task)),
-                    ("<submit/>", None)]
-        if open_session is None:
-            raise ValueError(f"task {task.id} is demonstrated by running its check command: give open_session")
-        return _played(task, open_session)
+    sessions, `workers` at a time (each worker's session reset from one task to its next)."""
+    def play(share: Sequence[Task]) -> list[tuple[str, list[DemonstratedTurn]]]:
+        played, session = [], None
+        try:
+            for task in share:
+                if task.check_command is None:
+                    played.append((task.id, _written(task)))
+                    continue
+                if open_session is None:
+                    raise ValueError(f"task {task.id} is demonstrated by running its check command: give open_session")
+                session = open_session(task, session)
+                played.append((task.id, _played(task, session)))
+        finally:
+            if session is not None:
+                session.close()
+        return played
 
     with ThreadPoolExecutor(workers) as pool:
-        return dict(zip((task.id for task in tasks), pool.map(turns, tasks)))
+        found = dict(pair for share in pool.map(play, [tasks[i::workers] for i in range(workers)]) for pair in share)
+    return {task.id: found[task.id] for task in tasks}
 
 
-def _played(task: Task, open_session: OpenSession) -> list[DemonstratedTurn]:
-    """Run the check, write the fix, run the check again, submit: in a session of the task's own.
-    A fix is submitted once the check says it passes (whether a policy gets a turn to act on a
-    failing second run is its experiment's max_turns)."""
+def _written(task: Task) -> list[DemonstratedTurn]:
+    """Write each file the reference changes, then submit."""
+    return [*((_write_reply(path, content), wrote(path, content)) for path, content in _files_to_write(task)),
+            ("<submit/>", None)]
+
+
+def _played(task: Task, session: Session) -> list[DemonstratedTurn]:
+    """Run the check, write the fix, run the check again, submit, in `session` (holding the task's
+    starting files). A fix is submitted once the check says it passes (whether a policy gets a
+    turn to act on a failing second run is its experiment's max_turns)."""
     check = (f"<run>{task.check_command}</run>", Run(task.check_command))
     actions: list[tuple[str, Action]] = [check]
     actions += [(_write_reply(path, content), Write(path, content)) for path, content in _files_to_write(task)]
-    session = open_session(task)
-    try:
-        played = [_perform(task, session, reply, action)[0] for reply, action in actions]
-        rerun, exit_code = _perform(task, session, *check)
-        if exit_code != 0:
-            raise RuntimeError(f"task {task.id}: its reference solution fails its check command "
-                               f"({rerun[1].strip().splitlines()[-1]}), so its demonstration would submit a failing fix")
-    finally:
-        session.close()
+    played = [_perform(task, session, reply, action)[0] for reply, action in actions]
+    rerun, exit_code = _perform(task, session, *check)
+    if exit_code != 0:
+        raise RuntimeError(f"task {task.id}: its reference solution fails its check command "
+                           f"({rerun[1].strip().splitlines()[-1]}), so its demonstration would submit a failing fix")
     return [*played, rerun, ("<submit/>", None)]
 
 
