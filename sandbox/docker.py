@@ -211,7 +211,9 @@ class DockerSession(SessionLifecycle):
         if files is not None:
             self._initial = files_to_tar(files, self.spec.uid, self.spec.gid)
         try:
-            self._call(["sh", "-c", "find /tmp /dev/shm -mindepth 1 -delete"])
+            # SysV IPC objects live in the container's IPC namespace (an image without ipcrm keeps them).
+            self._call(["sh", "-c", "find /tmp /dev/shm -mindepth 1 -delete && "
+                                    "if command -v ipcrm >/dev/null; then ipcrm --all; fi"])
             self._restore(self._initial)
         except docker.errors.DockerException as e:  # the container or the daemon is gone
             raise SandboxUnavailable(f"session {self.id} cannot be reset: {e}") from e

@@ -188,8 +188,11 @@ class LocalSession(SessionLifecycle):
     def reset(self, files: Mapping[str, str | bytes] | None = None) -> None:
         """See Session.reset; the supervisor stays (nothing a command started outlived it)."""
         self._check_open()
-        if self._broken:
-            raise SandboxUnavailable(f"the session is broken ({self._broken}); open a new one")
+        # SysV IPC objects live in the sandbox's IPC namespace, which lives as long as the session.
+        removed = self.exec(["ipcrm", "--all"])
+        if not removed.ok:
+            raise SandboxUnavailable(f"the session's IPC objects could not be removed: "
+                                     f"{removed.error or removed.stderr.strip()}")
         clear_directory(self._dir / "tmp")
         clear_directory(self._dir / "shm")
         if files is None:

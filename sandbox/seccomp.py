@@ -4,7 +4,9 @@ written as a Docker seccomp profile.
 A deny-list on top of uid 65534 with no capabilities: the calls below are either kernel attack
 surface that a test program never needs (bpf, io_uring, userfaultfd, perf_event_open, keyctl),
 ways to see or steer other processes (ptrace, process_vm_*), ways out of the sandbox's
-namespaces (unshare, setns, mount, new user namespaces through clone), or host-wide switches
+namespaces (unshare, setns, mount, new user namespaces through clone), POSIX message queues
+(state that would outlive a session's reset: nothing lists or removes them without mounting the
+mqueue filesystem), or host-wide switches
 (kexec, modules, reboot, swap, clock). A denied call fails with EPERM so the program sees an
 ordinary error instead of dying; clone3 answers ENOSYS, which makes libc fall back to clone,
 whose flags (unlike clone3's) the filter can read. Other architectures' system call tables
@@ -28,6 +30,8 @@ DENIED_SYSCALLS = (
     # kernel attack surface
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "keyctl", "add_key", "request_key", "lookup_dcookie", "fanotify_init",
+    # state a session reset cannot remove: a message queue is reachable only by its name
+    "mq_open",
     # the host itself
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
     "swapon", "swapoff", "syslog", "acct", "settimeofday", "clock_settime", "clock_adjtime",

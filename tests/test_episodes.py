@@ -3,12 +3,15 @@ replies are written in advance, so the test can walk a known path through a repo
 
 from __future__ import annotations
 
+import os
+import signal
 from functools import partial
 
 import pytest
 
 from datastore import catalog
 from datastore.store import DatasetStore, rows_to_table
+from sandbox.base import SandboxUnavailable
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
 from task_sets.submission import grade_solution
@@ -148,33 +151,52 @@ def test_episodes_past_max_live_run_in_waves_each_in_a_reset_session_of_the_last
     def counting(task, previous=None):
         session = open_episode_session(task, previous)
         if session is not previous:
-            opened.append(session.id)
+            opened.append(session)
         return session
 
-    policy = ScriptedPolicy(chat, ["<run>ls -A; echo mine > mark.txt</run>", "<submit/>"])
+    policy = ScriptedPolicy(chat, ["<run>ls -A . /tmp; echo mine > mark.txt; echo t > /tmp/t</run>", "<submit/>"])
     episodes = run_episodes(policy, chat, [TASK], SamplingParams(n=3, max_new_tokens=4000), ROOMY, counting, "it-1",
                             max_live=2)
     assert policy.calls == [2, 2, 1, 1]  # a wave of two episodes, then one
     assert len(opened) == 2  # the third episode ran in a session of the first wave
     for episode in episodes:
-        assert "mark.txt" not in episode.turns[0].observation  # nothing of the episode before it
+        assert "mark.txt" not in episode.turns[0].observation and "/tmp:\n[" not in episode.turns[0].observation
         assert episode.submission.count("+++ b/mark.txt") == 1
+    for session in opened:
+        with pytest.raises(RuntimeError, match="is closed"):
+            session.exec(["true"])
 
 
 def test_a_session_serves_the_next_task_only_under_the_same_sandbox_spec():
-    other_spec = TASK.model_copy(update={"limits": TASK.limits.model_copy(update={"memory_mb": 123})})
+    other_task = TASK.model_copy(update={"limits": TASK.limits.model_copy(update={"memory_mb": 123})})
     first = open_episode_session(TASK)
+    second = None
     try:
         first.exec(["sh", "-c", "echo x > /tmp/left; echo y > left.txt"])
         assert open_episode_session(TASK, first) is first
         assert first.exec(["sh", "-c", "ls -A /tmp; ls left.txt"]).stdout == ""
-        second = open_episode_session(other_spec, first)
-    finally:
-        first.close()
-    with second:
+        second = open_episode_session(other_task, first)
         assert second is not first and second.spec.limits.memory_mb == 123
         with pytest.raises(RuntimeError, match="is closed"):
             first.exec(["true"])  # closed when it could not serve
+    finally:
+        for session in (first, second):
+            if session is not None:
+                session.close()
+
+
+def test_a_session_whose_sandbox_failed_is_replaced_instead_of_reset():
+    first = open_episode_session(TASK)
+    try:
+        # The sandbox user cannot reach the supervisor: the host kills it, as a crash would.
+        os.kill(first._executor._proc.pid, signal.SIGKILL)
+        with pytest.raises(SandboxUnavailable):
+            first.reset()
+        replacement = open_episode_session(TASK, first)
+    finally:
+        first.close()
+    with replacement:
+        assert replacement is not first and replacement.exec(["ls", "shopcart"]).ok
 
 
 REPAIR = load_task_set("repair").train()[0]

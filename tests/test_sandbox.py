@@ -4,6 +4,7 @@ expected status, and the `make_sandbox` fixture asserts that nothing is left on 
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -428,6 +429,23 @@ def test_snapshot_restore_and_reset(sandbox):
         assert session.exec(["sh", "-c", "cat a.txt d/b.txt; ls"]).stdout == "edited\nnew\na.txt\nd\n"
         session.reset()
         assert session.exec(["sh", "-c", "cat a.txt; ls; ls -A /tmp"]).stdout == "original\na.txt\n"
+
+
+IPC_PROBE = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.shmget(0, 4096, 0o1600) >= 0)  # IPC_PRIVATE, IPC_CREAT | 0600
+print(libc.mq_open(b"/crucible", 0o102, 0o600, None), ctypes.get_errno())  # O_CREAT | O_RDWR
+"""
+
+
+def test_reset_removes_sysv_ipc_objects_and_message_queues_cannot_be_made(sandbox):
+    """What a reset cannot see in files: SysV objects are removed, POSIX queues refused (EPERM)."""
+    with sandbox.session({"probe.py": IPC_PROBE}) as session:
+        assert session.exec(["python3", "probe.py"]).stdout == f"True\n-1 {errno.EPERM}\n"
+        assert len(session.exec(["cat", "/proc/sysvipc/shm"]).stdout.splitlines()) == 2  # the header and one
+        session.reset()
+        assert len(session.exec(["cat", "/proc/sysvipc/shm"]).stdout.splitlines()) == 1
 
 
 def test_reset_to_other_files_serves_another_task_and_becomes_what_reset_returns_to(sandbox):

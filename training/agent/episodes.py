@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from sandbox.base import Session, WorkspacePathError
@@ -112,20 +112,28 @@ def run_episodes(
         try:
             for first in range(0, len(episodes), max_live):
                 wave = episodes[first : first + max_live]
-                handed = [idle.pop() if idle else None for _ in wave]
-                try:
-                    list(pool.map(_open, wave, handed, [open_session] * len(wave)))
-                except BaseException:
-                    list(pool.map(_close, handed))  # a no-op for those taken over
-                    raise
-                _play(wave, engine, chat, params, limits, pool, blanked, after_turn)
-                list(pool.map(_submit, wave))
+                taken = min(len(idle), len(wave))
+                handed = idle[len(idle) - taken :] + [None] * (len(wave) - taken)
+                _each(pool, _open, wave, handed, [open_session] * len(wave))
+                del idle[len(idle) - taken :]  # only now: should an opening fail, those left are closed below
+                wave_params = dataclasses.replace(params, seed=params.seed + first)  # a random stream per wave
+                _play(wave, engine, chat, wave_params, limits, pool, blanked, after_turn)
+                _each(pool, _submit, wave)
                 idle += [e.session for e in wave]
                 for episode in wave:
                     episode.session = None
         finally:
-            list(pool.map(_close, idle + [e.session for e in episodes]))
+            _each(pool, _close, idle + [e.session for e in episodes])  # closing twice is a no-op
     return episodes
+
+
+def _each(pool: ThreadPoolExecutor, function: Callable[..., None], *arguments: Sequence) -> None:
+    """`function` over the arguments on the pool, every call finished before the first error is
+    raised (pool.map raises while the others still run: on sessions about to be closed)."""
+    futures = [pool.submit(function, *call) for call in zip(*arguments)]
+    wait(futures)
+    for future in futures:
+        future.result()
 
 
 def _play(wave: list[Episode], engine: InferenceEngine, chat: ChatFormat, params: SamplingParams,
@@ -139,12 +147,14 @@ def _play(wave: list[Episode], engine: InferenceEngine, chat: ChatFormat, params
         turn_params = dataclasses.replace(params, n=1, seed=params.seed + turn)
         completions = engine.generate([e.context for e in live], turn_params, [e.messages for e in live])
         share = (time.perf_counter() - began) / len(live)
-        list(pool.map(_act, live, [group[0] for group in completions], [share] * len(live),
-                      [chat] * len(live), [limits] * len(live), [blanked] * len(live)))
+        _each(pool, _act, live, [group[0] for group in completions], [share] * len(live), [chat] * len(live),
+              [limits] * len(live), [blanked] * len(live))
         after_turn()
-    for episode in wave:
-        if not episode.done:
-            episode.finish_reason = "max_turns"
+    unfinished = [e for e in wave if not e.done]
+    for episode in unfinished:
+        episode.finish_reason = "max_turns"
+    if unfinished:
+        after_turn()
 
 
 def episode_messages(chat: ChatFormat, task: Task, system: str | None = None) -> list[dict[str, str]]:
