@@ -3,13 +3,15 @@ HTTP, JSON, a real checkpoint sampled by the transformers engine)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from openai_server import CompletionsServer
 
 from pipelines.errors import UserError
 from pipelines.eval_cli import served_model
 from training.agent.prompts import prompt_messages, render_prompt
-from training.inference.engine import SamplingParams
+from training.inference.engine import SamplingParams, request_seed
 from training.inference.http_engine import EngineError, OpenAICompatibleEngine
 from training.inference.transformers_engine import TransformersEngine
 from training.policy.model import PolicyConfig, build_base_policy
@@ -39,7 +41,8 @@ def prompts(engine) -> list[list[int]]:
 def test_the_http_engine_returns_exactly_what_the_server_sampled(server, local):
     remote = OpenAICompatibleEngine(server.url, "crucible-tiny", local.chat, policy_version="served-base")
     over_http = remote.generate(prompts(local), SAMPLED)
-    direct = [local.generate([prompt], SAMPLED)[0] for prompt in prompts(local)]
+    direct = [local.generate([prompt], dataclasses.replace(SAMPLED, seed=request_seed(SAMPLED.seed, index * 3)))[0]
+              for index, prompt in enumerate(prompts(local))]
     assert [[c.token_ids for c in group] for group in over_http] == [[c.token_ids for c in g] for g in direct]
     for group, expected in zip(over_http, direct):  # the server samples in its own thread: last-bit noise
         for completion, reference in zip(group, expected):
@@ -47,6 +50,16 @@ def test_the_http_engine_returns_exactly_what_the_server_sampled(server, local):
     assert [len(group) for group in over_http] == [3, 3] and remote.policy_version == "served-base"
     sent = sorted(request["prompt"] for request in server.requests)  # concurrent requests: any order
     assert sent == sorted(prompts(local))  # token ids went out, not text
+
+
+def test_the_same_prompt_twice_in_one_call_is_sampled_apart(server, local):
+    """An episode group's first turn: a server seeds each request alone, so one seed for both
+    would give both episodes the same reply."""
+    prompt = prompts(local)[0]
+    remote = OpenAICompatibleEngine(server.url, "crucible-tiny", local.chat)
+    [first], [second] = remote.generate([prompt, prompt], dataclasses.replace(SAMPLED, n=1))
+    assert sorted(request["seed"] for request in server.requests) == [request_seed(7, 0), request_seed(7, 1)]
+    assert first.token_ids != second.token_ids
 
 
 def test_a_text_only_server_gives_completions_that_are_never_trained_on(server, local):

@@ -4,11 +4,13 @@ checks the adapter, not vLLM; a GPU run checks the rest (README, "GPU")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import vllm_stand_in
 
 from training.inference import engines
-from training.inference.engine import SamplingParams
+from training.inference.engine import SamplingParams, request_seed
 from training.inference.settings import VLLMSettings
 from training.policy.model import GPU_COMPUTE_DTYPE, PolicyConfig, build_base_policy
 
@@ -45,7 +47,7 @@ def test_the_vllm_engine_sends_token_prompts_and_keeps_the_sampled_tokens(llm, c
     engine = engines.open_engine("vllm", checkpoints[0], "ckpt-3", vllm=settings, max_model_len=1024)
     groups = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(n=2, max_new_tokens=9, temperature=0.8, seed=5))
 
-    (_, options), (_, prompts, sampling, use_tqdm) = llm.calls
+    (_, options), (_, prompts, [sampling, second_sampling], use_tqdm) = llm.calls
     assert options | {"model": "", "tokenizer": ""} == {
         "model": "", "tokenizer": "", "seed": 0, "dtype": GPU_COMPUTE_DTYPE, "gpu_memory_utilization": 0.4,
         "tensor_parallel_size": 2, "max_model_len": 1024, "enable_sleep_mode": True,
@@ -54,12 +56,23 @@ def test_the_vllm_engine_sends_token_prompts_and_keeps_the_sampled_tokens(llm, c
     assert options["model"] == options["tokenizer"] == str(checkpoints[0])
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}] and use_tqdm is False
     assert (sampling.n, sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (2, 9, 0.8, 1.0, 5)
+    assert second_sampling == dataclasses.replace(sampling, seed=request_seed(5, 2))  # its samples come after 2
     assert sampling.logprobs == 0 and sampling.skip_special_tokens is False
     assert sampling.stop_token_ids == engine.stop_ids and engine.stop_ids  # the checkpoint's own stop ids
     [first, second] = groups[0]
     assert (first.token_ids, first.logprobs, first.finish_reason, first.text) == ([7, 8], [-0.5, -0.25], "stop", "ab")
     assert (second.finish_reason, second.logprobs) == ("length", [-1.0, -2.0, -3.0])
     assert len(groups) == 2 and engine.policy_version == "ckpt-3"
+
+
+def test_the_same_prompt_twice_in_one_call_is_two_requests_seeded_apart(llm, checkpoints):
+    """An episode group's first turn: vLLM seeds each request alone, so the same seed would give
+    every episode of the group the same reply."""
+    engine = engines.open_engine("vllm", checkpoints[0], "ckpt-1")
+    engine.generate([[1, 2, 3]] * 3, SamplingParams(n=1, seed=7))
+    (_, _, sampling, _) = llm.calls[-1]
+    assert [s.seed for s in sampling] == [request_seed(7, index) for index in range(3)]
+    assert len({s.seed for s in sampling}) == 3
 
 
 def test_one_engine_serves_every_stage_of_a_run_and_loads_each_checkpoint_in_place(llm, checkpoints):

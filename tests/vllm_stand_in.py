@@ -137,18 +137,23 @@ class LLM:
                                   **dataclasses.asdict(engine_args)}))
         self.asleep = False
 
-    def generate(self, prompts, sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_tqdm: bool = True,
                  lora_request=None, priority=None, tokenization_kwargs=None, mm_processor_kwargs=None):
         if self.asleep:
             raise RuntimeError("the engine is asleep")
         LLM.calls.append(("generate", prompts, sampling_params, use_tqdm))
+        one_for_all = isinstance(sampling_params, SamplingParams)
+        per_prompt = [sampling_params] * len(prompts) if one_for_all else list(sampling_params)  # or one per prompt
+        if len(per_prompt) != len(prompts):
+            raise ValueError("The lengths of prompts and sampling_params must be the same.")
         script = [
             CompletionOutput(0, "ab", [7, 8], -0.75, [{7: Logprob(-0.5)}, {8: Logprob(-0.25)}], finish_reason="stop"),
             CompletionOutput(1, "abc", [7, 8, 9], -6.0, [{7: Logprob(-1.0)}, {8: Logprob(-2.0)}, {9: Logprob(-3.0)}],
                              finish_reason="length"),
         ]
-        return [RequestOutput(str(i), None, p["prompt_token_ids"], None, script[: sampling_params.n], True)
-                for i, p in enumerate(prompts)]
+        return [RequestOutput(str(i), None, p["prompt_token_ids"], None, script[: sampling.n], True)
+                for i, (p, sampling) in enumerate(zip(prompts, per_prompt))]
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         LLM.calls.append(("sleep", level))

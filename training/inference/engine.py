@@ -31,6 +31,14 @@ class SamplingParams:
     seed: int = 0
 
 
+def request_seed(seed: int, sample: int) -> int:
+    """The seed of one request to an engine that seeds every request on its own (vLLM, an
+    OpenAI-compatible server), `sample` the index in the call of the request's first sample:
+    requests with the same seed and prompt sample alike, and the episodes of one task start from
+    the same prompt in one call. Spread by a prime far above any call's seed offset (turns, waves)."""
+    return (seed + sample * 1_000_003) % 2**31
+
+
 @dataclass
 class Completion:
     token_ids: list[int]  # generated ids, including the stop token when finish_reason == "stop"

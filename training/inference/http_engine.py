@@ -14,7 +14,9 @@ for evaluation, never trained on, because re-tokenised text is not what the poli
 
 Requests for different prompts run concurrently; a connection error or a 5xx is retried with
 backoff, a 4xx is an EngineError carrying the server's message. A server that ignores `n`
-(`transformers serve` answers one choice) is asked once per sample, each with its own seed.
+(`transformers serve` answers one choice) is asked once per sample. Every request has a seed of its
+own (`request_seed`): a server seeds each one alone, and an episode group's first turn sends
+the same prompt several times.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Literal
 
 import requests
 
-from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.inference.engine import Completion, FinishReason, SamplingParams, request_seed
 from training.policy.chat import ChatFormat
 
 TOKEN_ID_PREFIX = "token_id:"
@@ -55,22 +57,23 @@ class OpenAICompatibleEngine:
         prompts' `conversations`."""
         if self.api == "chat" and (conversations is None or len(conversations) != len(prompts)):
             raise EngineError("the chat API sends messages, and these prompts came without their conversations")
-        work = list(zip(prompts, conversations or [None] * len(prompts)))
+        work = list(zip(range(0, len(prompts) * params.n, params.n), prompts, conversations or [None] * len(prompts)))
         with requests.Session() as session, ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda item: self._complete(session, *item, params), work))
 
-    def _complete(self, session: requests.Session, prompt: list[int], messages: list[dict[str, str]] | None,
-                  params: SamplingParams) -> list[Completion]:
+    def _complete(self, session: requests.Session, first_sample: int, prompt: list[int],
+                  messages: list[dict[str, str]] | None, params: SamplingParams) -> list[Completion]:
         body = {"model": self.model, "n": params.n, "max_tokens": params.max_new_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
+                "temperature": params.temperature, "top_p": params.top_p,
+                "seed": request_seed(params.seed, first_sample)}
         if self.api == "chat":
             body["messages"] = messages
         else:
             body |= {"prompt": prompt, "logprobs": 1, "return_tokens_as_token_ids": True}
         choices = self._choices(session, body)
         if len(choices) == 1 and params.n > 1:  # a server that ignores `n` (transformers serve): one request each
-            choices += [self._choices(session, body | {"n": 1, "seed": params.seed + index})[0]
-                        for index in range(1, params.n)]
+            choices += [self._choices(session, body | {"n": 1, "seed": request_seed(params.seed, first_sample + i)})[0]
+                        for i in range(1, params.n)]
         elif len(choices) != params.n:
             raise EngineError(f"{self.url}: expected {params.n} choices, got {len(choices)}")
         return [self._completion(choice) for choice in choices]

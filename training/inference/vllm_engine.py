@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.inference.engine import Completion, FinishReason, SamplingParams, request_seed
 from training.inference.settings import VLLMSettings
 from training.policy.chat import ChatFormat
 from training.policy.model import GPU_COMPUTE_DTYPE
@@ -64,10 +64,11 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  conversations: list[list[dict[str, str]]] | None = None) -> list[list[Completion]]:
         """params.n completions for each prompt (its ids; `conversations` are not needed)."""
-        sampling = self._vllm.SamplingParams(
+        sampling = [self._vllm.SamplingParams(
             n=params.n, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-            seed=params.seed, logprobs=0, stop_token_ids=self.stop_ids, skip_special_tokens=False,
-        )
+            seed=request_seed(params.seed, index * params.n), logprobs=0, stop_token_ids=self.stop_ids,
+            skip_special_tokens=False,
+        ) for index in range(len(prompts))]
         outputs = self.llm.generate([self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,
                                     use_tqdm=False)
         return [[self._completion(c) for c in output.outputs] for output in outputs]
