@@ -40,7 +40,7 @@ def test_the_agentic_loop_is_described_by_its_own_file():
         "repair", "repair", 3, True, True)
     assert (loop.base.sft_steps, loop.tasks_per_iteration, loop.grpo.minibatch_size, loop.grpo.epochs, loop.grpo.lr,
             loop.grpo.lr_warmup_steps, loop.temperature, loop.eval_samples, loop.eval_blanked_samples) == (
-        300, 128, 128, 2, 2e-4, 0, 0.6, 8, 1)
+        300, 128, 128, 2, 3e-4, 0, 0.6, 8, 1)
     default = ExperimentConfig()
     assert (default.task_set, default.max_turns, default.base.episode_demonstrations) == ("compose", 1, False)
 
