@@ -107,13 +107,13 @@ def run_episodes(
             progress(sum(e.done for e in episodes), len(episodes))
 
     episodes = [start(task, index) for task in tasks for index in range(params.n)]
-    idle: list[Session | None] = []  # ended episodes' sessions, for the next wave's
+    idle: list[Session] = []  # ended episodes' sessions, for the next wave's
     with ThreadPoolExecutor(max(1, min(len(episodes), 8))) as pool:
         try:
             for first in range(0, len(episodes), max_live):
                 wave = episodes[first : first + max_live]
                 taken = min(len(idle), len(wave))
-                handed = idle[len(idle) - taken :] + [None] * (len(wave) - taken)
+                handed: list[Session | None] = [*idle[len(idle) - taken :], *[None] * (len(wave) - taken)]
                 _each(pool, _open, wave, handed, [open_session] * len(wave))
                 del idle[len(idle) - taken :]  # only now: should an opening fail, those left are closed below
                 wave_params = dataclasses.replace(params, seed=params.seed + first)  # a random stream per wave

@@ -41,11 +41,17 @@ def episode_session(backend: str, task: Task, previous: Session | None = None) -
     spec = sandbox_spec(task)
     files = starting_files(task)
     if previous is not None:
-        if previous.spec == spec:
-            try:
-                previous.reset(files)
-                return previous
-            except (SandboxUnavailable, WorkspacePathError):
-                pass  # its sandbox failed: a new one below
+        if previous.spec == spec and _reset(previous, files):
+            return previous
         previous.close()
     return open_sandbox(backend, spec).session(files)
+
+
+def _reset(session: Session, files: dict[str, str | bytes]) -> bool:
+    """Whether `session` now holds `files` and nothing else (False: its sandbox failed, or it
+    could not be emptied)."""
+    try:
+        session.reset(files)
+    except (SandboxUnavailable, WorkspacePathError):
+        return False
+    return True
