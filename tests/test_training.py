@@ -535,6 +535,54 @@ def test_the_divergence_measure_is_the_saved_policy_against_the_sampling_one(eng
     assert metrics["steps"][0]["approx_kl"] == pytest.approx(0.0, abs=1e-4)
 
 
+def test_a_shared_prefix_gives_every_row_the_log_probs_and_gradients_of_its_whole_sequence(sft_result, chat):
+    """The episodes of a task share their prompt and often their first turn: run once, that prefix
+    gives each row what the row alone gives, its gradients summed over the rows."""
+    model, _ = load_policy(sft_result[0])
+    prompt = render_prompt(chat, EXAMPLES[1][0])
+    first_turn = chat.reply_ids("run check.py") + chat.observation_ids("FAIL: expected 3, got 4", reply_closed=True)
+    responses = [first_turn + chat.reply_ids(text) for text in ("def f(): return 3", "def g():\n    return 4", "submit")]
+    results = {}
+    for share in (False, True):
+        batch = make_batch([prompt] * 3, responses, pad_id=EOT_ID, share_prefix=share)
+        model.zero_grad()
+        logprobs = token_logprobs(model, batch)
+        (logprobs * batch.mask).sum().backward()
+        results[share] = (batch, logprobs.detach(), [p.grad.clone() for p in model.parameters()])
+    (whole, whole_logprobs, whole_grads), (shared, shared_logprobs, shared_grads) = results[False], results[True]
+    assert whole.shared_prefix == 0 and shared.shared_prefix >= len(prompt) + len(first_turn)
+    assert shared.tokens == whole.tokens - 2 * shared.shared_prefix
+    torch.testing.assert_close(shared_logprobs, whole_logprobs, atol=1e-5, rtol=0)
+    for a, b in zip(shared_grads, whole_grads):  # the same sums in another order: float32 rounding apart
+        assert float((a - b).norm()) <= 1e-4 * float(b.norm())
+
+
+def _a_group(engine, chat) -> list[TrainSample]:
+    prompt = render_prompt(chat, EXAMPLES[1][0])
+    group = engine.generate([prompt], SamplingParams(n=4, max_new_tokens=30, temperature=1.0, seed=5))[0]
+    return [TrainSample(prompt, c.token_ids, c.logprobs, r, "g") for c, r in zip(group, [1.0, 0.0, 0.0, 1.0])]
+
+
+def test_a_step_on_shared_prefixes_has_the_loss_and_gradient_of_whole_rows_on_fewer_tokens(engine, sft_result, chat,
+                                                                                           tmp_path):
+    samples, config = _a_group(engine, chat), one_pass(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
+    shared = train_policy(sft_result[0], samples, tmp_path / "shared", config)
+    whole = train_policy(sft_result[0], samples, tmp_path / "whole", config.model_copy(update={"share_prefixes": False}))
+    assert shared["tokens"] < whole["tokens"]
+    assert shared["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-7)
+    assert shared["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    assert shared["final_kl"] == pytest.approx(whole["final_kl"], rel=1e-2, abs=1e-6)
+
+
+def test_gradient_checkpointing_runs_whole_rows(engine, sft_result, chat, tmp_path):
+    """Checkpointed layers keep no cache, which a shared prefix needs."""
+    samples, config = _a_group(engine, chat), one_pass(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
+    whole = train_policy(sft_result[0], samples, tmp_path / "whole", config.model_copy(update={"share_prefixes": False}))
+    checkpointed = train_policy(sft_result[0], samples, tmp_path / "checkpointed",
+                                config.model_copy(update={"gradient_checkpointing": True}))
+    assert checkpointed["tokens"] == whole["tokens"]
+
+
 def test_train_policy_rejects_mismatched_logprobs(sft_result, tmp_path):
     bad = TrainSample([1, 2], [3, 4], [-0.1], 1.0, "g")
     with pytest.raises(ValueError, match="behaviour logprobs"):

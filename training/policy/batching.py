@@ -5,6 +5,11 @@ Sequences are right-padded, so positions are plain 0..L-1 (the same positions th
 derives from its left-padded attention mask) and causal attention never sees a pad. Only the
 positions that are scored reach the LM head, a chunk at a time, so the full-vocabulary logits
 of a batch are never held at once.
+
+Rows that begin alike (the episodes of one task: its prompt, and often the first action and what
+it printed) can share that prefix: the decoder runs it once, and the rows' own tokens attend to
+its keys and values (`make_batch(share_prefix=True)`). The result is the same computation,
+gradients included (they sum over the rows through the one prefix), on fewer tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 # Rows per LM-head call: 512 x 152k (Qwen's vocabulary) x 4 bytes is 0.3 GB of logits.
 DEFAULT_CHUNK_TOKENS = 512
+# A shorter common prefix is not worth a second decoder call.
+MIN_SHARED_PREFIX = 8
 
 
 @dataclass
@@ -26,13 +33,19 @@ class TokenBatch:
     mask: Tensor  # [B, L] float: 1.0 where the target is a response token
     valid: Tensor  # [B, L] float: 1.0 where the target is a real token (prompt or response)
     response_slices: list[slice]  # per row: where its response targets sit along L
+    shared_prefix: int = 0  # the first this many input ids are the same in every row: run once
 
     @property
     def tokens(self) -> int:
-        return int(self.input_ids.numel())
+        """Positions the decoder computes: a shared prefix counts once."""
+        rows, width = self.input_ids.shape
+        return rows * width - (rows - 1) * self.shared_prefix
 
 
-def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
+def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+               share_prefix: bool = False) -> TokenBatch:
+    """The rows' tensors; with `share_prefix`, the batch records its rows' common prefix (at least
+    MIN_SHARED_PREFIX ids, leaving every row one input id of its own) for the decoder to run once."""
     if len(prompts) != len(responses) or not prompts:
         raise ValueError("need equally many (>0) prompts and responses")
     seqs = [p + r for p, r in zip(prompts, responses)]
@@ -52,7 +65,15 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
         mask[row, span] = 1.0
         valid[row, : len(seq) - 1] = 1.0
         slices.append(span)
-    return TokenBatch(input_ids, targets, mask, valid, slices)
+    shared = _common_prefix([seq[:-1] for seq in seqs], width - 1) if share_prefix and len(seqs) > 1 else 0
+    return TokenBatch(input_ids, targets, mask, valid, slices, shared if shared >= MIN_SHARED_PREFIX else 0)
+
+
+def _common_prefix(rows: list[list[int]], cap: int) -> int:
+    first, length = rows[0], min(min(len(row) for row in rows), cap)
+    for other in rows[1:]:
+        length = next((k for k in range(length) if other[k] != first[k]), length)
+    return length
 
 
 def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0,
@@ -76,7 +97,7 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch, temper
     model's output embedding (with Gemma-style final soft-capping where the config sets it):
     `check_lm_head` refuses a model whose own forward does more to its logits.
     """
-    hidden = model.get_decoder()(input_ids=batch.input_ids.to(_device(model)), use_cache=False).last_hidden_state
+    hidden = _hidden_states(model, batch)
     scored = batch.mask if scored is None else scored
     where = scored.flatten().nonzero().squeeze(-1).to(hidden.device)
     rows = hidden.flatten(0, 1).index_select(0, where)
@@ -95,6 +116,35 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TokenBatch, temper
                                  temperature, softcap)
         logprobs = logprobs + 0.0 * unused.sum()
     return logprobs.view_as(scored), entropy.view_as(scored)
+
+
+def _hidden_states(model: torch.nn.Module, batch: TokenBatch) -> Tensor:
+    """The decoder's last hidden states, [B, L, H]; a shared prefix is run once, its keys and
+    values repeated for the rows' own tokens, which take positions after it."""
+    decoder, ids = model.get_decoder(), batch.input_ids.to(_device(model))
+    shared = batch.shared_prefix
+    if not shared:
+        return decoder(input_ids=ids, use_cache=False).last_hidden_state
+    prefix = decoder(input_ids=ids[:1, :shared], use_cache=True)
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(len(ids))
+    rest = decoder(input_ids=ids[:, shared:], past_key_values=cache, use_cache=True).last_hidden_state
+    return torch.cat([prefix.last_hidden_state.expand(len(ids), -1, -1), rest], dim=1)
+
+
+def shares_prefixes_exactly(model: torch.nn.Module) -> bool:
+    """Whether running a shared prefix once gives this model's log-probs (on a short probe): not
+    where its cache is not a plain per-layer key and value store, or its cached forward differs."""
+    ids = [(7 * i + 3) % model.config.vocab_size for i in range(2 * MIN_SHARED_PREFIX + 4)]
+    prompts, responses = [ids[:MIN_SHARED_PREFIX + 2]] * 2, [ids[MIN_SHARED_PREFIX + 2:], ids[:5]]
+    try:
+        with torch.no_grad():
+            shared = token_logprobs(model, make_batch(prompts, responses, pad_id=0, share_prefix=True))
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        return False
+    with torch.no_grad():
+        plain = token_logprobs(model, make_batch(prompts, responses, pad_id=0))
+    return float((shared - plain).abs().max()) <= 1e-4
 
 
 def check_lm_head(model: torch.nn.Module) -> None:

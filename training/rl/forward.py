@@ -2,7 +2,9 @@
 
 Micro-batches are sized by tokens (padded rows x longest row, `micro_batch_tokens`), formed the
 same way on every rank from the same samples, and dealt out across ranks (training/rl/distributed.py);
-a rank with fewer than the others pads its share with zero-weight passes. Log-probs are
+a rank with fewer than the others pads its share with zero-weight passes. With `share_prefixes`,
+a micro-batch holds the samples of one prompt only (a group's), whose common prefix the decoder
+runs once (training/policy/batching.py). Log-probs are
 teacher-forced at the sampling temperature through `TokenScorer`, the policy as one module
 (what DDP and FSDP wrap), in chunks (training/policy/batching.py) and in the step's precision.
 """
@@ -49,6 +51,7 @@ class Forward:
     micro_batch_tokens: int
     temperature: float
     ranks: Ranks = Ranks()
+    share_prefixes: bool = False
 
     def micro_batches(self, samples: list[TrainSample], rows: list[int]) -> list[MicroBatch]:
         """`rows` of `samples` in micro-batches of similar lengths, each with its tensors (all of
@@ -65,13 +68,21 @@ class Forward:
                 for micro in deal(groups, self.ranks)]
 
     def _groups(self, samples: list[TrainSample], rows: list[int]) -> list[list[int]]:
+        if not self.share_prefixes:
+            return self._by_tokens(samples, rows)
+        by_prompt: dict[tuple[int, ...], list[int]] = {}
+        for i in rows:
+            by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
+        return [micro for same in by_prompt.values() for micro in self._by_tokens(samples, same)]
+
+    def _by_tokens(self, samples: list[TrainSample], rows: list[int]) -> list[list[int]]:
         lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) - 1 for i in rows]
         return [[rows[k] for k in group] for group in micro_batches_by_tokens(lengths, self.micro_batch_tokens)]
 
     def _tensors(self, samples: list[TrainSample], micro: list[int], counted: bool = True) -> MicroBatch:
         """The micro-batch's tensors; observation tokens (loss mask 0) are taken out of its mask."""
         batch = make_batch([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro],
-                           self.pad_id)
+                           self.pad_id, share_prefix=self.share_prefixes)
         for row, i in enumerate(micro):
             if samples[i].loss_mask is not None:  # observations are context, never trained on
                 span = batch.response_slices[row]

@@ -10,6 +10,8 @@ Groups whose rewards are all equal carry no signal: by default (`zero_variance_g
 DAPO's dynamic sampling) they leave the batch and its loss denominator. Any remaining sample
 with zero advantage contributes exactly zero gradient, so it is not run through the model; its
 tokens still count in the denominator, which keeps the loss identical to the full-batch one.
+The samples of one prompt share their micro-batches, whose common prefix (the prompt, and the
+turns a group's episodes have in common) the decoder runs once (`share_prefixes`).
 
 After the last optimizer step, one more pass without gradients measures `final_kl`, the KL
 between the policy that sampled and the policy the step saved, on the trained tokens: what the
@@ -40,7 +42,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from training.policy.batching import DEFAULT_CHUNK_TOKENS, check_lm_head
+from training.policy.batching import DEFAULT_CHUNK_TOKENS, check_lm_head, shares_prefixes_exactly
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import checkpoint_dtype, read_manifest, save_checkpoint
 from training.policy.model import GPU_COMPUTE_DTYPE, TRAINING_DTYPE, load_policy
@@ -95,6 +97,10 @@ class GRPOConfig(BaseModel):
                                     "memory only: the loss is unchanged); a longer sample goes alone")
     logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the "
                                       "log-prob computation holds a few [chunk, vocabulary] tensors at a time")
+    share_prefixes: bool = Field(True, description="run the common prefix of a prompt's samples (the prompt, and the "
+                                 "turns its episodes share) through the model once per micro-batch: the same loss "
+                                 "and gradients on fewer tokens (~60% fewer on repair's episodes); not under "
+                                 "gradient checkpointing, nor for a model whose cached forward differs")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
                                          "backward pass (less memory, ~30% more compute)")
     device: DeviceSetting = Field("auto", description="auto: this rank's GPU when CUDA is present, else the CPU")
@@ -195,7 +201,7 @@ def train_policy(
     check_lm_head(model)
     pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
     advantages = _advantages(batch, config)
-    forward = Forward(pad_id, config.micro_batch_tokens, temperature, ranks)
+    forward = Forward(pad_id, config.micro_batch_tokens, temperature, ranks, _shares_prefixes(model, config))
     scorer = partial(TokenScorer, chunk_tokens=config.logprob_chunk_tokens,
                      autocast_dtype=config.autocast_dtype(device))
     rollout_logprobs = forward.logprobs(scorer(model), batch) if config.tis_cap and batch else None
@@ -374,6 +380,11 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
         rng.shuffle(order)
         out.extend(order[i : i + config.minibatch_size] for i in range(0, n, config.minibatch_size))
     return out
+
+
+def _shares_prefixes(model: torch.nn.Module, config: GRPOConfig) -> bool:
+    """Gradient checkpointing drops the cache a shared prefix needs."""
+    return config.share_prefixes and not config.gradient_checkpointing and shares_prefixes_exactly(model)
 
 
 def _final_kl(policy, samples: list[TrainSample], forward: Forward,
