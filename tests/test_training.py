@@ -23,7 +23,7 @@ from training.agent.dynamic_sampling import refill, refill_size
 from training.agent.prompts import extract_solution, render_prompt
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
 from training.inference.transformers_engine import TransformersEngine
-from training.policy.batching import make_batch, token_logprobs
+from training.policy.batching import make_batch, shares_prefixes_exactly, token_logprobs
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy, generation_config, load_policy
@@ -541,7 +541,8 @@ def test_a_shared_prefix_gives_every_row_the_log_probs_and_gradients_of_its_whol
     model, _ = load_policy(sft_result[0])
     prompt = render_prompt(chat, EXAMPLES[1][0])
     first_turn = chat.reply_ids("run check.py") + chat.observation_ids("FAIL: expected 3, got 4", reply_closed=True)
-    responses = [first_turn + chat.reply_ids(text) for text in ("def f(): return 3", "def g():\n    return 4", "submit")]
+    replies = ("def f(): return 3", "def g():\n    return 4", "submit")
+    responses = [first_turn + chat.reply_ids(text) for text in replies]
     results = {}
     for share in (False, True):
         batch = make_batch([prompt] * 3, responses, pad_id=EOT_ID, share_prefix=share)
@@ -557,6 +558,14 @@ def test_a_shared_prefix_gives_every_row_the_log_probs_and_gradients_of_its_whol
         assert float((a - b).norm()) <= 1e-4 * float(b.norm())
 
 
+def test_the_probe_keeps_whole_rows_for_a_model_with_dropout(sft_result):
+    """Dropout would draw one mask for a prefix that stood for many rows."""
+    model, _ = load_policy(sft_result[0])
+    assert shares_prefixes_exactly(model)
+    model.config.attention_dropout = 0.1
+    assert not shares_prefixes_exactly(model)
+
+
 def _a_group(engine, chat) -> list[TrainSample]:
     prompt = render_prompt(chat, EXAMPLES[1][0])
     group = engine.generate([prompt], SamplingParams(n=4, max_new_tokens=30, temperature=1.0, seed=5))[0]
@@ -567,7 +576,8 @@ def test_a_step_on_shared_prefixes_has_the_loss_and_gradient_of_whole_rows_on_fe
                                                                                            tmp_path):
     samples, config = _a_group(engine, chat), one_pass(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
     shared = train_policy(sft_result[0], samples, tmp_path / "shared", config)
-    whole = train_policy(sft_result[0], samples, tmp_path / "whole", config.model_copy(update={"share_prefixes": False}))
+    whole = train_policy(sft_result[0], samples, tmp_path / "whole",
+                         config.model_copy(update={"share_prefixes": False}))
     assert shared["tokens"] < whole["tokens"]
     assert shared["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-7)
     assert shared["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
@@ -577,7 +587,8 @@ def test_a_step_on_shared_prefixes_has_the_loss_and_gradient_of_whole_rows_on_fe
 def test_gradient_checkpointing_runs_whole_rows(engine, sft_result, chat, tmp_path):
     """Checkpointed layers keep no cache, which a shared prefix needs."""
     samples, config = _a_group(engine, chat), one_pass(lr=1e-3, minibatch_size=4, keep_optimizer_state=False)
-    whole = train_policy(sft_result[0], samples, tmp_path / "whole", config.model_copy(update={"share_prefixes": False}))
+    whole = train_policy(sft_result[0], samples, tmp_path / "whole",
+                         config.model_copy(update={"share_prefixes": False}))
     checkpointed = train_policy(sft_result[0], samples, tmp_path / "checkpointed",
                                 config.model_copy(update={"gradient_checkpointing": True}))
     assert checkpointed["tokens"] == whole["tokens"]

@@ -15,11 +15,13 @@ from training.rl.trainer import GRPOConfig, TrainSample, train_policy
 
 
 def samples(count: int = 24, seed: int = 0) -> list[TrainSample]:
-    """Groups of 4 of uneven lengths (so micro-batches and rank shares differ), rewards with a spread."""
+    """Groups of 4 of uneven lengths (so micro-batches and rank shares differ), rewards with a
+    spread; a group's samples share their prompt (which the step runs once)."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
-        prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(3, 12))]
+        if i % 4 == 0:
+            prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(8, 16))]
         response = [rng.randrange(3, 200) for _ in range(rng.randrange(2, 20))]
         out.append(TrainSample(prompt, response, [-3.0] * len(response), float(rng.random() < 0.5), f"g{i // 4}"))
     return out

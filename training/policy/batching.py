@@ -45,7 +45,7 @@ class TokenBatch:
 def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                share_prefix: bool = False) -> TokenBatch:
     """The rows' tensors; with `share_prefix`, the batch records its rows' common prefix (at least
-    MIN_SHARED_PREFIX ids, leaving every row one input id of its own) for the decoder to run once."""
+    MIN_SHARED_PREFIX ids, short of the batch's width) for the decoder to run once."""
     if len(prompts) != len(responses) or not prompts:
         raise ValueError("need equally many (>0) prompts and responses")
     seqs = [p + r for p, r in zip(prompts, responses)]
@@ -127,6 +127,8 @@ def _hidden_states(model: torch.nn.Module, batch: TokenBatch) -> Tensor:
         return decoder(input_ids=ids, use_cache=False).last_hidden_state
     prefix = decoder(input_ids=ids[:1, :shared], use_cache=True)
     cache = prefix.past_key_values
+    if cache is None or cache.get_seq_length() != shared:  # e.g. checkpointed layers, which keep none
+        raise RuntimeError(f"{type(model).__name__} kept no cache of the shared prefix")
     cache.batch_repeat_interleave(len(ids))
     rest = decoder(input_ids=ids[:, shared:], past_key_values=cache, use_cache=True).last_hidden_state
     return torch.cat([prefix.last_hidden_state.expand(len(ids), -1, -1), rest], dim=1)
@@ -134,13 +136,17 @@ def _hidden_states(model: torch.nn.Module, batch: TokenBatch) -> Tensor:
 
 def shares_prefixes_exactly(model: torch.nn.Module) -> bool:
     """Whether running a shared prefix once gives this model's log-probs (on a short probe): not
-    where its cache is not a plain per-layer key and value store, or its cached forward differs."""
+    where its cache is more than a per-layer key and value store (recurrent state), its cached
+    forward differs, or dropout would draw one mask for what were many rows."""
+    if getattr(model.config, "attention_dropout", 0) or any(
+            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return False
     ids = [(7 * i + 3) % model.config.vocab_size for i in range(2 * MIN_SHARED_PREFIX + 4)]
     prompts, responses = [ids[:MIN_SHARED_PREFIX + 2]] * 2, [ids[MIN_SHARED_PREFIX + 2:], ids[:5]]
     try:
         with torch.no_grad():
             shared = token_logprobs(model, make_batch(prompts, responses, pad_id=0, share_prefix=True))
-    except (AttributeError, NotImplementedError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - any model the shared path cannot run trains on whole rows
         return False
     with torch.no_grad():
         plain = token_logprobs(model, make_batch(prompts, responses, pad_id=0))

@@ -52,6 +52,7 @@ from training.rl.distributed import (
     Ranks,
     all_sum,
     barrier,
+    broadcast,
     current_ranks,
     full_model_state,
     full_optimizer_state,
@@ -99,8 +100,8 @@ class GRPOConfig(BaseModel):
                                       "log-prob computation holds a few [chunk, vocabulary] tensors at a time")
     share_prefixes: bool = Field(True, description="run the common prefix of a prompt's samples (the prompt, and the "
                                  "turns its episodes share) through the model once per micro-batch: the same loss "
-                                 "and gradients on fewer tokens (~60% fewer on repair's episodes); not under "
-                                 "gradient checkpointing, nor for a model whose cached forward differs")
+                                 "and gradients on fewer tokens (36% fewer on repair's episodes); not under "
+                                 "gradient checkpointing or FSDP, nor for a model whose cached forward differs")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
                                          "backward pass (less memory, ~30% more compute)")
     device: DeviceSetting = Field("auto", description="auto: this rank's GPU when CUDA is present, else the CPU")
@@ -383,8 +384,11 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
 
 
 def _shares_prefixes(model: torch.nn.Module, config: GRPOConfig) -> bool:
-    """Gradient checkpointing drops the cache a shared prefix needs."""
-    return config.share_prefixes and not config.gradient_checkpointing and shares_prefixes_exactly(model)
+    """Gradient checkpointing drops the cache a shared prefix needs, and FSDP2 ranks running a
+    layer twice a micro-batch hung (2026-12-03). Rank 0's probe decides for all: ranks that
+    formed their micro-batches differently would wait on each other for ever."""
+    usable = config.share_prefixes and not config.gradient_checkpointing and config.parallel != "fsdp"
+    return broadcast(usable and shares_prefixes_exactly(model))
 
 
 def _final_kl(policy, samples: list[TrainSample], forward: Forward,
@@ -503,7 +507,7 @@ def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: t
         "samples": len(samples),
         "samples_trained": len(batch),
         "response_tokens": sum(s.trained_tokens for s in batch),
-        "tokens": int(totals.get("tokens", 0.0)),  # forward+backward tokens (prompt + response, padded)
+        "tokens": int(totals.get("tokens", 0.0)),  # positions through the decoder (padded; a shared prefix once)
         "seconds": seconds,
         "tokens_per_s": totals.get("tokens", 0.0) / max(seconds, 1e-9),
         "mean_advantage": float(advantages.mean()) if len(batch) else 0.0,
