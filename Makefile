@@ -4,13 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-ITERATIONS ?= 10
+ITERATIONS ?=  # total iterations for `make run` (default: experiments/repair.toml's 4)
 STORAGE ?=  # a storage root for `make run`, e.g. s3://crucible/data (default ./.crucible/data)
 
 .PHONY: run test setup docker-sandbox browser ui clean
 
 run: setup
-	$(BIN)/crucible run --experiment default --iterations $(ITERATIONS) $(if $(STORAGE),--storage $(STORAGE))
+	$(BIN)/crucible run --config experiments/repair.toml $(if $(ITERATIONS),--iterations $(ITERATIONS)) $(if $(STORAGE),--storage $(STORAGE))
 
 test: setup docker-sandbox browser
 	$(BIN)/python -m pytest
