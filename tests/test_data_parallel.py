@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=256, seed=0)  # fmt: skip
 # Two optimizer steps over micro-batches small enough that each rank gets several, unevenly.
-SETTINGS = dict(lr=1e-3, lr_warmup_steps=0, epochs=1, minibatch_size=12, micro_batch_tokens=56, threads=2)
+SETTINGS = dict(lr=1e-3, lr_warmup_steps=0, epochs=1, minibatch_size=12, micro_batch_tokens=60, threads=2)
 
 
 def torchrun(ranks: int, policy: Path, out: Path, **settings) -> dict:

@@ -73,7 +73,10 @@ class Forward:
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for i in rows:
             by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
-        return [micro for same in by_prompt.values() for micro in self._by_tokens(samples, same)]
+        # A prompt's only sample shares nothing with itself: such samples are packed together as before.
+        alone = [same[0] for same in by_prompt.values() if len(same) == 1]
+        return [micro for same in by_prompt.values() if len(same) > 1 for micro in self._by_tokens(samples, same)
+                ] + self._by_tokens(samples, alone)
 
     def _by_tokens(self, samples: list[TrainSample], rows: list[int]) -> list[list[int]]:
         lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) - 1 for i in rows]
