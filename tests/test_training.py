@@ -558,6 +558,17 @@ def test_a_shared_prefix_gives_every_row_the_log_probs_and_gradients_of_its_whol
         assert float((a - b).norm()) <= 1e-4 * float(b.norm())
 
 
+def test_the_warm_up_runs_a_batchs_shared_system_prompt_once_for_the_loss_of_whole_rows(base_dir, tmp_path):
+    """Every demonstration starts with the chat template's header and the task set's system
+    message: the warm-up runs that prefix once per batch, and learns what whole rows teach."""
+    examples = single_turn_examples(toy_chat(), EXAMPLES, system="You work in a sandboxed repository: run, then fix.")
+    config = SFTConfig(steps=3, lr=1e-2, warmup_steps=0, batch_size=4, seed=0)
+    shared = supervised_warmup(base_dir, examples, tmp_path / "shared", config)
+    whole = supervised_warmup(base_dir, examples, tmp_path / "whole", config.model_copy(update={"share_prefixes": False}))
+    assert shared["tokens"] < whole["tokens"]
+    assert shared["loss_curve"] == pytest.approx(whole["loss_curve"], rel=1e-4)
+
+
 def test_the_probe_keeps_whole_rows_for_a_model_with_dropout(sft_result):
     """Dropout would draw one mask for a prefix that stood for many rows."""
     model, _ = load_policy(sft_result[0])

@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.policy.batching import make_batch, token_logprobs
+from training.policy.batching import make_batch, shares_prefixes_exactly, token_logprobs
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import save_checkpoint
 from training.policy.model import load_policy
@@ -55,6 +55,10 @@ class SFTConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     max_len: int = Field(1024, ge=2, description="examples longer than this (prompt + response) are skipped")
     group_by_length: bool = Field(True, description="batch similar lengths together: less padding")
+    share_prefixes: bool = Field(True, description="run the prefix every example of a batch starts with (the chat "
+                                 "template's header and system message) once per batch: the same loss and gradients "
+                                 "on fewer tokens (25% fewer on repair's demonstrations); not for a model whose cached "
+                                 "forward differs")
     prompt_loss_weight: float = Field(0.0, ge=0, description="0: prompt targets masked; more also models the prompt")
     seed: int = 0
     threads: int | None = Field(2, ge=1, description="training is compute-bound: 2 threads ~1.7x faster than 1 "
@@ -78,6 +82,7 @@ def supervised_warmup(
     if not data:
         raise ValueError("no usable SFT examples (all empty or longer than max_len)")
     rng = random.Random(config.seed)
+    share = config.share_prefixes and shares_prefixes_exactly(model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model.train()
@@ -88,7 +93,8 @@ def supervised_warmup(
             optimizer, lambda s: lr_factor(s, "cosine", config.warmup_steps, config.steps, config.min_lr_ratio))
         losses, tokens, start = [], 0, time.perf_counter()
         for step, batch_rows in enumerate(_batches(data, config, rng), start=1):
-            batch = make_batch([e.prompt for e in batch_rows], [e.response for e in batch_rows], pad_id)
+            batch = make_batch([e.prompt for e in batch_rows], [e.response for e in batch_rows], pad_id,
+                               share_prefix=share)
             batch.mask = _learned(batch.mask, batch.response_slices, [e.scored for e in batch_rows])
             scored = batch.valid if config.prompt_loss_weight > 0 else batch.mask
             lp = token_logprobs(model, batch, scored=scored)
@@ -115,7 +121,7 @@ def supervised_warmup(
         "initial_loss": losses[0],
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
         "loss_curve": losses,
-        "tokens": tokens,
+        "tokens": tokens,  # positions through the decoder (padded; a shared prefix once)
         "seconds": seconds,
         "tokens_per_s": tokens / max(seconds, 1e-9),
     }
