@@ -35,7 +35,8 @@ def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: P
         examples = warmup_examples(chat, experiment.warmup_tasks(task_set),
                                    episodes=experiment.base.episode_demonstrations,
                                    system=task_set.system_message, open_session=open_session)
-        sft = SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr)
+        sft = SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr,
+                        share_prefixes=experiment.base.sft_share_prefixes)
         metrics = supervised_warmup(initial, examples, out_dir, sft, progress)
     return {"examples": len(examples), **{f"sft/{key}": value for key, value in metrics.items()
                                           if isinstance(value, (int, float))}}

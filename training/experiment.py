@@ -43,6 +43,11 @@ class BasePolicySettings(BaseModel):
     sft_lr: float | None = Field(None, gt=0, description="the warm-up's peak learning rate; default "
                                  f"{SFTConfig.model_fields['lr'].default} for the built-in model (small, from scratch), "
                                  f"{IMPORTED_SFT_LR} for an imported base_model (pretrained: a high rate would undo it)")
+    sft_share_prefixes: bool = Field(False, description="run the prefix a warm-up batch shares (chat header, system "
+                                     "message) once: the same loss to float rounding on fewer tokens (repair: 30% less "
+                                     "warm-up time), but another base policy than whole rows give, as rounding grows "
+                                     "over the steps; off, the base policies of experiments stored before it existed "
+                                     "are made again as they were")
     episode_demonstrations: bool | None = Field(None, description="also warm up on good episodes of actions (a task "
                                                 "with a check command: run it, write the fix, submit; any other: write, "
                                                 "then submit); default: when the experiment runs episodes (max_turns > 1)")
