@@ -7,12 +7,12 @@ STAMP := $(VENV)/.installed
 ITERATIONS ?=  # total iterations for `make run` (default: experiments/repair.toml's 4)
 STORAGE ?=  # a storage root for `make run`, e.g. s3://crucible/data (default ./.crucible/data)
 
-.PHONY: run test setup docker-sandbox browser ui clean
+.PHONY: run test setup docker-sandbox browser postgres ui clean
 
 run: setup
 	$(BIN)/crucible run --config experiments/repair.toml $(if $(ITERATIONS),--iterations $(ITERATIONS)) $(if $(STORAGE),--storage $(STORAGE))
 
-test: setup docker-sandbox browser
+test: setup docker-sandbox browser postgres
 	$(BIN)/python -m pytest
 
 # The Docker backend's daemon and base image, for its tests. Not fatal where they cannot be
@@ -23,6 +23,11 @@ docker-sandbox:
 # Debian's chromium, for the UI test (tests/test_orchestration.py); not fatal, as above.
 browser:
 	-scripts/install-system-packages browser
+
+# A PostgreSQL server on loopback, for the Postgres instance's tests (tests/test_instance.py and
+# the end-to-end test); not fatal, as above.
+postgres:
+	-scripts/install-system-packages postgres && scripts/postgres-server >/dev/null
 
 ui: setup
 	$(BIN)/crucible ui

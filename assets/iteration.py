@@ -34,6 +34,7 @@ from assets.datasets import report_stored
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
 from assets.partitions import iterations, parse_iteration_key
 from assets.policy import base_policy, stored_experiment
+from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
@@ -120,7 +121,7 @@ def task_set(
     )
 
 
-@asset(**ITERATION, deps=[base_policy], kinds={"pytorch"})
+@asset(**ITERATION, deps=[base_policy], kinds={"pytorch"}, pool=ACCELERATOR)
 def rollouts(
     context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase]
 ) -> Output[list[Rollout]]:
@@ -226,7 +227,7 @@ STABILITY_CHECKS = {
 
 @asset(
     # iteration_rewards (assets/analytics.py) judges the samples first: its failed error checks stop the step.
-    **ITERATION, deps=[trajectories, "iteration_rewards"], kinds={"pytorch"},
+    **ITERATION, deps=[trajectories, "iteration_rewards"], kinds={"pytorch"}, pool=ACCELERATOR,
     retry_policy=RetryPolicy(max_retries=2),  # a retried step resumes from its saved progress
     check_specs=[AssetCheckSpec(name, asset="checkpoint", description=text, blocking=blocking)
                  for name, (text, blocking) in STABILITY_CHECKS.items()],
@@ -273,7 +274,7 @@ def checkpoint(
     )
 
 
-@asset(**ITERATION, deps=[checkpoint])
+@asset(**ITERATION, deps=[checkpoint], pool=ACCELERATOR)
 def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """Pass rate of the new checkpoint on the held-out split, with its standard error, against
     the base policy's on the same tasks (stored as iteration 0, evaluated again after a rebuild),

@@ -5,6 +5,7 @@ from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataV
 
 from assets.lineage_check import report_off_lineage
 from assets.partitions import experiments
+from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from task_sets.loader import load_task_set
 from training.base_policy import make_base_policy
@@ -33,7 +34,7 @@ def _content_hash(directory) -> str | None:
         return None
 
 
-@asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"})
+@asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"}, pool=ACCELERATOR)
 def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """The experiment's own starting model: its `base_model` imported as it is (weights, config,
     tokenizer and chat template), or the built-in small Llama built from its `base` settings

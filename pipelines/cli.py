@@ -28,6 +28,7 @@ from datastore.results import write_result
 from datastore.store import DatasetStore, StorageUnavailable
 from pipelines import env_cli, environment, eval_cli, tasks_cli, verify_cli
 from pipelines.errors import RunFailed, UserError
+from pipelines.instance import prepare_instance
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.spec import Limits, SandboxSpec
@@ -36,15 +37,6 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 # Piped output (CI logs, `| tee`) has no terminal width; the summary table needs ~130 columns.
 console = Console(width=shutil.get_terminal_size((140, 40)).columns)
 errors = Console(stderr=True, soft_wrap=True)  # an error stays one line, however long
-
-
-def prepare_instance() -> Path:
-    """Point DAGSTER_HOME at ./.crucible/dagster (unless set) and give it Crucible's dagster.yaml."""
-    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".crucible/dagster").resolve())))
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        shutil.copy(Path(__file__).with_name("dagster.yaml"), home / "dagster.yaml")
-    return home
 
 
 def command_run(args: argparse.Namespace) -> int:

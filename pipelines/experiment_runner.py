@@ -9,16 +9,19 @@ they take the lock every run of the experiment takes (training/policy/writer_loc
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import TYPE_CHECKING
 
-from dagster import AssetKey, DagsterInstance, Definitions
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus, Definitions, RunsFilter
 from rich.console import Console
 
 from assets.partitions import add_experiment, add_iteration
 from assets.resources import CrucibleResource
 from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
+from sandbox.base import process_alive
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError, check_source, resolve_source
@@ -28,6 +31,8 @@ if TYPE_CHECKING:
     from dagster._utils.error import SerializableErrorInfo
 
 console = Console(stderr=True)
+# host:pid of the `crucible run` that executes a run in its own process (no run worker to watch)
+PROCESS_TAG = "crucible/process"
 
 
 def innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
@@ -91,6 +96,9 @@ class ExperimentRunner:
         """Base policy, then each iteration not yet evaluated, holding the experiment's writer lock
         throughout: another `crucible run` of it waits, and a Dagster run of it fails at once."""
         self._refuse_old_instance()
+        for run_id in release_orphaned_runs(self.instance):
+            console.print(f"[yellow]run {run_id} was left unfinished by a `crucible run` that died: marked failed, "
+                          "its pool slots given back[/yellow]")
         name = self.config.name
         with writer_lock(self.crucible.experiment_dir(name), f"crucible run --experiment {name}",
                          wait=lambda holder: console.print(f"[yellow]experiment {name!r} is being written by "
@@ -146,6 +154,7 @@ class ExperimentRunner:
             partition_key=partition_key,
             # Dagster instantiates a job's own loggers only when the run config names them.
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+            tags={PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}"},
             raise_on_error=False,
         )
         if not result.success:
@@ -158,3 +167,20 @@ class ExperimentRunner:
                 f"{job_name} {partition_key or ''} failed (run {result.run_id}):\n" + "\n".join(failures)
             )
         console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
+
+
+def release_orphaned_runs(instance: DagsterInstance) -> list[str]:
+    """Fail the runs a `crucible run` on this host was executing when it died without a word
+    (SIGKILL, the OOM killer), and give back their pool slots; returns their ids. A process that
+    dies so never frees its slot of the accelerator pool (assets/pools.py), and every later step
+    of the pool, in any experiment, would wait for it for ever. Interrupted (Ctrl-C), it does."""
+    host = socket.gethostname()
+    released = []
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])):
+        owner_host, _, pid = run.tags.get(PROCESS_TAG, "").rpartition(":")
+        if owner_host != host or not pid.isdigit() or process_alive(int(pid)):
+            continue
+        instance.report_run_failed(run, f"the crucible run process that executed it ({host}:{pid}) died")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        released.append(run.run_id)
+    return released

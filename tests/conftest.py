@@ -3,16 +3,20 @@ local backend twice: its one-shot `run` and its supervised sessions (`local-sess
 
 A backend that cannot run on this host is skipped loudly: the reason goes into the skip and a
 banner at the end of the run. Where CRUCIBLE_REQUIRE_BACKENDS names it (CI sets
-"local,docker,browser"; `browser` is the UI test's Chromium), it is a failure instead.
+"local,docker,browser,postgres"; `browser` is the UI test's Chromium, `postgres` the server
+scripts/postgres-server starts), it is a failure instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -22,6 +26,8 @@ from sandbox.spec import Limits, SandboxSpec
 BACKENDS = ("local", "local-session", "docker")
 REQUIRED = {b for b in os.environ.get("CRUCIBLE_REQUIRE_BACKENDS", "").split(",") if b}
 _skipped: dict[str, str] = {}
+# The server `make test` starts (scripts/postgres-server); its role may create databases.
+POSTGRES_SERVER = os.environ.get("CRUCIBLE_TEST_POSTGRES_URL", "postgresql://crucible:crucible@127.0.0.1:5433/crucible")
 
 
 @functools.cache
@@ -168,3 +174,40 @@ def s3_root(s3_server, monkeypatch) -> str:
 def storage_root(request, tmp_path) -> str:
     """A storage root on the local disk, then on the S3 server."""
     return str(tmp_path / "data") if request.param == "local" else request.getfixturevalue("s3_root")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """The URL of a real PostgreSQL server, or a loud skip (a failure where it is required)."""
+    import psycopg2
+
+    try:
+        psycopg2.connect(POSTGRES_SERVER, connect_timeout=5).close()
+    except psycopg2.OperationalError as e:
+        skip_unless_required("postgres", f"no PostgreSQL server answers at {POSTGRES_SERVER} "
+                                         f"(scripts/postgres-server starts one): {' '.join(str(e).split())}")
+    return POSTGRES_SERVER
+
+
+@contextlib.contextmanager
+def fresh_database(server: str) -> Iterator[str]:
+    """A database of its own on `server` for one instance, dropped afterwards (connections too)."""
+    import psycopg2
+
+    name = f"crucible_test_{secrets.token_hex(6)}"
+    admin = psycopg2.connect(server)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{name}"')
+        yield urlsplit(server)._replace(path=f"/{name}").geturl()
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> Iterator[str]:
+    with fresh_database(postgres_server) as url:
+        yield url

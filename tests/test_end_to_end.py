@@ -1,5 +1,6 @@
-"""One tiny iteration through real Dagster runs, the real sandbox, real Parquet and DuckDB,
-with the datasets on the local disk and then on the S3 server (SeaweedFS).
+"""One tiny iteration through real Dagster runs, the real sandbox, real Parquet and DuckDB: with
+the datasets on the local disk and the instance in SQLite files (the embedded default), then as
+a cluster keeps them, the datasets on the S3 server (SeaweedFS) and the instance in PostgreSQL.
 
 The base policy is materialized in-process with a shrunken model; `crucible run` and
 `crucible sql` then run as a user would run them, as subprocesses on the same instance.
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2
 import pytest
 from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance, materialize
 
@@ -24,12 +26,14 @@ from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from datastore import catalog
 from datastore.store import DatasetStore
-from pipelines.cli import prepare_instance
+from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from pipelines.jobs import ITERATION_ASSETS
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
 from training.experiment import BasePolicySettings, ExperimentConfig
 from training.policy.checkpoint import verify_checkpoint
+
+from conftest import fresh_database
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +42,7 @@ pytestmark = pytest.mark.slow
 TINY_BASE = BasePolicySettings(hidden_size=64, num_layers=2, sft_steps=80)
 
 
-@pytest.fixture(scope="module", params=("local", "s3"))
+@pytest.fixture(scope="module", params=("local", "s3"), ids=("local-sqlite", "s3-postgres"))
 def storage_kind(request) -> str:
     return request.param
 
@@ -50,11 +54,16 @@ def workdir(tmp_path_factory, storage_kind) -> Path:
 
 @pytest.fixture(scope="module")
 def environment(request, workdir, storage_kind) -> Iterator[dict[str, str]]:
-    """What the CLI runs with; for S3, the AWS variables reach this process too (it reads the data)."""
+    """What the CLI runs with; for S3 and Postgres, their variables reach this process too (it
+    reads the data and the runs)."""
     s3 = request.getfixturevalue("s3_server").environment() if storage_kind == "s3" else {}
     storage = f"s3://crucible/e2e-{workdir.name}" if s3 else str(workdir / "data")
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in s3.items():
+    with contextlib.ExitStack() as stack:
+        cluster = dict(s3)
+        if s3:
+            cluster[POSTGRES_URL_ENV] = stack.enter_context(fresh_database(request.getfixturevalue("postgres_server")))
+        patch = stack.enter_context(pytest.MonkeyPatch.context())
+        for name, value in cluster.items():
             patch.setenv(name, value)
         yield {
             **os.environ,
@@ -132,6 +141,20 @@ def _latest_materialization(environment, asset: str, partition: str = "tiny|0001
         [record] = instance.fetch_materializations(
             AssetRecordsFilter(AssetKey(asset), asset_partitions=[partition]), limit=1).records
         return record.event_log_entry
+
+
+def test_the_runs_are_recorded_where_the_environment_puts_the_instance(finished_run, environment, workdir):
+    with _run_instance(environment) as instance:
+        run_ids = {run.run_id for run in instance.get_runs()}
+    assert len(run_ids) >= 2  # the base policy's, the iteration's
+    history = workdir / "dagster" / "history" / "runs.db"
+    if POSTGRES_URL_ENV not in environment:
+        assert history.exists()
+        return
+    assert not history.exists()
+    with psycopg2.connect(environment[POSTGRES_URL_ENV]) as database, database.cursor() as cursor:
+        cursor.execute("SELECT run_id FROM runs")
+        assert {row[0] for row in cursor.fetchall()} == run_ids
 
 
 def test_every_iteration_asset_is_materialized_in_the_instance(finished_run, environment):

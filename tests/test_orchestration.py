@@ -45,8 +45,8 @@ def environment(workdir) -> dict[str, str]:
     home = workdir / "dagster"
     home.mkdir()
     settings = yaml.safe_load((ROOT / "pipelines" / "dagster.yaml").read_text())
-    settings["run_coordinator"]["config"]["max_concurrent_runs"] = 3  # as an operator running experiments side by side
-    settings["run_coordinator"]["config"]["dequeue_interval_seconds"] = 1
+    settings["concurrency"]["runs"]["max_concurrent_runs"] = 3  # as an operator running experiments side by side
+    settings["run_coordinator"]["config"] = {"dequeue_interval_seconds": 1}
     (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
     return {**os.environ, "DAGSTER_HOME": str(home), "CRUCIBLE_STORAGE_ROOT": str(workdir / "data"),
             "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "checkpoints"), "HF_HUB_OFFLINE": "1",

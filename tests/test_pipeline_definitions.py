@@ -42,7 +42,7 @@ SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
 
 def definitions_snapshot() -> dict:
     """Everything about the code location that a review should see change: every asset (its
-    dependencies, partitions, group, kinds, retry policy, checks with their blocking flag), every
+    dependencies, partitions, group, kinds, pool, retry policy, checks with their blocking flag), every
     job (its assets, executor, partitions, tags), every sensor and schedule."""
     graph = defs.resolve_asset_graph()
     assets = {}
@@ -54,6 +54,7 @@ def definitions_snapshot() -> dict:
             "partitions": str(node.partitions_def) if node.partitions_def else None,
             "group": node.group_name, "kinds": sorted(node.kinds), "materializable": node.is_materializable,
             "retries": retry.max_retries if retry else 0,
+            "pool": definition.op.pool if definition.is_executable else None,
             "automation": str(node.automation_condition) if node.automation_condition else None,
             "checks": {check.name: {"blocking": graph.get_check_spec(check).blocking} for check in
                        sorted(node.check_keys, key=lambda check: check.name)},

@@ -1,0 +1,186 @@
+"""The instance every command shares: SQLite files by default, PostgreSQL when
+CRUCIBLE_POSTGRES_URL is set (a real server, scripts/postgres-server), a clear sentence for a
+server that is down; and its accelerator pool: one step at a time across runs, and the slot of a
+killed `crucible run` given back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg2
+import pytest
+import yaml
+from dagster import DagsterInstance, DagsterRunStatus, asset, materialize
+
+from assets.pools import ACCELERATOR
+from pipelines.errors import UserError
+from pipelines.experiment_runner import release_orphaned_runs
+from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
+
+ROOT = Path(__file__).parent.parent
+
+
+@asset
+def answer() -> int:
+    return 42
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.delenv(POSTGRES_URL_ENV, raising=False)
+    return tmp_path / "dagster"
+
+
+def _materialize_once() -> str:
+    with DagsterInstance.get() as instance:
+        result = materialize([answer], instance=instance)
+    assert result.success
+    return result.run_id
+
+
+def test_without_a_postgres_url_runs_are_kept_in_sqlite_files_in_dagster_home(home):
+    prepare_instance()
+    run_id = _materialize_once()
+    with sqlite3.connect(home / "history" / "runs.db") as runs:
+        assert runs.execute("SELECT count(*) FROM runs WHERE run_id = ?", (run_id,)).fetchone() == (1,)
+
+
+def test_a_postgres_url_puts_runs_events_and_schedules_in_that_database(home, postgres_url, monkeypatch):
+    monkeypatch.setenv(POSTGRES_URL_ENV, postgres_url)
+    prepare_instance()
+    run_id = _materialize_once()
+    with psycopg2.connect(postgres_url) as database, database.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM runs WHERE run_id = %s", (run_id,))
+        assert cursor.fetchone() == (1,)
+        cursor.execute("SELECT count(*) FROM event_logs WHERE run_id = %s AND dagster_event_type = 'ASSET_MATERIALIZATION'",
+                       (run_id,))
+        assert cursor.fetchone() == (1,)
+        cursor.execute("SELECT to_regclass('job_ticks') IS NOT NULL")  # the schedule storage's table
+        assert cursor.fetchone() == (True,)
+    assert not (home / "history").exists()
+
+
+def test_setting_and_unsetting_the_url_switches_the_file_crucible_wrote_and_the_url_stays_out_of_it(
+        home, postgres_url, monkeypatch):
+    prepare_instance()
+    assert "storage" not in yaml.safe_load((home / "dagster.yaml").read_text())
+    monkeypatch.setenv(POSTGRES_URL_ENV, postgres_url)
+    prepare_instance()
+    text = (home / "dagster.yaml").read_text()
+    assert yaml.safe_load(text)["storage"] == {"postgres": {"postgres_url": {"env": POSTGRES_URL_ENV}}}
+    assert "@" not in text  # the password is read from the environment, never written down
+    monkeypatch.delenv(POSTGRES_URL_ENV)
+    prepare_instance()
+    assert "storage" not in yaml.safe_load((home / "dagster.yaml").read_text())
+
+
+# A step of the accelerator pool that says when it started, then waits (up to 5 s) for the other
+# run's step to start: with the pool's one slot it never does, and the two never overlap.
+POOL_STEP = """
+import sys, time
+from pathlib import Path
+from dagster import DagsterInstance, asset, materialize
+from assets.pools import ACCELERATOR
+
+me, other = Path(sys.argv[1]), Path(sys.argv[2])
+
+@asset(pool=ACCELERATOR)
+def hold_the_accelerator() -> None:
+    start = time.time()
+    me.write_text(f"{start}")
+    while not other.exists() and time.time() < start + 5:
+        time.sleep(0.05)
+    me.write_text(f"{start} {time.time()}")
+
+with DagsterInstance.get() as instance:
+    assert materialize([hold_the_accelerator], instance=instance).success
+"""
+
+
+def test_two_runs_never_hold_the_accelerator_pool_at_once(home, tmp_path):
+    prepare_instance()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    marks = [tmp_path / "first", tmp_path / "second"]
+    runs = [subprocess.Popen([sys.executable, "-c", POOL_STEP, str(me), str(other)], env=env, cwd=tmp_path)
+            for me, other in (marks, marks[::-1])]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+    (a_start, a_end), (b_start, b_end) = sorted(tuple(map(float, mark.read_text().split())) for mark in marks)
+    assert a_end <= b_start
+
+
+# A `crucible run`'s in-process run that holds the accelerator pool until it is killed.
+HOLDER = """
+import os, socket, time
+from dagster import DagsterInstance, asset, materialize
+from assets.pools import ACCELERATOR
+from pipelines.experiment_runner import PROCESS_TAG
+
+@asset(pool=ACCELERATOR)
+def hold_the_accelerator() -> None:
+    print("holding", flush=True)
+    time.sleep(600)
+
+with DagsterInstance.get() as instance:
+    materialize([hold_the_accelerator], instance=instance, tags={PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}"})
+"""
+
+
+def _holder() -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_a_killed_crucible_runs_pool_slot_is_given_back_and_its_run_failed(home):
+    prepare_instance()
+    killed = _holder()
+    killed.kill()
+    killed.wait(timeout=60)
+    with DagsterInstance.get() as instance:
+        assert instance.event_log_storage.get_concurrency_info(ACCELERATOR).claimed_slots  # else held for ever
+        released = release_orphaned_runs(instance)
+        assert [instance.get_run_by_id(run_id).status for run_id in released] == [DagsterRunStatus.FAILURE]
+        assert not instance.event_log_storage.get_concurrency_info(ACCELERATOR).claimed_slots
+
+
+def test_a_live_crucible_runs_pool_slot_is_left_alone(home):
+    prepare_instance()
+    holder = _holder()
+    try:
+        with DagsterInstance.get() as instance:
+            assert release_orphaned_runs(instance) == []
+            assert instance.event_log_storage.get_concurrency_info(ACCELERATOR).claimed_slots
+    finally:
+        holder.send_signal(signal.SIGINT)
+        holder.wait(timeout=60)
+
+
+def test_a_dagster_yaml_of_the_operators_own_is_used_as_it_is(home):
+    home.mkdir()
+    own = "telemetry:\n  enabled: false\n"
+    (home / "dagster.yaml").write_text(own)
+    prepare_instance()
+    assert (home / "dagster.yaml").read_text() == own
+
+
+def test_a_url_that_is_not_libpq_is_refused_in_one_sentence(home, monkeypatch):
+    monkeypatch.setenv(POSTGRES_URL_ENV, "mysql://crucible@127.0.0.1/crucible")
+    with pytest.raises(UserError, match="not a libpq URL"):
+        prepare_instance()
+
+
+def test_a_postgres_server_that_is_down_stops_crucible_run_with_one_line_and_no_password(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"),
+           POSTGRES_URL_ENV: "postgresql://crucible:s3cret@127.0.0.1:1/crucible"}
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "x", "--iterations", "1"],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: the Postgres instance postgresql://crucible@127.0.0.1:1/crucible")
+    assert "does not answer" in done.stderr and "Traceback" not in done.stderr and "s3cret" not in done.stderr
