@@ -68,8 +68,8 @@ def stored_samples(storage: str, experiment: str, iteration: int) -> list:
 
 def first_groups(samples: list, groups: int) -> list:
     """Every sample of the first `groups` prompts (group ids in the order they first appear)."""
-    kept = list(dict.fromkeys(s.group_id for s in samples))[:groups]
-    return [s for s in samples if s.group_id in set(kept)]
+    kept = set(list(dict.fromkeys(s.group_id for s in samples))[:groups])
+    return [s for s in samples if s.group_id in kept]
 
 
 def train(parent: Path, samples: list, out: Path, grpo, temperature: float) -> dict:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import psutil
 
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, Definitions, RunsFilter
 from rich.console import Console
@@ -21,7 +24,6 @@ from assets.partitions import add_experiment, add_iteration
 from assets.resources import CrucibleResource
 from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
-from sandbox.base import process_alive
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError, check_source, resolve_source
@@ -31,8 +33,12 @@ if TYPE_CHECKING:
     from dagster._utils.error import SerializableErrorInfo
 
 console = Console(stderr=True)
-# host:pid of the `crucible run` that executes a run in its own process (no run worker to watch)
+# The `crucible run` that executes a run in its own process (there is no run worker to watch):
+# host, boot and pid, and the process's start time, so that a pid used again is not taken for it.
 PROCESS_TAG = "crucible/process"
+# The daemon's run monitoring and retries are for runs it launched: it cannot end or relaunch a run
+# executing in another process, and would mark a live one failed at max_runtime_seconds.
+IN_PROCESS_TAGS = {"dagster/max_runtime": "0", "dagster/max_retries": "0"}
 
 
 def innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
@@ -154,7 +160,7 @@ class ExperimentRunner:
             partition_key=partition_key,
             # Dagster instantiates a job's own loggers only when the run config names them.
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
-            tags={PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}"},
+            tags=IN_PROCESS_TAGS | {PROCESS_TAG: this_process()},
             raise_on_error=False,
         )
         if not result.success:
@@ -169,18 +175,43 @@ class ExperimentRunner:
         console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
 
 
+def this_process() -> str:
+    return _process_id(os.getpid())
+
+
+def _process_id(pid: int) -> str | None:
+    """host/boot/pid/start of a live process on this host; None when there is none with that pid."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+    return f"{socket.gethostname()}/{_BOOT_ID}/{pid}/{started}"
+
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
 def release_orphaned_runs(instance: DagsterInstance) -> list[str]:
     """Fail the runs a `crucible run` on this host was executing when it died without a word
-    (SIGKILL, the OOM killer), and give back their pool slots; returns their ids. A process that
-    dies so never frees its slot of the accelerator pool (assets/pools.py), and every later step
-    of the pool, in any experiment, would wait for it for ever. Interrupted (Ctrl-C), it does."""
-    host = socket.gethostname()
+    (SIGKILL, the OOM killer), and give back the pool slots of every run that has ended; returns
+    the ids of the runs failed. A process that dies so never frees its slot of the accelerator pool
+    (assets/pools.py), and every later step of the pool, in any experiment, would wait for it for
+    ever. Interrupted (Ctrl-C), it frees them itself."""
+    host = f"{socket.gethostname()}/{_BOOT_ID}/"
     released = []
-    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])):
-        owner_host, _, pid = run.tags.get(PROCESS_TAG, "").rpartition(":")
-        if owner_host != host or not pid.isdigit() or process_alive(int(pid)):
+    unfinished = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    for run in instance.get_runs(RunsFilter(statuses=unfinished)):
+        owner = run.tags.get(PROCESS_TAG, "")
+        if run.remote_job_origin is not None or not owner.startswith(host):
+            continue  # a run worker the daemon watches, or another machine's process
+        pid = owner.removeprefix(host).split("/")[0]
+        if pid.isdigit() and _process_id(int(pid)) == owner:
             continue
-        instance.report_run_failed(run, f"the crucible run process that executed it ({host}:{pid}) died")
-        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        instance.report_run_failed(run, f"the crucible run process that executed it ({owner}) died")
         released.append(run.run_id)
+    if instance.event_log_storage.supports_global_concurrency_limits:
+        for run_id in instance.event_log_storage.get_concurrency_run_ids():
+            run = instance.get_run_by_id(run_id)
+            if run is None or run.is_finished:
+                instance.event_log_storage.free_concurrency_slots_for_run(run_id)
     return released

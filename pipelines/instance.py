@@ -7,23 +7,27 @@ URL, in that PostgreSQL database (pipelines/dagster-postgres.yaml): the instance
 machines, the daemon and the UI can share. The URL stays in the environment, never in the file.
 
 A dagster.yaml Crucible did not write (it lacks the first line Crucible's have) is the
-operator's own and is used as it is; one Crucible wrote follows the setting, so that setting or
-unsetting CRUCIBLE_POSTGRES_URL switches the instance. Run history does not move between the
-two: the datasets and checkpoints, which live in the storage root, do not depend on it.
+operator's own and is used as it is. One Crucible wrote is brought up to date with the template,
+but never switched between SQLite and Postgres by a command whose environment differs: a shell
+without the URL beside a UI with it would split the runs (and the accelerator pool) between two
+instances. To switch, remove the file. Run history does not move between the two; the datasets
+and checkpoints, in the storage root, do not depend on it.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import yaml
 
 from pipelines.errors import UserError
 
 POSTGRES_URL_ENV = "CRUCIBLE_POSTGRES_URL"
-WRITTEN_BY = "# Written by Crucible (pipelines/instance.py): edit pipelines/dagster.yaml, or remove this line to keep your edits.\n"
-# The first line of the copies Crucible made before it marked them (2026-12): also its own.
-_EARLIER_FIRST_LINE = "# Instance settings for Crucible's embedded default;"
+MARK = "# Written by Crucible"
+WRITTEN_BY = f"{MARK} (pipelines/instance.py): edit pipelines/dagster.yaml, or remove this line to keep your edits.\n"
 _TEMPLATES = Path(__file__).parent
 
 
@@ -34,18 +38,40 @@ def prepare_instance() -> Path:
     home.mkdir(parents=True, exist_ok=True)
     url = postgres_url()
     config, wanted = home / "dagster.yaml", instance_yaml(postgres=url is not None)
-    if not config.exists() or _written_by_crucible(config) and config.read_text() != wanted:
-        scratch = config.with_suffix(".yaml.tmp")
-        scratch.write_text(wanted)
-        scratch.replace(config)  # a UI starting now reads the old file or the new, never half of one
+    current = config.read_text() if config.exists() else None
+    if current is None or current.startswith(MARK) and current != wanted:
+        if current is not None and _keeps_runs_in_postgres(current) != (url is not None):
+            raise UserError(_switch_refused(config, url is not None))
+        _write_atomically(config, wanted)
     if url is not None:
         check_postgres(url)
     return home
 
 
+def _keeps_runs_in_postgres(config_text: str) -> bool:
+    return "postgres" in ((yaml.safe_load(config_text) or {}).get("storage") or {})
+
+
+def _switch_refused(config: Path, postgres: bool) -> str:
+    if postgres:
+        return (f"the instance in {config.parent} keeps its runs in SQLite files, and {POSTGRES_URL_ENV} is set: "
+                f"unset it, or remove {config} to move this DAGSTER_HOME to Postgres")
+    return (f"the instance in {config.parent} keeps its runs in Postgres, and {POSTGRES_URL_ENV} is not set here: "
+            f"export it as the UI and daemon have it, or remove {config} to move this DAGSTER_HOME to SQLite")
+
+
+def _write_atomically(config: Path, text: str) -> None:
+    """A UI starting now reads the old file or the new, never half of one; two commands writing
+    at once each rename a whole file of their own."""
+    handle, scratch = tempfile.mkstemp(dir=config.parent, prefix=".dagster.yaml.")
+    with os.fdopen(handle, "w") as f:
+        f.write(text)
+    os.replace(scratch, config)
+
+
 def instance_yaml(postgres: bool) -> str:
     text = WRITTEN_BY + (_TEMPLATES / "dagster.yaml").read_text()
-    return text + "\n" + (_TEMPLATES / "dagster-postgres.yaml").read_text() if postgres else text
+    return (text + "\n" + (_TEMPLATES / "dagster-postgres.yaml").read_text()) if postgres else text
 
 
 def postgres_url() -> str | None:
@@ -66,7 +92,7 @@ def check_postgres(url: str) -> None:
 
     try:
         psycopg2.connect(url, connect_timeout=10).close()
-    except psycopg2.OperationalError as error:
+    except psycopg2.Error as error:  # down, refused, a wrong password or an unknown parameter
         reason = " ".join(str(error).split())
         raise UserError(f"the Postgres instance {_without_password(url)} ({POSTGRES_URL_ENV}) does not answer: "
                         f"{reason}") from None
@@ -74,12 +100,5 @@ def check_postgres(url: str) -> None:
 
 def _without_password(url: str) -> str:
     parts = urlsplit(url)
-    user = f"{parts.username}@" if parts.username else ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{user}{parts.hostname}{port}{parts.path}"
-
-
-def _written_by_crucible(config: Path) -> bool:
-    with config.open() as f:
-        first = f.readline()
-    return first == WRITTEN_BY or first.startswith(_EARLIER_FIRST_LINE)
+    user, _, where = parts.netloc.rpartition("@")
+    return f"{parts.scheme}://{user.split(':')[0] + '@' if user else ''}{where}{parts.path}"

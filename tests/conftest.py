@@ -200,9 +200,11 @@ def fresh_database(server: str) -> Iterator[str]:
     try:
         with admin.cursor() as cursor:
             cursor.execute(f'CREATE DATABASE "{name}"')
-        yield urlsplit(server)._replace(path=f"/{name}").geturl()
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        try:
+            yield urlsplit(server)._replace(path=f"/{name}").geturl()
+        finally:
+            with admin.cursor() as cursor:
+                cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     finally:
         admin.close()
 

@@ -66,16 +66,20 @@ def test_a_postgres_url_puts_runs_events_and_schedules_in_that_database(home, po
     assert not (home / "history").exists()
 
 
-def test_setting_and_unsetting_the_url_switches_the_file_crucible_wrote_and_the_url_stays_out_of_it(
+def test_the_url_stays_out_of_the_file_and_a_command_whose_environment_differs_does_not_switch_the_instance(
         home, postgres_url, monkeypatch):
-    prepare_instance()
-    assert "storage" not in yaml.safe_load((home / "dagster.yaml").read_text())
+    """A shell without the URL beside a UI with it would split the runs between two instances:
+    switching takes removing the file."""
     monkeypatch.setenv(POSTGRES_URL_ENV, postgres_url)
     prepare_instance()
     text = (home / "dagster.yaml").read_text()
     assert yaml.safe_load(text)["storage"] == {"postgres": {"postgres_url": {"env": POSTGRES_URL_ENV}}}
     assert "@" not in text  # the password is read from the environment, never written down
     monkeypatch.delenv(POSTGRES_URL_ENV)
+    with pytest.raises(UserError, match="keeps its runs in Postgres, and CRUCIBLE_POSTGRES_URL is not set here"):
+        prepare_instance()
+    assert (home / "dagster.yaml").read_text() == text
+    (home / "dagster.yaml").unlink()
     prepare_instance()
     assert "storage" not in yaml.safe_load((home / "dagster.yaml").read_text())
 
@@ -116,10 +120,10 @@ def test_two_runs_never_hold_the_accelerator_pool_at_once(home, tmp_path):
 
 # A `crucible run`'s in-process run that holds the accelerator pool until it is killed.
 HOLDER = """
-import os, socket, time
+import time
 from dagster import DagsterInstance, asset, materialize
 from assets.pools import ACCELERATOR
-from pipelines.experiment_runner import PROCESS_TAG
+from pipelines.experiment_runner import IN_PROCESS_TAGS, PROCESS_TAG, this_process
 
 @asset(pool=ACCELERATOR)
 def hold_the_accelerator() -> None:
@@ -127,7 +131,7 @@ def hold_the_accelerator() -> None:
     time.sleep(600)
 
 with DagsterInstance.get() as instance:
-    materialize([hold_the_accelerator], instance=instance, tags={PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}"})
+    materialize([hold_the_accelerator], instance=instance, tags=IN_PROCESS_TAGS | {PROCESS_TAG: this_process()})
 """
 
 

@@ -44,7 +44,7 @@ class BasePolicySettings(BaseModel):
                                  f"{SFTConfig.model_fields['lr'].default} for the built-in model (small, from scratch), "
                                  f"{IMPORTED_SFT_LR} for an imported base_model (pretrained: a high rate would undo it)")
     sft_share_prefixes: bool = Field(False, description="run the prefix a warm-up batch shares (chat header, system "
-                                     "message) once: the same loss to float rounding on fewer tokens (repair: 30% less "
+                                     "message) once: the same loss to float rounding on fewer tokens (repair: 35% less "
                                      "warm-up time), but another base policy than whole rows give, as rounding grows "
                                      "over the steps; off, the base policies of experiments stored before it existed "
                                      "are made again as they were")
