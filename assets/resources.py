@@ -57,7 +57,10 @@ class CrucibleResource(ConfigurableResource):
         self._lock.close()
 
     def train_launcher_command(self) -> list[str]:
-        return shlex.split(self.train_launcher) or [sys.executable]
+        """The launcher (or this Python) under setpriv's parent-death signal: a training step
+        whose run died without a word (SIGKILL, the OOM killer) dies with it, rather than going on
+        writing the checkpoint that the run, started again, trains too."""
+        return ["setpriv", "--pdeathsig", "KILL", *(shlex.split(self.train_launcher) or [sys.executable])]
 
     def store(self) -> DatasetStore:
         return DatasetStore(self.storage_root)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
+from pathlib import Path
 
+import psutil
 import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, PipesSubprocessClient, materialize
 
@@ -34,6 +37,8 @@ from training.policy.model import PolicyConfig, build_base_policy
 from training.rl.trainer import GRPOConfig
 from training.sft.demonstrations import single_turn_examples
 from training.sft.warmup import SFTConfig, supervised_warmup
+
+ROOT = Path(__file__).parent.parent
 
 pytestmark = pytest.mark.slow
 
@@ -190,3 +195,26 @@ def test_a_diverged_step_blocks_the_next_iteration(crucible, diverged):
     assert row["blocked"]
     with pytest.raises(Refused, match="failed its stability checks \\(training_not_diverged: error"):
         Iteration(crucible, crucible.experiment("diverges"), 2).policy()
+
+
+# What the checkpoint step does, reduced to its process tree: a run process starts the training
+# step with the launcher command, then is killed without a word.
+ORPHANED_STEP = """
+import subprocess, sys
+from assets.resources import CrucibleResource
+command = CrucibleResource().train_launcher_command()
+step = subprocess.Popen([*command, "-c", "import time; time.sleep(600)"])
+print(step.pid, flush=True)
+step.wait()
+"""
+
+
+def test_a_training_step_dies_with_a_run_killed_without_a_word(tmp_path):
+    """Left running, it would go on writing the checkpoint the run, started again, trains too."""
+    run = subprocess.Popen([sys.executable, "-c", ORPHANED_STEP], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    step = psutil.Process(int(run.stdout.readline()))
+    run.kill()
+    run.wait(timeout=30)
+    step.wait(timeout=30)  # psutil.TimeoutExpired: the step outlived its run
+    assert not step.is_running()
