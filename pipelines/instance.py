@@ -16,6 +16,7 @@ and checkpoints, in the storage root, do not depend on it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -45,7 +46,21 @@ def prepare_instance() -> Path:
         _write_atomically(config, wanted)
     if url is not None:
         check_postgres(url)
+    elif not (home / "history" / "runs.db").exists():
+        _create_sqlite_tables(home)
     return home
+
+
+def _create_sqlite_tables(home: Path) -> None:
+    """SQLite storage creates its tables when the instance is first opened: two commands doing
+    that at once (a UI and a `crucible run` started together) collide, and one fails with
+    "table runs already exists". One process at a time creates them here."""
+    from dagster import DagsterInstance
+
+    with (home / ".create-tables.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with DagsterInstance.get():
+            pass
 
 
 def _keeps_runs_in_postgres(config_text: str) -> bool:
