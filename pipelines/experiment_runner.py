@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
-
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, Definitions, RunsFilter
 from rich.console import Console
 
@@ -36,6 +35,7 @@ console = Console(stderr=True)
 # The `crucible run` that executes a run in its own process (there is no run worker to watch):
 # host, boot and pid, and the process's start time, so that a pid used again is not taken for it.
 PROCESS_TAG = "crucible/process"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 # The daemon's run monitoring and retries are for runs it launched: it cannot end or relaunch a run
 # executing in another process, and would mark a live one failed at max_runtime_seconds.
 IN_PROCESS_TAGS = {"dagster/max_runtime": "0", "dagster/max_retries": "0"}
@@ -176,7 +176,8 @@ class ExperimentRunner:
 
 
 def this_process() -> str:
-    return _process_id(os.getpid())
+    """The PROCESS_TAG value of this process (alive, so never None)."""
+    return _process_id(os.getpid()) or ""
 
 
 def _process_id(pid: int) -> str | None:
@@ -186,9 +187,6 @@ def _process_id(pid: int) -> str | None:
     except psutil.NoSuchProcess:
         return None
     return f"{socket.gethostname()}/{_BOOT_ID}/{pid}/{started}"
-
-
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def release_orphaned_runs(instance: DagsterInstance) -> list[str]:

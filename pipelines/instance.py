@@ -59,8 +59,7 @@ def _create_sqlite_tables(home: Path) -> None:
 
     with (home / ".create-tables.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with DagsterInstance.get():
-            pass
+        DagsterInstance.get().dispose()  # opening it is what creates them
 
 
 def _keeps_runs_in_postgres(config_text: str) -> bool:
