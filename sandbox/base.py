@@ -23,7 +23,9 @@ Contract shared by the backends:
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -173,6 +175,25 @@ def run_once(
             return session.exec(command)
     except SandboxUnavailable as e:
         return infrastructure_error(sandbox.spec.hash, sandbox.name, str(e), started)
+
+
+_reaped: set[str] = set()
+_reaped_lock = threading.Lock()
+
+
+def reap_once(place: str, reap: Callable[[], object]) -> None:
+    """Call `reap` the first time this process opens a sandbox at `place` (a scratch directory,
+    a daemon). What owners killed without closing left there costs every later sandbox: each
+    leaked tmpfs mount is copied into every new mount namespace, and 448 of them made grading
+    1.8x slower (49 s instead of 28 s for 1,024 submissions)."""
+    with _reaped_lock:
+        if place in _reaped:
+            return
+        _reaped.add(place)
+    try:
+        reap()
+    except Exception as e:  # noqa: BLE001 (the new sandbox works regardless; the operator is told)
+        logging.getLogger(__name__).warning(f"could not remove what dead sandbox owners left at {place}: {e}")
 
 
 def process_alive(pid: int) -> bool:

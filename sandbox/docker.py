@@ -44,6 +44,7 @@ from sandbox.base import (
     SessionLifecycle,
     WorkspacePathError,
     process_alive,
+    reap_once,
     run_once,
 )
 from sandbox.capture import OutputCapture
@@ -95,6 +96,7 @@ class DockerSandbox:
             self.client.ping()
         except docker.errors.DockerException as e:
             raise SandboxUnavailable(f"the Docker daemon does not answer ({e}); start it with scripts/docker-daemon") from e
+        reap_once(f"docker:{self.client.api.base_url}", self.reap)
         image = DEFAULT_IMAGE if spec.image == "host" else spec.image
         try:
             digest = self.client.images.get(image).id

@@ -40,7 +40,15 @@ from functools import partial
 from pathlib import Path, PurePosixPath
 
 from sandbox import cgroups, seccomp
-from sandbox.base import WORKSPACE, Mount, SandboxUnavailable, SessionLifecycle, process_alive, run_once
+from sandbox.base import (
+    WORKSPACE,
+    Mount,
+    SandboxUnavailable,
+    SessionLifecycle,
+    process_alive,
+    reap_once,
+    run_once,
+)
 from sandbox.bwrap_exec import (
     SANDBOX_PYTHON,
     SETPRIV,
@@ -86,6 +94,7 @@ class LocalSandbox:
         self.cgroup_parent = cgroup_parent
         self.cgroup_host = cgroups.detect(cgroup_parent)
         self.scratch_dir = Path(scratch_dir or _default_scratch(self.cgroup_host))
+        reap_once(f"local:{self.scratch_dir}", self.reap)
         self.has_seccomp = _seccomp_available()
         if spec.overlay and not Path(spec.overlay, "environment.json").is_file():
             raise SandboxUnavailable(f"the environment at {spec.overlay} is not built (crucible env build)")
@@ -119,8 +128,11 @@ class LocalSandbox:
                 continue  # scratch may be world-writable: never follow what others planted
             if self.cgroup_host is not None:
                 cgroups.RunCgroup(self.cgroup_host, f"{match['owner']}-{match['session']}").destroy()
-            _unmount(directory)
-            shutil.rmtree(directory)
+            try:
+                _unmount(directory)
+                shutil.rmtree(directory)
+            except FileNotFoundError:  # another process reaped it meanwhile
+                continue
             removed.append(match["session"])
         return removed
 

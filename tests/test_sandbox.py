@@ -534,6 +534,34 @@ def test_reap_removes_the_sessions_of_an_owner_killed_without_closing(sandbox):
     assert residue(sandbox) == []
 
 
+OPENER = """
+import sys
+from pathlib import Path
+backend, scratch, tag = sys.argv[1:4]
+if backend == "local":
+    from sandbox.local import LocalSandbox
+    LocalSandbox(scratch_dir=Path(scratch), cgroup_parent=tag)
+else:
+    from sandbox.docker import DockerSandbox
+    DockerSandbox(scratch_dir=Path(scratch), labels={"crucible.test": tag})
+"""
+
+
+def test_a_process_first_sandbox_removes_what_a_killed_owner_left(sandbox):
+    tag = sandbox.cgroup_parent if sandbox.name == "local" else sandbox.labels["crucible.test"]
+    args = [sandbox.name, str(sandbox.scratch_dir), tag]
+    owner = subprocess.Popen([sys.executable, "-c", ORPHAN_OWNER, *args], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).parent.parent)
+    try:
+        assert owner.stdout.readline() == "open\n"
+    finally:
+        owner.kill()
+        owner.wait()
+    assert residue(sandbox) != []
+    subprocess.run([sys.executable, "-c", OPENER, *args], check=True, cwd=Path(__file__).parent.parent)
+    assert residue(sandbox) == []
+
+
 def test_local_refuses_network_it_cannot_isolate():
     require("local")
     from sandbox.local import LocalSandbox
