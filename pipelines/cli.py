@@ -39,10 +39,22 @@ console = Console(width=shutil.get_terminal_size((140, 40)).columns)
 errors = Console(stderr=True, soft_wrap=True)  # an error stays one line, however long
 
 
+def _check_settings() -> None:
+    """Settings from the environment that would otherwise fail minutes in, or with a traceback."""
+    if environment.sandbox_backend() == "docker":
+        from sandbox.docker_hosts import configured_hosts
+
+        try:
+            configured_hosts()
+        except ValueError as error:
+            raise UserError(str(error)) from None
+
+
 def command_run(args: argparse.Namespace) -> int:
     prepare_instance()
     environment.use_storage(args.storage)
     DatasetStore(environment.storage_root()).check()  # before minutes of set-up, not after
+    _check_settings()
     # torch and dagster load only when running
     from pipelines.experiment_runner import ExperimentRunner
     from training.experiment import ExperimentFileError, load_experiment_file

@@ -5,6 +5,7 @@ CRUCIBLE_TASK_SETS        the imported task-set library (task_sets/loader.py; de
 CRUCIBLE_STORAGE_ROOT     any fsspec URI for datasets (default ./.crucible/data)
 CRUCIBLE_CHECKPOINT_ROOT  local directory for checkpoints (default ./.crucible/checkpoints)
 CRUCIBLE_SANDBOX          sandbox backend (default local)
+CRUCIBLE_DOCKER_HOSTS     the Docker daemons of the docker backend, URL=CAPACITY,... (sandbox/docker_hosts.py)
 CRUCIBLE_TRAIN_LAUNCHER   what launches the training step (default: this Python; e.g. torchrun --standalone …)
 """
 

@@ -26,9 +26,11 @@ import shlex
 import signal
 import socket
 import struct
+import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path, PurePosixPath
 
 import docker
@@ -48,9 +50,10 @@ from sandbox.base import (
     run_once,
 )
 from sandbox.capture import OutputCapture
+from sandbox.docker_hosts import Daemon, DockerHost, NoDaemon, configured_hosts, fleet
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import SandboxSpec
-from sandbox.workspace import files_to_tar, regular_files_from_tar, safe_relative
+from sandbox.workspace import files_to_tar, regular_files_from_tar, regular_files_in_tar, safe_relative
 
 DEFAULT_IMAGE = "crucible-sandbox:bookworm-2"  # built by scripts/build-sandbox-image
 LABEL = "crucible.sandbox"
@@ -85,52 +88,55 @@ class DockerSandbox:
         *,
         scratch_dir: Path | None = None,
         labels: Mapping[str, str] | None = None,
+        hosts: tuple[DockerHost, ...] | None = None,
     ):
         """`spec.image` is a tag or digest; "host" (the local backend's default) means
         DEFAULT_IMAGE. The spec is recorded with the image's digest, so results name exactly
-        what they ran in. `labels` are added to every container (tests use them to find theirs).
+        what they ran in; a daemon whose image differs gets none of this sandbox's sessions.
+        `labels` are added to every container (tests use them to find theirs). `hosts`: the
+        daemons sessions are spread over (default: sandbox/docker_hosts.py's settings).
 
-        Raises SandboxUnavailable when the daemon does not answer or the image is missing."""
+        Raises SandboxUnavailable when no daemon answers or none has the image."""
         try:
-            self.client = docker.from_env(timeout=_API_TIMEOUT_S)
-            self.client.ping()
-        except docker.errors.DockerException as e:
-            raise SandboxUnavailable(f"the Docker daemon does not answer ({e}); start it with scripts/docker-daemon") from e
-        reap_once(f"docker:{self.client.api.base_url}", self.reap)
+            self.fleet = fleet(hosts or configured_hosts(), _API_TIMEOUT_S)
+        except ValueError as e:
+            raise SandboxUnavailable(str(e)) from None
+        answering = self.fleet.answering()
+        if not answering:
+            raise SandboxUnavailable(f"no Docker daemon answers ({', '.join(d.url for d in self.fleet.daemons)}); "
+                                     "start it with scripts/docker-daemon")
+        for daemon in answering:
+            reap_once(f"docker:{daemon.url}", partial(self._reap, daemon))
         image = DEFAULT_IMAGE if spec.image == "host" else spec.image
-        try:
-            digest = self.client.images.get(image).id
-        except docker.errors.ImageNotFound as e:
+        digest = next(filter(None, (self._image_on(daemon, image) for daemon in answering)), None)
+        if digest is None:
             hint = "crucible env build" if image.startswith("crucible-env:") else "scripts/build-sandbox-image"
-            raise SandboxUnavailable(f"no image {image!r}; build it with {hint}") from e
-        if spec.workspace_alias:
-            digest = self._with_alias(digest, spec.workspace_alias)
-        if spec.network and not self.client.networks.list(names=["bridge"]):
-            raise SandboxUnavailable(
-                "the spec asks for network, but this Docker daemon has no bridge network "
-                "(scripts/docker-daemon starts it with --bridge=none, which keeps the host firewall as it is)"
-            )
+            raise SandboxUnavailable(f"no image {image!r}; build it with {hint}")
         self.spec = replace(spec, image=digest)
         self.scratch_dir = Path(scratch_dir or "/tmp")
         self.labels = {LABEL: "1", OWNER_LABEL: _owner(), **(labels or {})}
+        if spec.network and not any(map(_has_bridge, answering)):
+            raise SandboxUnavailable(
+                "the spec asks for network, but the Docker daemons have no bridge network "
+                "(scripts/docker-daemon starts it with --bridge=none, which keeps the host firewall as it is)"
+            )
 
-    def _with_alias(self, digest: str, alias: str) -> str:
-        """`digest` with a symlink from `alias` to the workspace: a layer built once, no network."""
-        recipe = 2  # counts changes to the layer below
-        tag = f"crucible-alias:{hashlib.sha256(f'{digest} {alias} {recipe}'.encode()).hexdigest()[:16]}"
+    def usable(self, daemon: Daemon) -> bool:
+        """Whether `daemon` can hold this sandbox's sessions: the same image, a network if asked."""
+        return self._image_on(daemon, self.spec.image) == self.spec.image and (
+            not self.spec.network or _has_bridge(daemon))
+
+    def image_on(self, daemon: Daemon) -> str:
+        """The image a session runs on `daemon`: the spec's, with the workspace alias added if asked."""
+        alias = self.spec.workspace_alias
+        return _with_alias(daemon, self.spec.image, alias) if alias else self.spec.image
+
+    def _image_on(self, daemon: Daemon, image: str) -> str | None:
         try:
-            return self.client.images.get(tag).id
-        except docker.errors.ImageNotFound:
-            pass
-        # The image's own directory there (a Harbor image's WORKDIR /app) gives way to the workspace.
-        dockerfile = f"FROM {digest}\nRUN rm -rf {shlex.quote(alias)} && mkdir -p " \
-                     f"{shlex.quote(str(PurePosixPath(alias).parent))} && ln -s {WORKSPACE} {shlex.quote(alias)}\n"
-        try:
-            image, _ = self.client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none",
-                                                rm=True, labels={"crucible.workspace-alias": alias})
-        except docker.errors.DockerException as e:
-            raise SandboxUnavailable(f"cannot add the workspace alias {alias} to the image: {e}") from e
-        return image.id
+            return daemon.image_id(image)
+        except (docker.errors.DockerException, OSError) as e:
+            self.fleet.check(daemon, e)
+            return None
 
     def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> DockerSession:  # noqa: B006
         return DockerSession(self, files, mounts)
@@ -140,19 +146,51 @@ class DockerSandbox:
         return run_once(self, command, files, mounts, protected)
 
     def containers(self, **labels: str) -> list:
-        """Containers of any Crucible sandbox on this daemon, narrowed by `labels`."""
-        wanted = [LABEL] + [f"{k}={v}" for k, v in labels.items()]
-        return self.client.containers.list(all=True, filters={"label": wanted})
+        """Containers of any Crucible sandbox on the answering daemons, narrowed by `labels`."""
+        return [container for daemon in self.fleet.answering() for container in _containers(daemon, labels)]
 
     def reap(self) -> list[str]:
         """Remove containers whose owner process on this host is gone; returns their names."""
+        return [name for daemon in self.fleet.answering() for name in self._reap(daemon)]
+
+    @staticmethod
+    def _reap(daemon: Daemon) -> list[str]:
         removed = []
-        for container in self.containers():
+        for container in _containers(daemon, {}):
             host, _, pid = container.labels.get(OWNER_LABEL, ":").partition(":")
             if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
                 _remove(container)
                 removed.append(container.name)
         return removed
+
+
+def _containers(daemon: Daemon, labels: Mapping[str, str]) -> list:
+    wanted = [LABEL] + [f"{k}={v}" for k, v in labels.items()]
+    return daemon.client.containers.list(all=True, filters={"label": wanted})
+
+
+def _has_bridge(daemon: Daemon) -> bool:
+    return bool(daemon.client.networks.list(names=["bridge"]))
+
+
+def _with_alias(daemon: Daemon, digest: str, alias: str) -> str:
+    """`digest` with a symlink from `alias` to the workspace, on `daemon`: a layer built once
+    per daemon, no network."""
+    recipe = 2  # counts changes to the layer below
+    tag = f"crucible-alias:{hashlib.sha256(f'{digest} {alias} {recipe}'.encode()).hexdigest()[:16]}"
+    found = daemon.image_id(tag)
+    if found:
+        return found
+    # The image's own directory there (a Harbor image's WORKDIR /app) gives way to the workspace.
+    dockerfile = f"FROM {digest}\nRUN rm -rf {shlex.quote(alias)} && mkdir -p " \
+                 f"{shlex.quote(str(PurePosixPath(alias).parent))} && ln -s {WORKSPACE} {shlex.quote(alias)}\n"
+    try:
+        image, _ = daemon.client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none",
+                                              rm=True, labels={"crucible.workspace-alias": alias})
+    except docker.errors.DockerException as e:
+        raise SandboxUnavailable(f"cannot add the workspace alias {alias} to the image on {daemon.url}: {e}") from e
+    daemon.forget(tag)
+    return image.id
 
 
 @dataclass
@@ -177,24 +215,37 @@ class DockerSession(SessionLifecycle):
         self.id = secrets.token_hex(8)
         self.spec = backend.spec
         self.log: list[ExecResult] = []
-        self._backend, self._api, self._closed = backend, backend.client.api, False
+        self._backend, self._closed, self._daemon = backend, False, None
         self._initial = files_to_tar(files, self.spec.uid, self.spec.gid)
         try:
-            self._container = backend.client.containers.run(
-                self.spec.image, ["sleep", "infinity"], name=f"crucible-{self.id}", detach=True,
-                **_container_options(self.spec, mounts, backend.labels),
+            self._daemon = backend.fleet.acquire(backend.usable, _API_TIMEOUT_S)
+        except NoDaemon as e:
+            raise SandboxUnavailable(f"cannot open a docker session: {e}") from None
+        self._api = self._daemon.client.api
+        # A daemon elsewhere cannot bind-mount this host's files: they are copied in, and what
+        # the sandbox writes to a writable one is copied back after every exec.
+        self._copied = () if self._daemon.on_this_host else tuple(mounts)
+        try:
+            self._container = self._daemon.client.containers.run(
+                backend.image_on(self._daemon), ["sleep", "infinity"], name=f"crucible-{self.id}", detach=True,
+                **_container_options(self.spec, () if self._copied else mounts, backend.labels, self._copied),
             )
             self._user = f"{self.spec.uid}:{self.spec.gid}"
             self._container.reload()
             self._init_pid = self._container.attrs["State"]["Pid"]
             # Read on this host where the daemon is local (cgroup v1): leftovers are then
             # killed and OOM kills counted without a round trip through the daemon.
-            self._procs_file = _cgroup_file(self._init_pid, "pids", "cgroup.procs")
-            self._oom_file = _cgroup_file(self._init_pid, "memory", "memory.oom_control")
-            self._peak_file = _cgroup_file(self._init_pid, "memory", "memory.max_usage_in_bytes")
-            self._cpu_file = _cgroup_file(self._init_pid, "cpuacct", "cpuacct.usage")
+            cgroup_file = partial(_cgroup_file, self._init_pid, self._container.id)
+            self._procs_file = cgroup_file("pids", "cgroup.procs")
+            self._oom_file = cgroup_file("memory", "memory.oom_control")
+            self._peak_file = cgroup_file("memory", "memory.max_usage_in_bytes")
+            self._cpu_file = cgroup_file("cpuacct", "cpuacct.usage")
+            for mount in self._copied:  # a read-only copy is root's: the sandbox user cannot change it
+                self._call(["tar", "-x", "--no-same-owner", "-C", mount.sandbox_path, "-f", "-"],
+                           stdin=_directory_tar(mount.host_path), user=None if mount.writable else "0:0")
             self._restore(self._initial)
         except BaseException as e:  # bad input files included: nothing may be left behind
+            self._daemon_failed(e)
             self._abandon(e)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -204,8 +255,19 @@ class DockerSession(SessionLifecycle):
             return
         self._closed = True
         container = getattr(self, "_container", None)
-        if container is not None:
-            _remove(container)
+        try:
+            if container is not None:
+                _remove(container)
+        except (docker.errors.DockerException, OSError):  # the daemon is gone: removed when it answers again
+            self._daemon.abandoned.append(container.id)
+        finally:
+            if self._daemon is not None:
+                self._backend.fleet.release(self._daemon)
+
+    def _daemon_failed(self, error: BaseException) -> None:
+        """After an error of ours: drain the session's daemon if it no longer answers."""
+        if self._daemon is not None and isinstance(error, self._infra_errors):
+            self._backend.fleet.check(self._daemon, error)
 
     def reset(self, files: Mapping[str, str | bytes] | None = None) -> None:
         """See Session.reset."""
@@ -218,6 +280,7 @@ class DockerSession(SessionLifecycle):
                                     "if command -v ipcrm >/dev/null; then ipcrm --all; fi"])
             self._restore(self._initial)
         except docker.errors.DockerException as e:  # the container or the daemon is gone
+            self._daemon_failed(e)
             raise SandboxUnavailable(f"session {self.id} cannot be reset: {e}") from e
 
     # -- files -------------------------------------------------------------------------------
@@ -262,18 +325,35 @@ class DockerSession(SessionLifecycle):
     def _run(self, command, stdout, stderr, deadline, on_output, started) -> ExecResult:
         oom_before, cpu_before = self._oom_kills(), _read_int(self._cpu_file)
         _write_zero(self._peak_file)  # a fresh peak for this run
-        run = self._exec(command, stdout, stderr, deadline, on_output)
-        self._kill_leftovers()
+        try:
+            run = self._exec(command, stdout, stderr, deadline, on_output)
+            self._kill_leftovers()
+            self._copy_back()
+        except self._infra_errors as e:  # reported as XX by exec; the pool retries it elsewhere
+            self._daemon_failed(e)
+            raise
         run.oom_killed = self._oom_kills() > oom_before
         run.cpu_s = ((_read_int(self._cpu_file) or 0) - (cpu_before or 0)) / 1e9 if cpu_before else 0.0
         run.peak_memory_bytes = _read_int(self._peak_file)
         return self._result(run, stdout, stderr, time.monotonic() - started)
 
+    def _copy_back(self) -> None:
+        """What the sandbox left in its copied writable mounts, to their host directories."""
+        for mount in (m for m in self._copied if m.writable):
+            try:
+                archive = self._call(["tar", "-c", "-C", mount.sandbox_path, "-f", "-", "."])
+            except WorkspacePathError as e:
+                raise OSError(f"cannot copy {mount.sandbox_path} back from the container: {e}") from e
+            for name, data in regular_files_in_tar(archive).items():
+                target = mount.host_path / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+
     def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None, helper=False,
-              output_limit: int | None = None) -> _Run:
+              output_limit: int | None = None, user: str | None = None) -> _Run:
         envelope = (_HELPER if stdin is not None or helper else _ENVELOPE).format(ulimits=_ulimits(self.spec))
         exec_id = self._api.exec_create(
-            self._container.id, ["sh", "-c", envelope, "sh", *command], user=self._user,
+            self._container.id, ["sh", "-c", envelope, "sh", *command], user=user or self._user,
             workdir=WORKSPACE, stdin=stdin is not None,
         )["Id"]
         sock = self._api.exec_start(exec_id, socket=True)
@@ -358,15 +438,17 @@ class DockerSession(SessionLifecycle):
             spec_hash=self.spec.hash, backend=DockerSandbox.name, error=error,
         )
 
-    def _call(self, command: list[str], stdin: bytes | None = None) -> bytes:
-        """Run one of our own helper commands (tar, find) as the sandbox user; its stdout."""
+    def _call(self, command: list[str], stdin: bytes | None = None, user: str | None = None) -> bytes:
+        """Run one of our own helper commands (tar, find) as the sandbox user (or `user`); its stdout."""
         cap = 2 * (self.spec.limits.disk_mb << 20)  # a tar of the whole workspace fits; sparse files do not
         stdout, stderr = OutputCapture("stdout", cap), OutputCapture("stderr", 4096)
         run = self._exec(command, stdout, stderr, time.monotonic() + _API_TIMEOUT_S, None, stdin=stdin, helper=True,
-                         output_limit=cap)
+                         output_limit=cap, user=user)
         if run.killed_for is ExecStatus.OL:
             raise WorkspacePathError(f"{command[0]} in the sandbox: output over {cap} bytes (sparse files?)")
-        if run.exit_code != 0 or not run.ready:
+        if not run.ready or run.exit_code is None:  # our shell never ran, or the daemon never said how it ended
+            raise OSError(f"{command[0]} in the sandbox did not run to its end: {stderr.text.strip()[-500:]}")
+        if run.exit_code != 0:
             raise WorkspacePathError(f"{command[0]} in the sandbox failed: {stderr.text.strip()[-500:]}")
         return bytes(stdout.data)
 
@@ -441,15 +523,21 @@ def _classify(run: _Run) -> tuple[ExecStatus, int | None, int | None]:
     return (ExecStatus.OK if exit_code == 0 else ExecStatus.RE), exit_code, sig
 
 
-def _container_options(spec: SandboxSpec, mounts: Sequence[Mount], labels: Mapping[str, str]) -> dict:
+def _container_options(spec: SandboxSpec, mounts: Sequence[Mount], labels: Mapping[str, str],
+                       copied: Sequence[Mount] = ()) -> dict:
+    """`mounts` are bind-mounted; `copied` get a tmpfs each, root's where the sandbox may only
+    read them, the sandbox user's alone where it may write."""
     limits = spec.limits
     tmpfs_size = f"size={limits.disk_mb}m,nr_inodes={limits.inodes}"
+    copies = {m.sandbox_path: f"rw,nosuid,nodev,{tmpfs_size},"
+              + (f"uid={spec.uid},gid={spec.gid},mode=0700" if m.writable else "uid=0,gid=0,mode=0755") for m in copied}
     return dict(
         network_mode="bridge" if spec.network else "none",
         read_only=True,
         tmpfs={
             WORKSPACE: f"rw,exec,nosuid,nodev,{tmpfs_size},uid={spec.uid},gid={spec.gid},mode=0755",
             "/tmp": f"rw,exec,nosuid,nodev,{tmpfs_size},mode=1777",
+            **copies,
         },
         shm_size=limits.disk_mb << 20,
         cap_drop=["ALL"],
@@ -470,6 +558,14 @@ def _container_options(spec: SandboxSpec, mounts: Sequence[Mount], labels: Mappi
     )
 
 
+def _directory_tar(directory: Path) -> bytes:
+    """`directory`'s tree as a tar archive (modes kept), to unpack in a container as root."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(directory, arcname=".", filter=lambda info: info.replace(uid=0, gid=0, uname="", gname=""))
+    return buffer.getvalue()
+
+
 def _ulimits(spec: SandboxSpec) -> str:
     limits = spec.limits
     return " && ".join([
@@ -478,13 +574,14 @@ def _ulimits(spec: SandboxSpec) -> str:
     ])
 
 
-def _cgroup_file(pid: int, controller: str, name: str) -> Path | None:
-    """A control file of the cgroup of host process `pid` (cgroup v1 layout); None where the
-    daemon is remote or the layout differs (then an OOM kill shows as SG 9, not ML)."""
+def _cgroup_file(pid: int, container_id: str, controller: str, name: str) -> Path | None:
+    """A control file of the cgroup of host process `pid` (cgroup v1 layout) when that cgroup is
+    container `container_id`'s; None where the daemon is remote (its pid names another process
+    here, or none) or the layout differs (then an OOM kill shows as SG 9, not ML)."""
     try:
         for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
-            if controller in controllers.split(","):
+            if controller in controllers.split(",") and container_id in path:
                 candidate = Path("/sys/fs/cgroup") / controller / path.lstrip("/") / name
                 return candidate if candidate.exists() else None
     except OSError:

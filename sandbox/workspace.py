@@ -50,6 +50,14 @@ def files_to_tar(files: Mapping[str, str | bytes], uid: int, gid: int) -> bytes:
     return buffer.getvalue()
 
 
+def regular_files_in_tar(archive: bytes) -> dict[str, bytes]:
+    """Every regular file of a tar archive by its relative path (checked); links, devices and
+    directories are left out."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {str(safe_relative(member.name)): tar.extractfile(member).read()
+                for member in tar.getmembers() if member.isreg()}
+
+
 def regular_files_from_tar(archive: bytes, wanted: Sequence[str]) -> dict[str, bytes]:
     """The members `wanted` of a tar archive, each of which must be a regular file."""
     found: dict[str, bytes] = {}

@@ -1,0 +1,150 @@
+"""Docker sessions spread over several daemons (sandbox/docker_hosts.py): the main daemon and a
+second one on its own socket (scripts/docker-daemon with CRUCIBLE_DOCKERD_NAME), stopped in the
+middle of a batch of MBPP gradings."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require
+from sandbox.pool import PoolConfig, SandboxPool
+from sandbox.verdict import RewardStatus
+from task_sets.importers import ImportOptions, import_tasks
+from task_sets.submission import grade_solution, sandbox_spec
+
+ROOT = Path(__file__).parent.parent
+MBPP = Path(__file__).parent / "data" / "mbpp" / "sanitized-mbpp.json.gz"
+SECOND = "test-second"  # scripts/docker-daemon's CRUCIBLE_DOCKERD_NAME
+SECOND_URL = f"unix:///var/run/crucible-docker-{SECOND}.sock"
+SECOND_TCP = "127.0.0.1:23751"  # the same daemon, reached as a daemon on another host would be
+SECOND_PIDFILE = Path(f"/var/run/crucible-docker-{SECOND}.pid")
+
+
+def test_hosts_setting_names_the_item_that_is_wrong():
+    from sandbox.docker_hosts import DockerHost, parse_hosts
+
+    assert parse_hosts("unix:///a.sock=2, tcp://10.0.0.7:2375=16") == (
+        DockerHost("unix:///a.sock", 2), DockerHost("tcp://10.0.0.7:2375", 16))
+    for text, reason in [("unix:///a.sock", "'unix:///a.sock' is not URL=CAPACITY"),
+                         ("unix:///a.sock=0", "'unix:///a.sock=0' is not URL=CAPACITY"),
+                         ("a.sock=2", "'a.sock=2' is not URL=CAPACITY"),
+                         ("unix:///a.sock=1,unix:///a.sock=2", "listed twice"),
+                         (" , ", "lists no daemon")]:
+        with pytest.raises(ValueError, match=reason):
+            parse_hosts(text)
+
+
+def test_crucible_run_refuses_a_wrong_hosts_setting_in_one_line(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"),
+           "CRUCIBLE_SANDBOX": "docker", "CRUCIBLE_DOCKER_HOSTS": "unix:///var/run/docker.sock=many"}
+    env.pop("CRUCIBLE_POSTGRES_URL", None)
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "x", "--iterations", "1"],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert (done.returncode, done.stderr.strip()) == (2, (
+        "error: CRUCIBLE_DOCKER_HOSTS: 'unix:///var/run/docker.sock=many' is not URL=CAPACITY (for example "
+        "unix:///var/run/docker.sock=16; the capacity a whole number ≥ 1)"))
+
+
+@pytest.fixture
+def second_daemon():
+    """A second Docker daemon on its own socket, holding the sandbox image; stopped afterwards."""
+    require("docker")
+    env = {**os.environ, "CRUCIBLE_DOCKERD_NAME": SECOND, "CRUCIBLE_DOCKERD_TCP": SECOND_TCP}
+    started = subprocess.run([ROOT / "scripts" / "docker-daemon"], env=env, capture_output=True, text=True)
+    if started.returncode:
+        pytest.fail(f"the second Docker daemon did not start: {started.stderr[-2000:]}")
+    from sandbox.docker import DEFAULT_IMAGE
+
+    saved = subprocess.Popen(["docker", "save", DEFAULT_IMAGE], stdout=subprocess.PIPE)
+    subprocess.run(["docker", "-H", SECOND_URL, "load", "-q"], stdin=saved.stdout, check=True, capture_output=True)
+    assert saved.wait() == 0
+    yield SECOND_URL
+    _stop(SECOND_PIDFILE)
+
+
+def _stop(pidfile: Path) -> None:
+    try:
+        pid = int(pidfile.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_sessions_go_to_the_daemon_with_room(second_daemon):
+    from sandbox.docker import DockerSandbox
+    from sandbox.docker_hosts import DockerHost
+
+    token = secrets.token_hex(4)
+    sandbox = DockerSandbox(hosts=(DockerHost("unix:///var/run/docker.sock", 1), DockerHost(second_daemon, 1)),
+                            labels={"crucible.test": token})
+    with sandbox.session() as first, sandbox.session() as second:
+        assert {first.exec(["true"]).status.value, second.exec(["true"]).status.value} == {"OK"}
+        assert sorted(d.live for d in sandbox.fleet.daemons) == [1, 1]  # one each, not two on one
+    assert [d.live for d in sandbox.fleet.daemons] == [0, 0]
+    assert sandbox.containers(**{"crucible.test": token}) == []
+
+
+def test_a_daemon_stopped_in_the_middle_of_a_batch_loses_no_grading(second_daemon):
+    from sandbox.docker import DockerSandbox
+    from sandbox.docker_hosts import DockerHost
+
+    tasks = import_tasks("mbpp", MBPP, ImportOptions("mbpp")).tasks[:20]
+    work = [(task, solution, passes) for task in tasks
+            for solution, passes in ((task.reference_solution, True), ("def nothing():\n    return None\n", False))]
+    hosts = (DockerHost("unix:///var/run/docker.sock", 2), DockerHost(second_daemon, 2))
+    token = secrets.token_hex(4)
+    second = None
+
+    def make(spec):
+        nonlocal second
+        sandbox = DockerSandbox(spec, hosts=hosts, labels={"crucible.test": token})
+        second = sandbox.fleet.daemons[1]
+        return sandbox
+
+    def stop_second_when_busy():
+        while second is None or second.placed < 6:
+            time.sleep(0.05)
+        _stop(SECOND_PIDFILE)
+
+    stopper = threading.Thread(target=stop_second_when_busy, daemon=True)
+    stopper.start()
+    with SandboxPool(make, PoolConfig(cpu_slots=4),
+                     is_infra_failure=lambda g: g.reward_status is RewardStatus.INFRA_ERROR) as pool:
+        grades = list(pool.map(lambda item: sandbox_spec(item[0]),
+                               lambda sandbox, item: grade_solution(item[0], item[1], sandbox), work))
+    stopper.join(timeout=60)
+    assert not stopper.is_alive()
+    assert [(task.id, grade.reward_status, grade.passed) for (task, _, _), grade in zip(work, grades)] == [
+        (task.id, RewardStatus.SCORED, passes) for task, _, passes in work]
+    assert pool.retries > 0  # the stop hit gradings in flight, which went to the main daemon
+    assert second.drained_until > 0 and second.placed >= 6
+
+
+def test_a_daemon_reached_over_tcp_grades_with_the_files_copied_in(second_daemon):
+    from sandbox.docker import DockerSandbox
+    from sandbox.docker_hosts import DockerHost
+
+    tasks = import_tasks("mbpp", MBPP, ImportOptions("mbpp")).tasks[:3]
+    token = secrets.token_hex(4)
+    hosts = (DockerHost(f"tcp://{SECOND_TCP}", 2),)
+    grades = []
+    for task in tasks:
+        sandbox = DockerSandbox(sandbox_spec(task), hosts=hosts, labels={"crucible.test": token})
+        assert not sandbox.fleet.daemons[0].on_this_host
+        grades += [grade_solution(task, task.reference_solution, sandbox),
+                   grade_solution(task, "def nothing():\n    return None\n", sandbox)]
+    assert [(g.reward_status, g.passed) for g in grades] == [(RewardStatus.SCORED, True),
+                                                             (RewardStatus.SCORED, False)] * 3
+    assert all(g.suite_ran and g.tests_collected for g in grades)  # the report, copied back, was read
