@@ -24,7 +24,6 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     Output,
-    PipesSubprocessClient,
     RetryPolicy,
     asset,
 )
@@ -38,6 +37,7 @@ from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.train_process import STEP_MESSAGE
+from assets.training_step import TrainingStepClient
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
 from environments.build import BuildError, build_all
@@ -233,21 +233,19 @@ STABILITY_CHECKS = {
                  for name, (text, blocking) in STABILITY_CHECKS.items()],
 )
 def checkpoint(
-    context: AssetExecutionContext, crucible: CrucibleResource, pipes_subprocess_client: PipesSubprocessClient
+    context: AssetExecutionContext, crucible: CrucibleResource, training_step: TrainingStepClient
 ) -> MaterializeResult:
     """The training step on this iteration's trajectories, from the policy that sampled them, in
-    a process of its own (assets/train_process.py, through Dagster Pipes); then the stability
-    monitors, as asset checks, on the new checkpoint."""
+    a process or container of its own (assets/train_process.py, through the Dagster Pipes client
+    of assets/training_step.py); then the stability monitors, as asset checks, on the new
+    checkpoint."""
     iteration = this_iteration(context, crucible)
     name, number, store = iteration.experiment.name, iteration.number, crucible.store()
     replaced = iteration.recorded_hash()  # None: a first training step
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint"):
         job = iteration.train_job()
         with gpu_released():
-            invocation = pipes_subprocess_client.run(
-                command=[*crucible.train_launcher_command(), "-m", "assets.train_process"],
-                context=context, extras={"job": job.model_dump(mode="json")},
-            )
+            invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
         reported = invocation.get_materialize_result().metadata or {}
         record = iteration.judge_step(job)

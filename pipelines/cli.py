@@ -41,6 +41,12 @@ errors = Console(stderr=True, soft_wrap=True)  # an error stays one line, howeve
 
 def _check_settings() -> None:
     """Settings from the environment that would otherwise fail minutes in, or with a traceback."""
+    from assets.training_step import TRAIN_CLIENTS
+
+    if environment.train_client() not in TRAIN_CLIENTS:
+        raise UserError(f"CRUCIBLE_TRAIN_CLIENT={environment.train_client()!r}: choose one of {', '.join(TRAIN_CLIENTS)}")
+    if environment.train_client() == "docker" and not environment.train_image():
+        raise UserError("CRUCIBLE_TRAIN_CLIENT=docker needs CRUCIBLE_TRAIN_IMAGE: the tag scripts/build-project-image prints")
     if environment.sandbox_backend() == "docker":
         from sandbox.docker_hosts import configured_hosts
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from dagster import Definitions, PipesSubprocessClient, PreviewWarning, in_process_executor
+from dagster import Definitions, PreviewWarning, in_process_executor
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
@@ -22,7 +22,7 @@ from assets.regrades import regrades
 from pipelines import environment
 from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
 from pipelines.logging import progress_console
-from pipelines.resources import crucible_resource
+from pipelines.resources import crucible_resource, training_step_client
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
 
 # Dagster's own Pipes client calls one of its preview functions on every training step: a warning
@@ -36,7 +36,7 @@ defs = Definitions(
     jobs=[iteration_job, evaluation_job, base_policy_job, analytics_job, create_experiment],
     schedules=[evaluate_latest_checkpoints],
     sensors=[advance_iterations, keep_analytics_current],
-    resources={"crucible": crucible_resource(), "pipes_subprocess_client": PipesSubprocessClient(),
+    resources={"crucible": crucible_resource(), "training_step": training_step_client(),
                "io_manager": DatasetIOManager(storage_root=environment.storage_root())},
     loggers={"console": progress_console},
     # One executor for every launch, the UI's asset graph included: an iteration's steps form a

@@ -7,6 +7,8 @@ CRUCIBLE_CHECKPOINT_ROOT  local directory for checkpoints (default ./.crucible/c
 CRUCIBLE_SANDBOX          sandbox backend (default local)
 CRUCIBLE_DOCKER_HOSTS     the Docker daemons of the docker backend, URL=CAPACITY,... (sandbox/docker_hosts.py)
 CRUCIBLE_TRAIN_LAUNCHER   what launches the training step (default: this Python; e.g. torchrun --standalone …)
+CRUCIBLE_TRAIN_CLIENT     where the training step runs: subprocess (default) or docker (assets/training_step.py)
+CRUCIBLE_TRAIN_IMAGE      the docker training step's image (scripts/build-project-image prints its tag)
 """
 
 from __future__ import annotations
@@ -54,3 +56,11 @@ def sandbox_backend() -> str:
 
 def train_launcher() -> str:
     return os.environ.get("CRUCIBLE_TRAIN_LAUNCHER", "")
+
+
+def train_client() -> str:
+    return os.environ.get("CRUCIBLE_TRAIN_CLIENT", "subprocess")
+
+
+def train_image() -> str:
+    return os.environ.get("CRUCIBLE_TRAIN_IMAGE", "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from assets.resources import CrucibleResource
+from assets.training_step import TrainingStepClient
 from pipelines import environment
 
 
@@ -13,3 +14,7 @@ def crucible_resource() -> CrucibleResource:
         sandbox_backend=environment.sandbox_backend(),
         train_launcher=environment.train_launcher(),
     )
+
+
+def training_step_client() -> TrainingStepClient:
+    return TrainingStepClient(client=environment.train_client(), image=environment.train_image())

@@ -9,7 +9,6 @@ from dagster import (
     AssetCheckKey,
     AssetKey,
     DagsterInstance,
-    PipesSubprocessClient,
     materialize,
 )
 from test_datastore import trajectory_row
@@ -18,12 +17,13 @@ from assets.analytics import ITERATION_MEASURES, iteration_rewards, reward_analy
 from assets.iteration import checkpoint
 from assets.partitions import add_iteration, iteration_key, parse_iteration_key
 from assets.resources import CrucibleResource
+from assets.training_step import TrainingStepClient
 from datastore import catalog
 from datastore.store import rows_to_table
 from training.evaluation.monitors import SAMPLE_CHECKS
 from training.experiment import ExperimentConfig
 
-RESOURCES = {"pipes_subprocess_client": PipesSubprocessClient()}
+RESOURCES = {"training_step": TrainingStepClient()}
 
 
 def _samples(infra_errors: int = 0, tampered: int = 0) -> list[dict]:

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from dagster import AssetCheckKey, AssetKey, DagsterInstance, PipesSubprocessClient, materialize
+from conftest import require
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
 
 from assets.iteration import STABILITY_CHECKS, checkpoint
 from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
+from assets.training_step import TrainingStepClient
 from datastore import catalog
 from datastore.store import rows_to_table
 from task_sets.loader import load_task_set
@@ -55,12 +57,13 @@ def crucible(tmp_path_factory) -> CrucibleResource:
     tasks = load_task_set("default").train()[:4]
     initial = build_base_policy(root / "init", TINY)
     examples = single_turn_examples(ChatFormat.from_pretrained(initial), [(t.prompt, t.reference_solution) for t in tasks])
-    for experiment in ("learns", "diverges", "ranks"):
+    for experiment in ("learns", "diverges", "ranks", "contained"):
         supervised_warmup(initial, examples, resource.base_policy_dir(experiment),
                           SFTConfig(steps=20, lr=1e-2, warmup_steps=2, batch_size=4))
     _store_iteration(resource, "learns", tasks)
     _store_iteration(resource, "diverges", tasks)
     _store_iteration(resource, "ranks", tasks)
+    _store_iteration(resource, "contained", tasks)
     return resource
 
 
@@ -89,13 +92,13 @@ def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None
             crucible.store().write_partition("checkpoints", experiment, number, rows_to_table("checkpoints", [earlier]))
 
 
-def _train(crucible: CrucibleResource, experiment: str, dagster_home):
+def _train(crucible: CrucibleResource, experiment: str, dagster_home, training_step=None):
     os.environ["DAGSTER_HOME"] = str(dagster_home)
     try:
         with DagsterInstance.get() as instance:
             key = add_iteration(instance, experiment, 1)
             result = materialize([checkpoint], partition_key=key, instance=instance,
-                                 resources={"crucible": crucible, "pipes_subprocess_client": PipesSubprocessClient()},
+                                 resources={"crucible": crucible, "training_step": training_step or TrainingStepClient()},
                                  raise_on_error=False)
             history = {name: [record.event.dagster_event.event_specific_data for record in
                               instance.event_log_storage.get_asset_check_execution_history(
@@ -131,6 +134,17 @@ def two_ranks(crucible, tmp_path_factory):
     return _train(under_torchrun, "ranks", tmp_path_factory.mktemp("dagster"))
 
 
+@pytest.fixture(scope="module")
+def contained(crucible, tmp_path_factory):
+    """The `contained` experiment's iteration 1, trained in a container of the project image
+    through Dagster's PipesDockerClient."""
+    require("docker")
+    built = subprocess.run([ROOT / "scripts" / "build-project-image"], capture_output=True, text=True, timeout=1200)
+    assert built.returncode == 0, built.stderr[-3000:]
+    image = built.stdout.split()[-1]
+    return _train(crucible, "contained", tmp_path_factory.mktemp("dagster"), TrainingStepClient(client="docker", image=image))
+
+
 def test_the_step_runs_as_its_own_process_and_its_loss_decreases(crucible, learned):
     result, checks, materialization = learned
     assert result.success
@@ -164,6 +178,18 @@ def test_the_stored_sample_signals_are_the_iteration_rewards_view(crucible, lear
                              "SELECT * FROM iteration_rewards WHERE experiment = 'learns' AND iteration = 1")
     assert {name: row[name] for name in SAMPLE_SIGNALS} == {name: view[name] for name in SAMPLE_SIGNALS}
     assert view["zero_variance_fraction"] < 1.0  # sample 0 of each group rewarded: every group informative
+
+
+def test_in_a_docker_container_the_step_trains_what_the_subprocess_trains(crucible, learned, contained):
+    result, checks, materialization = contained
+    assert result.success
+    assert all(check.passed for name, check in checks.items() if name != "later")
+    assert materialization.asset_materialization.metadata["optimizer_steps"].value == 4  # from the container's log
+    in_docker = crucible.store().read_partition("training_steps", "contained", 1).to_pylist()
+    in_process = crucible.store().read_partition("training_steps", "learns", 1).to_pylist()
+    assert [row["loss"] for row in in_docker] == pytest.approx([row["loss"] for row in in_process], rel=1e-4)
+    manifest = verify_checkpoint(crucible.checkpoint_dir("contained", 1))
+    assert manifest["global_step"] == 4 and Path(crucible.checkpoint_dir("contained", 1)).stat().st_uid == os.getuid()
 
 
 def test_under_torchrun_two_ranks_train_the_step_and_rank_0_reports_it(crucible, two_ranks):
@@ -218,3 +244,17 @@ def test_a_training_step_dies_with_a_run_killed_without_a_word(tmp_path):
     run.wait(timeout=30)
     step.wait(timeout=30)  # psutil.TimeoutExpired: the step outlived its run
     assert not step.is_running()
+
+
+@pytest.mark.parametrize("setting, said", [
+    ({"CRUCIBLE_TRAIN_CLIENT": "kubernetes"}, "error: CRUCIBLE_TRAIN_CLIENT='kubernetes': choose one of subprocess, docker"),
+    ({"CRUCIBLE_TRAIN_CLIENT": "docker"}, "error: CRUCIBLE_TRAIN_CLIENT=docker needs CRUCIBLE_TRAIN_IMAGE: the tag "
+                                          "scripts/build-project-image prints"),
+])
+def test_crucible_run_refuses_a_training_client_it_cannot_use_in_one_line(tmp_path, setting, said):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"),
+           **setting}
+    env.pop("CRUCIBLE_POSTGRES_URL", None)
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "x", "--iterations", "1"],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert (done.returncode, done.stderr.strip()) == (2, said)

@@ -1,0 +1,88 @@
+"""Where the `checkpoint` asset's training step runs: the Dagster Pipes client, chosen by a setting.
+
+- `subprocess` (default): a process on this machine, under the crucible resource's launcher
+  (this Python, or e.g. `torchrun --standalone --nproc-per-node 8`), which dies with its run.
+- `docker`: a container of the project image (`scripts/build-project-image`) on the Docker
+  daemon of DOCKER_HOST, through Dagster's PipesDockerClient. The checkpoint root, and the
+  storage root where it is a local directory, are mounted at the same paths, so the training job
+  names the same files inside as outside; the container shares the host's network (an S3
+  endpoint on loopback included) and runs as this process's user, so checkpoints stay its own.
+  `gpus` asks the daemon for that many GPUs (-1: all), which needs the NVIDIA container toolkit.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Literal, get_args
+
+import docker
+import docker.errors
+from dagster import (
+    AssetExecutionContext,
+    ConfigurableResource,
+    Failure,
+    PipesClientCompletedInvocation,
+    PipesSubprocessClient,
+)
+from dagster_docker import PipesDockerClient
+from docker.types import DeviceRequest
+
+from assets.resources import CrucibleResource
+
+TrainClient = Literal["subprocess", "docker"]
+TRAIN_CLIENTS = get_args(TrainClient)
+TRAIN_MODULE = ["-m", "assets.train_process"]
+# What the step needs of this process's environment inside a container: S3 credentials and
+# endpoint, Crucible's own settings, Hugging Face's cache and offline switches.
+PASSED_ENV_PREFIXES = ("AWS_", "CRUCIBLE_", "HF_", "FSSPEC_")
+RUN_LABEL = "crucible.training-step"  # the Dagster run a step container belongs to
+
+
+class TrainingStepClient(ConfigurableResource):
+    """The Pipes client that runs the training step (see the module docstring)."""
+
+    client: TrainClient = "subprocess"
+    image: str = ""  # docker: the project image's tag (scripts/build-project-image prints it)
+    gpus: int = 0  # docker: GPUs to ask the daemon for (-1: all)
+
+    def run(self, context: AssetExecutionContext, crucible: CrucibleResource,
+            extras: dict) -> PipesClientCompletedInvocation:
+        if self.client == "subprocess":
+            command = [*crucible.train_launcher_command(), *TRAIN_MODULE]
+            return PipesSubprocessClient().run(command=command, context=context, extras=extras)
+        return self._run_in_docker(context, crucible, extras)
+
+    def _run_in_docker(self, context: AssetExecutionContext, crucible: CrucibleResource,
+                       extras: dict) -> PipesClientCompletedInvocation:
+        daemon = docker.from_env()
+        if not self.image:
+            raise Failure("the docker training step needs an image (CRUCIBLE_TRAIN_IMAGE): build the project's "
+                          "with scripts/build-project-image", allow_retries=False)
+        try:
+            daemon.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise Failure(f"no image {self.image!r} on the Docker daemon: build it with scripts/build-project-image",
+                          allow_retries=False) from None
+        command = [*(shlex.split(crucible.train_launcher) or ["python"]), *TRAIN_MODULE]
+        try:
+            return PipesDockerClient(env=_passed_env()).run(
+                context=context, image=self.image, command=command, extras=extras,
+                container_kwargs=self._container_kwargs(crucible, context.run.run_id))
+        finally:
+            for container in daemon.containers.list(all=True, filters={"label": f"{RUN_LABEL}={context.run.run_id}"}):
+                container.remove(force=True)
+
+    def _container_kwargs(self, crucible: CrucibleResource, run_id: str) -> dict:
+        shared = [crucible.checkpoint_root] + ([] if "://" in crucible.storage_root else [crucible.storage_root])
+        volumes = {str(Path(path).resolve()): {"bind": str(Path(path).resolve()), "mode": "rw"} for path in shared}
+        for path in volumes:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        requests = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])] if self.gpus else []
+        return dict(volumes=volumes, network_mode="host", user=f"{os.getuid()}:{os.getgid()}",
+                    environment={"HOME": "/tmp"}, device_requests=requests, labels={RUN_LABEL: run_id})
+
+
+def _passed_env() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key.startswith(PASSED_ENV_PREFIXES)}
