@@ -77,6 +77,7 @@ _PATH_GUARD = (
 _STREAMS = {1: "stdout", 2: "stderr"}
 _READ_CHUNK = 1 << 16
 _API_TIMEOUT_S = 60
+_PLACEMENT_TIMEOUT_S = 600  # how long a session waits while every daemon is at its capacity
 
 
 class DockerSandbox:
@@ -123,17 +124,22 @@ class DockerSandbox:
 
     def usable(self, daemon: Daemon) -> bool:
         """Whether `daemon` can hold this sandbox's sessions: the same image, a network if asked."""
-        return self._image_on(daemon, self.spec.image) == self.spec.image and (
-            not self.spec.network or _has_bridge(daemon))
+        if self._image_on(daemon, self.spec.image, fixed=True) != self.spec.image:
+            return False
+        try:
+            return not self.spec.network or _has_bridge(daemon)
+        except (docker.errors.DockerException, OSError) as e:
+            self.fleet.check(daemon, e)
+            return False
 
-    def image_on(self, daemon: Daemon) -> str:
+    def run_image(self, daemon: Daemon) -> str:
         """The image a session runs on `daemon`: the spec's, with the workspace alias added if asked."""
         alias = self.spec.workspace_alias
         return _with_alias(daemon, self.spec.image, alias) if alias else self.spec.image
 
-    def _image_on(self, daemon: Daemon, image: str) -> str | None:
+    def _image_on(self, daemon: Daemon, image: str, fixed: bool = False) -> str | None:
         try:
-            return daemon.image_id(image)
+            return daemon.image_id(image, fixed=fixed)
         except (docker.errors.DockerException, OSError) as e:
             self.fleet.check(daemon, e)
             return None
@@ -159,8 +165,9 @@ class DockerSandbox:
         for container in _containers(daemon, {}):
             host, _, pid = container.labels.get(OWNER_LABEL, ":").partition(":")
             if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
-                _remove(container)
-                removed.append(container.name)
+                with contextlib.suppress(docker.errors.APIError):  # another process removes it (409)
+                    _remove(container)
+                    removed.append(container.name)
         return removed
 
 
@@ -178,7 +185,7 @@ def _with_alias(daemon: Daemon, digest: str, alias: str) -> str:
     per daemon, no network."""
     recipe = 2  # counts changes to the layer below
     tag = f"crucible-alias:{hashlib.sha256(f'{digest} {alias} {recipe}'.encode()).hexdigest()[:16]}"
-    found = daemon.image_id(tag)
+    found = daemon.image_id(tag, fixed=True)
     if found:
         return found
     # The image's own directory there (a Harbor image's WORKDIR /app) gives way to the workspace.
@@ -189,7 +196,7 @@ def _with_alias(daemon: Daemon, digest: str, alias: str) -> str:
                                               rm=True, labels={"crucible.workspace-alias": alias})
     except docker.errors.DockerException as e:
         raise SandboxUnavailable(f"cannot add the workspace alias {alias} to the image on {daemon.url}: {e}") from e
-    daemon.forget(tag)
+    daemon.forget_images()
     return image.id
 
 
@@ -218,18 +225,20 @@ class DockerSession(SessionLifecycle):
         self._backend, self._closed, self._daemon = backend, False, None
         self._initial = files_to_tar(files, self.spec.uid, self.spec.gid)
         try:
-            self._daemon = backend.fleet.acquire(backend.usable, _API_TIMEOUT_S)
+            self._daemon = backend.fleet.acquire(backend.usable, _PLACEMENT_TIMEOUT_S)
         except NoDaemon as e:
             raise SandboxUnavailable(f"cannot open a docker session: {e}") from None
-        self._api = self._daemon.client.api
         # A daemon elsewhere cannot bind-mount this host's files: they are copied in, and what
         # the sandbox writes to a writable one is copied back after every exec.
         self._copied = () if self._daemon.on_this_host else tuple(mounts)
         try:
-            self._container = self._daemon.client.containers.run(
-                backend.image_on(self._daemon), ["sleep", "infinity"], name=f"crucible-{self.id}", detach=True,
+            self._api = self._daemon.client.api
+            # create, not run: run pulls an image it cannot find, and sandbox images come from no registry
+            self._container = self._daemon.client.containers.create(
+                backend.run_image(self._daemon), ["sleep", "infinity"], name=f"crucible-{self.id}",
                 **_container_options(self.spec, () if self._copied else mounts, backend.labels, self._copied),
             )
+            self._container.start()
             self._user = f"{self.spec.uid}:{self.spec.gid}"
             self._container.reload()
             self._init_pid = self._container.attrs["State"]["Pid"]
@@ -245,6 +254,8 @@ class DockerSession(SessionLifecycle):
                            stdin=_directory_tar(mount.host_path), user=None if mount.writable else "0:0")
             self._restore(self._initial)
         except BaseException as e:  # bad input files included: nothing may be left behind
+            if isinstance(e, docker.errors.ImageNotFound):  # removed since it was looked up
+                self._daemon.forget_images()
             self._daemon_failed(e)
             self._abandon(e)
 
@@ -279,7 +290,7 @@ class DockerSession(SessionLifecycle):
             self._call(["sh", "-c", "find /tmp /dev/shm -mindepth 1 -delete && "
                                     "if command -v ipcrm >/dev/null; then ipcrm --all; fi"])
             self._restore(self._initial)
-        except docker.errors.DockerException as e:  # the container or the daemon is gone
+        except self._infra_errors as e:  # the container or the daemon is gone
             self._daemon_failed(e)
             raise SandboxUnavailable(f"session {self.id} cannot be reset: {e}") from e
 
@@ -338,16 +349,17 @@ class DockerSession(SessionLifecycle):
         return self._result(run, stdout, stderr, time.monotonic() - started)
 
     def _copy_back(self) -> None:
-        """What the sandbox left in its copied writable mounts, to their host directories."""
+        """Each copied writable mount's host directory made the mirror of its regular files in
+        the container: what the sandbox wrote appears, what it deleted goes. What the sandbox
+        made unreadable, or too large to copy, is missing, as a failing grade says, never an
+        infrastructure error (that would be a way out of a failing grade)."""
         for mount in (m for m in self._copied if m.writable):
             try:
-                archive = self._call(["tar", "-c", "-C", mount.sandbox_path, "-f", "-", "."])
-            except WorkspacePathError as e:
-                raise OSError(f"cannot copy {mount.sandbox_path} back from the container: {e}") from e
-            for name, data in regular_files_in_tar(archive).items():
-                target = mount.host_path / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+                archive = self._call(["tar", "-c", "--ignore-failed-read", "-C", mount.sandbox_path, "-f", "-", "."])
+                files = regular_files_in_tar(archive)
+            except (WorkspacePathError, tarfile.TarError):
+                files = {}
+            _mirror(mount.host_path, files)
 
     def _exec(self, command, stdout, stderr, deadline, on_output, stdin: bytes | None = None, helper=False,
               output_limit: int | None = None, user: str | None = None) -> _Run:
@@ -529,7 +541,7 @@ def _container_options(spec: SandboxSpec, mounts: Sequence[Mount], labels: Mappi
     read them, the sandbox user's alone where it may write."""
     limits = spec.limits
     tmpfs_size = f"size={limits.disk_mb}m,nr_inodes={limits.inodes}"
-    copies = {m.sandbox_path: f"rw,nosuid,nodev,{tmpfs_size},"
+    copies = {m.sandbox_path: f"rw,exec,nosuid,nodev,{tmpfs_size},"
               + (f"uid={spec.uid},gid={spec.gid},mode=0700" if m.writable else "uid=0,gid=0,mode=0755") for m in copied}
     return dict(
         network_mode="bridge" if spec.network else "none",
@@ -556,6 +568,21 @@ def _container_options(spec: SandboxSpec, mounts: Sequence[Mount], labels: Mappi
         labels=dict(labels),
         log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
     )
+
+
+def _mirror(directory: Path, files: Mapping[str, bytes]) -> None:
+    """`directory` (ours: nothing in it is followed) holding exactly `files`."""
+    for path in sorted(directory.rglob("*"), reverse=True):  # children before their directories
+        name = str(path.relative_to(directory))
+        if path.is_dir() and not path.is_symlink():
+            if not any(f.startswith(f"{name}/") for f in files):
+                path.rmdir()
+        elif name not in files:
+            path.unlink()
+    for name, data in files.items():
+        target = directory / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
 
 
 def _directory_tar(directory: Path) -> bytes:

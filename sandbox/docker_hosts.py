@@ -74,6 +74,7 @@ class Daemon:
     timeout_s: int
     live: int = 0  # sessions of this process on it now
     placed: int = 0  # sessions of this process it was given, in all
+    pinged: bool = False  # answered once: a daemon is pinged before its first session
     drained_until: float = 0.0  # monotonic time before which it gets no session
     reason: str = ""  # why it was drained
     abandoned: list[str] = field(default_factory=list)  # containers it could not remove while it did not answer
@@ -86,9 +87,10 @@ class Daemon:
 
     @property
     def client(self) -> docker.DockerClient:
-        if self._client is None:
-            self._client = _connect(self.url, self.timeout_s)
-        return self._client
+        client = self._client  # read once: a drain may reset it meanwhile
+        if client is None:
+            client = self._client = _connect(self.url, self.timeout_s)
+        return client
 
     @property
     def on_this_host(self) -> bool:
@@ -98,28 +100,35 @@ class Daemon:
 
     def answers(self) -> bool:
         try:
-            _connect(self.url, _PING_TIMEOUT_S).ping()
+            with contextlib.closing(_connect(self.url, _PING_TIMEOUT_S)) as probe:
+                probe.ping()
         except (docker.errors.DockerException, OSError):
             return False
         return True
 
-    def image_id(self, image: str) -> str | None:
-        """The id of `image` (a tag or an id) on this daemon; None where it has no such image."""
-        if image not in self._images:
-            try:
-                self._images[image] = self.client.images.get(image).id
-            except docker.errors.ImageNotFound:
-                self._images[image] = None
-        return self._images[image]
+    def image_id(self, image: str, *, fixed: bool = False) -> str | None:
+        """The id of `image` on this daemon; None where it has no such image. `fixed`: the name
+        always means the same image (an id, a content-addressed tag), so the answer is kept;
+        other tags are looked up each time, as a rebuild moves them."""
+        images = self._images  # read once: a drain may replace it meanwhile
+        if fixed and image in images:
+            return images[image]
+        try:
+            found = self.client.images.get(image).id
+        except docker.errors.ImageNotFound:
+            found = None
+        if fixed:
+            images[image] = found
+        return found
 
     def remove_abandoned(self) -> None:
         while self.abandoned:
             with contextlib.suppress(docker.errors.DockerException, OSError):
                 self.client.api.remove_container(self.abandoned.pop(), force=True, v=True)
 
-    def forget(self, image: str) -> None:
-        """Look `image` up again next time (it was built meanwhile)."""
-        self._images.pop(image, None)
+    def forget_images(self) -> None:
+        """Look every image up again (one was built or removed meanwhile)."""
+        self._images = {}
 
     def has_room(self) -> bool:
         return self.host.capacity is None or self.live < self.host.capacity
@@ -139,9 +148,10 @@ class Fleet:
             for daemon in self.daemons:
                 if daemon.drained_until > now:
                     continue
-                if daemon.drained_until and not daemon.answers():
-                    self._drain(daemon, daemon.reason)
+                if (daemon.drained_until or not daemon.pinged) and not daemon.answers():
+                    self._drain(daemon, daemon.reason or "it does not answer a ping")
                     continue
+                daemon.pinged = True
                 if daemon.drained_until:
                     _log.warning(f"Docker daemon {daemon.url} answers again; it takes sessions again")
                     daemon.drained_until, daemon.reason = 0.0, ""
@@ -172,12 +182,17 @@ class Fleet:
     def release(self, daemon: Daemon) -> None:
         with self._changed:
             daemon.live -= 1
-            self._changed.notify()
+            self._changed.notify_all()  # the waiters may want different images
 
     def check(self, daemon: Daemon, error: BaseException) -> None:
-        """After `error` from `daemon`'s API: drain it if it no longer answers a ping."""
-        if not daemon.answers():
-            with self._changed:
+        """After `error` from `daemon`'s API: drain it if it no longer answers a ping, unless it
+        is the last one undrained (then sessions fail as they come, and the pool retries them,
+        rather than all of them failing for DRAIN_S)."""
+        if daemon.answers():
+            return
+        with self._changed:
+            others = [d for d in self.daemons if d is not daemon and d.drained_until <= time.monotonic()]
+            if others:
                 self._drain(daemon, f"{type(error).__name__}: {error}"[:300])
                 self._changed.notify_all()
 

@@ -128,7 +128,6 @@ def test_a_daemon_stopped_in_the_middle_of_a_batch_loses_no_grading(second_daemo
     assert not stopper.is_alive()
     assert [(task.id, grade.reward_status, grade.passed) for (task, _, _), grade in zip(work, grades)] == [
         (task.id, RewardStatus.SCORED, passes) for task, _, passes in work]
-    assert pool.retries > 0  # the stop hit gradings in flight, which went to the main daemon
     assert second.drained_until > 0 and second.placed >= 6
 
 
@@ -148,3 +147,50 @@ def test_a_daemon_reached_over_tcp_grades_with_the_files_copied_in(second_daemon
     assert [(g.reward_status, g.passed) for g in grades] == [(RewardStatus.SCORED, True),
                                                              (RewardStatus.SCORED, False)] * 3
     assert all(g.suite_ran and g.tests_collected for g in grades)  # the report, copied back, was read
+
+
+def test_a_session_whose_daemon_stops_fails_as_ours_and_the_next_goes_elsewhere(second_daemon):
+    from sandbox.docker import DockerSandbox
+    from sandbox.docker_hosts import DockerHost
+
+    token = secrets.token_hex(4)
+    sandbox = DockerSandbox(hosts=(DockerHost(second_daemon, 1), DockerHost("unix:///var/run/docker.sock", 1)),
+                            labels={"crucible.test": token})
+    second, main = sandbox.fleet.daemons
+    with sandbox.session() as stranded:
+        assert (second.live, main.live) == (1, 0)  # equal room: the first listed
+        _stop(SECOND_PIDFILE)
+        result = stranded.exec(["true"])
+        assert result.status.value == "XX" and result.error
+        assert second.drained_until > 0
+        with sandbox.session() as next_one:
+            assert next_one.exec(["true"]).status.value == "OK" and main.live == 1
+    assert sandbox.containers(**{"crucible.test": token}) == []
+
+
+def test_a_daemon_that_is_down_is_named_not_taken_for_a_missing_image():
+    from sandbox.base import SandboxUnavailable
+    from sandbox.docker import DockerSandbox
+    from sandbox.docker_hosts import DockerHost
+
+    with pytest.raises(SandboxUnavailable, match="no Docker daemon answers"):
+        DockerSandbox(hosts=(DockerHost("unix:///nonexistent/docker.sock", 1),))
+
+
+def test_over_tcp_the_report_directory_mirrors_what_the_sandbox_left(second_daemon, tmp_path):
+    from sandbox.base import Mount
+    from sandbox.docker import DockerSandbox
+    from sandbox.docker_hosts import DockerHost
+
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "token").write_text("the harness deletes this")
+    os.chown(report, 65534, 65534)
+    sandbox = DockerSandbox(hosts=(DockerHost(f"tcp://{SECOND_TCP}", 1),), labels={"crucible.test": secrets.token_hex(4)})
+    with sandbox.session(mounts=[Mount(report, "/report", writable=True)]) as session:
+        script = "rm /report/token && mkdir /report/d && echo y > /report/d/f && echo x > /report/new"
+        assert session.exec(["sh", "-c", script]).status.value == "OK"
+        assert sorted(str(p.relative_to(report)) for p in report.rglob("*")) == ["d", "d/f", "new"]
+        # Made unreadable, it is missing, as a report the sandbox spoiled is: not our failure.
+        assert session.exec(["chmod", "000", "/report/new"]).status.value == "OK"
+        assert sorted(str(p.relative_to(report)) for p in report.rglob("*")) == ["d", "d/f"]
