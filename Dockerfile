@@ -1,9 +1,12 @@
 # Crucible in a container: the project and requirements.lock on the sandbox base image (Debian
-# bookworm's Python 3.11), for the Docker run launcher (an iteration per container) and the Docker
-# training step. Built by scripts/build-project-image, which gathers the wheels on the host first,
-# so the build itself needs no network and no registry.
+# bookworm's Python 3.11), for the Docker training step (and, next, the Docker run launcher).
+# Built by scripts/build-project-image, which gathers the wheels on the host first, so the build
+# itself needs no network and no registry.
 ARG BASE=crucible-sandbox:bookworm-2
+
 FROM ${BASE}
+# The wheels' layer stays in the image (~0.5 GB): a second stage to leave it behind would copy
+# the 2 GB environment once more on every build, and the tests build this image.
 COPY .cache/project-wheels /tmp/wheels
 RUN python3 -m venv --without-pip /opt/crucible \
  && /opt/crucible/bin/python /tmp/wheels/pip.whl/pip install --quiet --disable-pip-version-check --no-index \

@@ -29,6 +29,7 @@ from dagster import (
 from dagster_docker import PipesDockerClient
 from docker.types import DeviceRequest
 
+from assets.partitions import experiment_of_run
 from assets.resources import CrucibleResource
 
 TrainClient = Literal["subprocess", "docker"]
@@ -37,7 +38,7 @@ TRAIN_MODULE = ["-m", "assets.train_process"]
 # What the step needs of this process's environment inside a container: S3 credentials and
 # endpoint, Crucible's own settings, Hugging Face's cache and offline switches.
 PASSED_ENV_PREFIXES = ("AWS_", "CRUCIBLE_", "HF_", "FSSPEC_")
-RUN_LABEL = "crucible.training-step"  # the Dagster run a step container belongs to
+EXPERIMENT_LABEL = "crucible.training-step"  # the experiment a step container trains
 
 
 class TrainingStepClient(ConfigurableResource):
@@ -65,23 +66,31 @@ class TrainingStepClient(ConfigurableResource):
         except docker.errors.ImageNotFound:
             raise Failure(f"no image {self.image!r} on the Docker daemon: build it with scripts/build-project-image",
                           allow_retries=False) from None
+        experiment = experiment_of_run(context.run.tags) or context.partition_key
+        # The experiment's writer lock is this run's: a step container of it still there is one
+        # whose run died without a word (PipesDockerClient stops its container only when it can).
+        _remove_step_containers(daemon, experiment)
         command = [*(shlex.split(crucible.train_launcher) or ["python"]), *TRAIN_MODULE]
         try:
             return PipesDockerClient(env=_passed_env()).run(
                 context=context, image=self.image, command=command, extras=extras,
-                container_kwargs=self._container_kwargs(crucible, context.run.run_id))
+                container_kwargs=self._container_kwargs(crucible, experiment))
         finally:
-            for container in daemon.containers.list(all=True, filters={"label": f"{RUN_LABEL}={context.run.run_id}"}):
-                container.remove(force=True)
+            _remove_step_containers(daemon, experiment)
 
-    def _container_kwargs(self, crucible: CrucibleResource, run_id: str) -> dict:
+    def _container_kwargs(self, crucible: CrucibleResource, experiment: str) -> dict:
         shared = [crucible.checkpoint_root] + ([] if "://" in crucible.storage_root else [crucible.storage_root])
         volumes = {str(Path(path).resolve()): {"bind": str(Path(path).resolve()), "mode": "rw"} for path in shared}
         for path in volumes:
             Path(path).mkdir(parents=True, exist_ok=True)
         requests = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])] if self.gpus else []
         return dict(volumes=volumes, network_mode="host", user=f"{os.getuid()}:{os.getgid()}",
-                    environment={"HOME": "/tmp"}, device_requests=requests, labels={RUN_LABEL: run_id})
+                    environment={"HOME": "/tmp"}, device_requests=requests, labels={EXPERIMENT_LABEL: experiment})
+
+
+def _remove_step_containers(daemon: docker.DockerClient, experiment: str) -> None:
+    for container in daemon.containers.list(all=True, filters={"label": f"{EXPERIMENT_LABEL}={experiment}"}):
+        container.remove(force=True)
 
 
 def _passed_env() -> dict[str, str]:

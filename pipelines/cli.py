@@ -45,6 +45,8 @@ def _check_settings() -> None:
 
     if environment.train_client() not in TRAIN_CLIENTS:
         raise UserError(f"CRUCIBLE_TRAIN_CLIENT={environment.train_client()!r}: choose one of {', '.join(TRAIN_CLIENTS)}")
+    if not os.environ.get("CRUCIBLE_TRAIN_GPUS", "0").lstrip("-").isdigit():
+        raise UserError(f"CRUCIBLE_TRAIN_GPUS={os.environ['CRUCIBLE_TRAIN_GPUS']!r}: a whole number of GPUs (-1: all)")
     if environment.train_client() == "docker" and not environment.train_image():
         raise UserError("CRUCIBLE_TRAIN_CLIENT=docker needs CRUCIBLE_TRAIN_IMAGE: the tag scripts/build-project-image prints")
     if environment.sandbox_backend() == "docker":

@@ -9,6 +9,7 @@ CRUCIBLE_DOCKER_HOSTS     the Docker daemons of the docker backend, URL=CAPACITY
 CRUCIBLE_TRAIN_LAUNCHER   what launches the training step (default: this Python; e.g. torchrun --standalone …)
 CRUCIBLE_TRAIN_CLIENT     where the training step runs: subprocess (default) or docker (assets/training_step.py)
 CRUCIBLE_TRAIN_IMAGE      the docker training step's image (scripts/build-project-image prints its tag)
+CRUCIBLE_TRAIN_GPUS       GPUs the docker training step asks its daemon for (default 0; -1: all)
 """
 
 from __future__ import annotations
@@ -64,3 +65,7 @@ def train_client() -> str:
 
 def train_image() -> str:
     return os.environ.get("CRUCIBLE_TRAIN_IMAGE", "")
+
+
+def train_gpus() -> int:
+    return int(os.environ.get("CRUCIBLE_TRAIN_GPUS", "0"))

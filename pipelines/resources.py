@@ -17,4 +17,5 @@ def crucible_resource() -> CrucibleResource:
 
 
 def training_step_client() -> TrainingStepClient:
-    return TrainingStepClient(client=environment.train_client(), image=environment.train_image())
+    return TrainingStepClient(client=environment.train_client(), image=environment.train_image(),
+                              gpus=environment.train_gpus())

