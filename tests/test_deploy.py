@@ -1,0 +1,120 @@
+"""deploy/, checked offline (no cluster here): the Kubernetes manifests against Kubernetes' own
+schemas (kubernetes-validate, strict: a misspelt field is an error), the Dagster chart's values
+against the chart's schema (tests/data/dagster-helm/), and both against what the code does."""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
+
+ROOT = Path(__file__).parent.parent
+DEPLOY = ROOT / "deploy"
+CHART = Path(__file__).parent / "data" / "dagster-helm"
+KUBERNETES_VERSIONS = ("1.27.0", "1.33.0")  # the oldest and a recent release the manifests must suit
+# The chart's schema refers to the Kubernetes definitions of v1.18 by URL; the same definitions
+# of a supported release, offline.
+K8S_DEFINITIONS = "https://kubernetesjsonschema.dev/v1.18.0/_definitions.json"
+LOCAL_DEFINITIONS = "kubernetes-json-schema/v1.30.0-local/_definitions.json"
+
+
+def manifests() -> list[tuple[str, dict]]:
+    return [(f"{path.name}: {doc['kind']} {doc['metadata']['name']}", doc)
+            for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_is_valid_kubernetes(version):
+    problems = []
+    for name, doc in manifests():
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            problems.append(f"{name}: {e.message} at {'.'.join(map(str, e.path))}")
+    assert problems == []
+
+
+def test_the_check_refuses_a_misspelt_field():
+    name, pod = next((name, doc) for name, doc in manifests() if doc["metadata"]["name"] == "sandbox-session")
+    misspelt = copy.deepcopy(pod)
+    misspelt["template"]["spec"]["runtimeClasName"] = misspelt["template"]["spec"].pop("runtimeClassName")
+    with pytest.raises(kubernetes_validate.ValidationError, match="runtimeClasName"):
+        kubernetes_validate.validate(misspelt, KUBERNETES_VERSIONS[0], strict=True)
+
+
+def test_sandbox_pods_keep_the_sandbox_contract():
+    by_kind = {doc["kind"]: doc for _, doc in manifests() if doc["metadata"].get("namespace", "") in
+               ("crucible-sandbox", "") and doc["kind"] != "Namespace"}
+    spec = by_kind["PodTemplate"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert (spec["runtimeClassName"], by_kind["RuntimeClass"]["metadata"]["name"]) == ("gvisor", "gvisor")
+    assert spec["automountServiceAccountToken"] is False and not spec["hostNetwork"]
+    assert (spec["securityContext"]["runAsUser"], spec["securityContext"]["runAsNonRoot"]) == (65534, True)
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "privileged": False, "capabilities": {"drop": ["ALL"]}}
+    assert container["resources"]["limits"]["memory"] == "512Mi"  # SandboxSpec's default limit
+    deny = by_kind["NetworkPolicy"]["spec"]  # every pod of the namespace, both ways, no rule allowing any
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+
+
+def helm_merge(defaults: dict, values: dict) -> dict:
+    """Helm's coalescing of an install's values over a chart's: maps merge, anything else replaces."""
+    merged = dict(defaults)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = helm_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@pytest.fixture(scope="module")
+def chart_validator():
+    definitions = json.loads((resources.files("kubernetes_validate") / LOCAL_DEFINITIONS).read_text())
+    # Served under the chart's URL: its refs name "definitions", the file's own "$defs"; and
+    # without the file's $id, its refs resolve inside it.
+    contents = {"definitions": definitions["$defs"], "$defs": definitions["$defs"]}
+    registry = Registry().with_resource(K8S_DEFINITIONS, Resource.from_contents(contents, default_specification=DRAFT7))
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    return jsonschema.Draft7Validator(schema, registry=registry)
+
+
+def our_values() -> dict:
+    return yaml.safe_load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
+
+
+def test_the_dagster_values_pass_the_charts_schema(chart_validator):
+    merged = helm_merge(yaml.safe_load((CHART / "values.yaml").read_text()), our_values())
+    problems = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in chart_validator.iter_errors(merged)]
+    assert problems == []
+
+
+def test_the_charts_schema_refuses_a_misspelt_launcher_setting(chart_validator):
+    values = our_values()
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    launcher["envSecret"] = launcher.pop("envSecrets")
+    merged = helm_merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
+    assert any("envSecret" in e.message for e in chart_validator.iter_errors(merged))
+
+
+def test_the_cluster_instance_enforces_what_the_local_one_does():
+    local = yaml.safe_load((ROOT / "pipelines" / "dagster.yaml").read_text())
+    values = our_values()
+    daemon, instance = values["dagsterDaemon"], values["additionalInstanceConfig"]
+    assert instance["concurrency"]["runs"]["tag_concurrency_limits"] == local["concurrency"]["runs"]["tag_concurrency_limits"]
+    assert instance["concurrency"]["pools"] == local["concurrency"]["pools"]
+    assert (daemon["runRetries"]["maxRetries"], daemon["runRetries"]["retryOnAssetOrOpFailure"]) == (
+        local["run_retries"]["max_retries"], local["run_retries"]["retry_on_asset_or_op_failure"])
+    assert (daemon["runMonitoring"]["maxRuntimeSeconds"], daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"]) == (
+        local["run_monitoring"]["max_runtime_seconds"], local["run_monitoring"]["free_slots_after_run_end_seconds"])
+    [location] = values["dagster-user-deployments"]["deployments"]
+    workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
+    assert location["dagsterApiGrpcArgs"] == ["--module-name", workspace["load_from"][0]["python_module"]["module_name"]]
