@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import warnings
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -25,12 +26,19 @@ from dagster import (
     Failure,
     PipesClientCompletedInvocation,
     PipesSubprocessClient,
+    PreviewWarning,
 )
 from dagster_docker import PipesDockerClient
 from docker.types import DeviceRequest
 
 from assets.partitions import experiment_of_run
 from assets.resources import CrucibleResource
+
+# Dagster's own Pipes code calls one of its preview functions, and a deprecated property, on every
+# training step: warnings about Dagster's internals that its users can do nothing about.
+warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected_writer_count`",
+                        category=PreviewWarning)
+warnings.filterwarnings("ignore", message="AssetExecutionContext.run_id is deprecated", category=DeprecationWarning)
 
 TrainClient = Literal["subprocess", "docker"]
 TRAIN_CLIENTS = get_args(TrainClient)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import warnings
 
-from dagster import Definitions, PreviewWarning, in_process_executor
+from dagster import Definitions, in_process_executor
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
@@ -25,10 +24,6 @@ from pipelines.logging import progress_console
 from pipelines.resources import crucible_resource, training_step_client
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
 
-# Dagster's own Pipes client calls one of its preview functions on every training step: a warning
-# about Dagster's internals that its users can do nothing about.
-warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected_writer_count`",
-                        category=PreviewWarning)
 
 defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
