@@ -228,10 +228,11 @@ class DockerSession(SessionLifecycle):
             self._daemon = backend.fleet.acquire(backend.usable, _PLACEMENT_TIMEOUT_S)
         except NoDaemon as e:
             raise SandboxUnavailable(f"cannot open a docker session: {e}") from None
-        # A daemon elsewhere cannot bind-mount this host's files: they are copied in, and what
-        # the sandbox writes to a writable one is copied back after every exec.
-        self._copied = () if self._daemon.on_this_host else tuple(mounts)
+        self._copied: tuple[Mount, ...] = ()
         try:
+            # A daemon that cannot see this process's files gets them copied in, and what the
+            # sandbox writes to a writable one is copied back after every exec.
+            self._copied = () if self._daemon.sees_our_files() else tuple(mounts)
             self._api = self._daemon.client.api
             # create, not run: run pulls an image it cannot find, and sandbox images come from no registry
             self._container = self._daemon.client.containers.create(
@@ -589,8 +590,14 @@ def _directory_tar(directory: Path) -> bytes:
     """`directory`'s tree as a tar archive (modes kept), to unpack in a container as root."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(directory, arcname=".", filter=lambda info: info.replace(uid=0, gid=0, uname="", gname=""))
+        tar.add(directory, arcname=".", filter=_owned_by_root)
     return buffer.getvalue()
+
+
+def _owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0  # not TarInfo.replace: Python 3.11 has it from 3.11.4 only
+    info.uname = info.gname = ""
+    return info
 
 
 def _ulimits(spec: SandboxSpec) -> str:

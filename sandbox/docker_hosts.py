@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -75,6 +76,7 @@ class Daemon:
     live: int = 0  # sessions of this process on it now
     placed: int = 0  # sessions of this process it was given, in all
     pinged: bool = False  # answered once: a daemon is pinged before its first session
+    _sees_our_files: bool | None = field(default=None, repr=False)
     drained_until: float = 0.0  # monotonic time before which it gets no session
     reason: str = ""  # why it was drained
     abandoned: list[str] = field(default_factory=list)  # containers it could not remove while it did not answer
@@ -92,11 +94,14 @@ class Daemon:
             client = self._client = _connect(self.url, self.timeout_s)
         return client
 
-    @property
-    def on_this_host(self) -> bool:
-        """Whether its containers can bind-mount this host's files (grading's test files and
-        report): a daemon reached through a unix socket runs here; others get copies."""
-        return self.url.startswith("unix://")
+    def sees_our_files(self) -> bool:
+        """Whether its containers can bind-mount this process's files (grading's test files and
+        report): its socket is a unix one and its data root is in this process's filesystem. A
+        daemon elsewhere, or this host's seen from inside a container through a mounted socket
+        (a run's container), gets copies instead."""
+        if self._sees_our_files is None:
+            self._sees_our_files = self.url.startswith("unix://") and Path(self.client.info()["DockerRootDir"]).is_dir()
+        return self._sees_our_files
 
     def answers(self) -> bool:
         try:

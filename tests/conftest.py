@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import secrets
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,3 +214,13 @@ def fresh_database(server: str) -> Iterator[str]:
 def postgres_url(postgres_server) -> Iterator[str]:
     with fresh_database(postgres_server) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def project_image() -> str:
+    """The project's image (Dockerfile), built from this working tree once a session; its tag."""
+    require("docker")
+    built = subprocess.run([Path(__file__).parent.parent / "scripts" / "build-project-image"], capture_output=True,
+                           text=True, timeout=1200)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return built.stdout.split()[-1]

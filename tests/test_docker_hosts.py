@@ -141,7 +141,7 @@ def test_a_daemon_reached_over_tcp_grades_with_the_files_copied_in(second_daemon
     grades = []
     for task in tasks:
         sandbox = DockerSandbox(sandbox_spec(task), hosts=hosts, labels={"crucible.test": token})
-        assert not sandbox.fleet.daemons[0].on_this_host
+        assert not sandbox.fleet.daemons[0].sees_our_files()
         grades += [grade_solution(task, task.reference_solution, sandbox),
                    grade_solution(task, "def nothing():\n    return None\n", sandbox)]
     assert [(g.reward_status, g.passed) for g in grades] == [(RewardStatus.SCORED, True),
@@ -194,3 +194,26 @@ def test_over_tcp_the_report_directory_mirrors_what_the_sandbox_left(second_daem
         # Made unreadable, it is missing, as a report the sandbox spoiled is: not our failure.
         assert session.exec(["chmod", "000", "/report/new"]).status.value == "OK"
         assert sorted(str(p.relative_to(report)) for p in report.rglob("*")) == ["d", "d/f"]
+
+
+IN_A_CONTAINER = """
+from pathlib import Path
+from sandbox.docker import DockerSandbox
+from task_sets.importers import ImportOptions, import_tasks
+from task_sets.submission import grade_solution, sandbox_spec
+
+task = import_tasks("mbpp", Path("/data/sanitized-mbpp.json.gz"), ImportOptions("mbpp")).tasks[0]
+sandbox = DockerSandbox(sandbox_spec(task))
+grades = [grade_solution(task, solution, sandbox) for solution in (task.reference_solution, "def f():\\n    pass\\n")]
+print(sandbox.fleet.daemons[0].sees_our_files(), *[(g.reward_status.value, g.passed) for g in grades])
+"""
+
+
+def test_inside_a_container_through_the_hosts_socket_grading_copies_its_files(project_image):
+    # A run's container: this host's daemon, whose data root it cannot see, so neither the
+    # grading files it writes under its own /tmp.
+    done = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", "/var/run/docker.sock:/var/run/docker.sock",
+                           "-v", f"{MBPP.parent}:/data:ro", project_image, "python", "-c", IN_A_CONTAINER],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "False ('scored', True) ('scored', False)"

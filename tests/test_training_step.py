@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import require
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
 
 from assets.iteration import STABILITY_CHECKS, checkpoint
@@ -135,14 +134,11 @@ def two_ranks(crucible, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def contained(crucible, tmp_path_factory):
+def contained(crucible, tmp_path_factory, project_image):
     """The `contained` experiment's iteration 1, trained in a container of the project image
     through Dagster's PipesDockerClient."""
-    require("docker")
-    built = subprocess.run([ROOT / "scripts" / "build-project-image"], capture_output=True, text=True, timeout=1200)
-    assert built.returncode == 0, built.stderr[-3000:]
-    image = built.stdout.split()[-1]
-    return _train(crucible, "contained", tmp_path_factory.mktemp("dagster"), TrainingStepClient(client="docker", image=image))
+    return _train(crucible, "contained", tmp_path_factory.mktemp("dagster"),
+                  TrainingStepClient(client="docker", image=project_image))
 
 
 def test_the_step_runs_as_its_own_process_and_its_loss_decreases(crucible, learned):
