@@ -65,15 +65,17 @@ class TrainingStepClient(ConfigurableResource):
 
     def _run_in_docker(self, context: AssetExecutionContext, crucible: CrucibleResource,
                        extras: dict) -> PipesClientCompletedInvocation:
-        daemon = docker.from_env()
         if not self.image:
             raise Failure("the docker training step needs an image (CRUCIBLE_TRAIN_IMAGE): build the project's "
                           "with scripts/build-project-image", allow_retries=False)
+        daemon = docker.from_env()
         try:
             daemon.images.get(self.image)
         except docker.errors.ImageNotFound:
             raise Failure(f"no image {self.image!r} on the Docker daemon: build it with scripts/build-project-image",
                           allow_retries=False) from None
+        except docker.errors.DockerException as e:  # retried: the daemon may be back by then
+            raise Failure(f"the Docker daemon does not answer ({e}); start it with scripts/docker-daemon") from None
         experiment = experiment_of_run(context.run.tags) or context.partition_key
         # The experiment's writer lock is this run's: a step container of it still there is one
         # whose run died without a word (PipesDockerClient stops its container only when it can).

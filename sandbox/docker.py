@@ -177,7 +177,7 @@ def _containers(daemon: Daemon, labels: Mapping[str, str]) -> list:
 
 
 def _has_bridge(daemon: Daemon) -> bool:
-    return bool(daemon.client.networks.list(names=["bridge"]))
+    return daemon.has_network("bridge")
 
 
 def _with_alias(daemon: Daemon, digest: str, alias: str) -> str:

@@ -77,6 +77,7 @@ class Daemon:
     placed: int = 0  # sessions of this process it was given, in all
     pinged: bool = False  # answered once: a daemon is pinged before its first session
     _sees_our_files: bool | None = field(default=None, repr=False)
+    _networks: dict[str, bool] = field(default_factory=dict, repr=False)
     drained_until: float = 0.0  # monotonic time before which it gets no session
     reason: str = ""  # why it was drained
     abandoned: list[str] = field(default_factory=list)  # containers it could not remove while it did not answer
@@ -130,6 +131,13 @@ class Daemon:
         while self.abandoned:
             with contextlib.suppress(docker.errors.DockerException, OSError):
                 self.client.api.remove_container(self.abandoned.pop(), force=True, v=True)
+
+    def has_network(self, name: str) -> bool:
+        """Whether the daemon has network `name`; asked once (a session placement asks each time)."""
+        networks = self._networks  # read once: a drain may replace it meanwhile
+        if name not in networks:
+            networks[name] = bool(self.client.networks.list(names=[name]))
+        return networks[name]
 
     def forget_images(self) -> None:
         """Look every image up again (one was built or removed meanwhile)."""
@@ -206,7 +214,7 @@ class Fleet:
             _log.warning(f"Docker daemon {daemon.url} does not answer ({reason}); no new sessions go there "
                          f"for {DRAIN_S:.0f} s")
         daemon.drained_until, daemon.reason = time.monotonic() + DRAIN_S, reason
-        daemon._client, daemon._images = None, {}
+        daemon._client, daemon._images, daemon._networks = None, {}, {}
 
     def _none_usable(self) -> str:
         drained = [f"{d.url} ({d.reason})" for d in self.daemons if d.drained_until > time.monotonic()]
