@@ -1,5 +1,5 @@
 # Crucible in a container: the project and requirements.lock on the sandbox base image (Debian
-# bookworm's Python 3.11), for the Docker training step (and, next, the Docker run launcher).
+# bookworm's Python 3.11), for the Docker run launcher and the Docker training step.
 # Built by scripts/build-project-image, which gathers the wheels on the host first, so the build
 # itself needs no network and no registry.
 ARG BASE=crucible-sandbox:bookworm-2

@@ -82,7 +82,7 @@ class TrainingStepClient(ConfigurableResource):
         _remove_step_containers(daemon, experiment)
         command = [*(shlex.split(crucible.train_launcher) or ["python"]), *TRAIN_MODULE]
         try:
-            return PipesDockerClient(env=_passed_env()).run(
+            return PipesDockerClient(env=container_environment()).run(
                 context=context, image=self.image, command=command, extras=extras,
                 container_kwargs=self._container_kwargs(crucible, experiment))
         finally:
@@ -93,6 +93,7 @@ class TrainingStepClient(ConfigurableResource):
         volumes = {str(Path(path).resolve()): {"bind": str(Path(path).resolve()), "mode": "rw"} for path in shared}
         for path in volumes:
             Path(path).mkdir(parents=True, exist_ok=True)
+        volumes |= passed_files()
         requests = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])] if self.gpus else []
         return dict(volumes=volumes, network_mode="host", user=f"{os.getuid()}:{os.getgid()}",
                     environment={"HOME": "/tmp"}, device_requests=requests, labels={EXPERIMENT_LABEL: experiment})
@@ -103,5 +104,13 @@ def _remove_step_containers(daemon: docker.DockerClient, experiment: str) -> Non
         container.remove(force=True)
 
 
-def _passed_env() -> dict[str, str]:
+def container_environment() -> dict[str, str]:
+    """The variables of this process that a container working for it needs (a run's too)."""
     return {key: value for key, value in os.environ.items() if key.startswith(PASSED_ENV_PREFIXES)}
+
+
+def passed_files() -> dict[str, dict[str, str]]:
+    """Read-only mounts, at their own paths, of the files those variables name (AWS_CA_BUNDLE,
+    AWS_SHARED_CREDENTIALS_FILE, …): the container's image has none of this host's."""
+    files = {value for value in container_environment().values() if value.startswith("/") and Path(value).is_file()}
+    return {path: {"bind": path, "mode": "ro"} for path in sorted(files)}

@@ -10,6 +10,9 @@ CRUCIBLE_TRAIN_LAUNCHER   what launches the training step (default: this Python;
 CRUCIBLE_TRAIN_CLIENT     where the training step runs: subprocess (default) or docker (assets/training_step.py)
 CRUCIBLE_TRAIN_IMAGE      the docker training step's image (scripts/build-project-image prints its tag)
 CRUCIBLE_TRAIN_GPUS       GPUs the docker training step asks its daemon for (default 0; -1: all)
+CRUCIBLE_POSTGRES_URL     the instance's database, a libpq URL (pipelines/instance.py; default SQLite files)
+CRUCIBLE_RUN_LAUNCHER     where runs execute: process (default) or docker (pipelines/docker_run_launcher.py)
+CRUCIBLE_RUN_IMAGE        the docker run launcher's image (scripts/build-project-image prints its tag)
 """
 
 from __future__ import annotations

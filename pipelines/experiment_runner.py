@@ -1,10 +1,18 @@
 """Drive an experiment's iterations through the Dagster instance, one run per iteration.
 
-The runs execute in this process (no daemon, no server) but are recorded in the instance, so
-the UI shows them; an iteration whose evaluation is already materialized is skipped, which makes
-`crucible run` resumable and idempotent. They do not pass through the instance's run queue, so
-they take the lock every run of the experiment takes (training/policy/writer_lock.py): a second
-`crucible run` of the experiment waits for the first, and a UI launch meanwhile fails at once.
+An iteration whose evaluation is already materialized is skipped, which makes `crucible run`
+resumable and idempotent. Where the runs execute is the instance's choice:
+
+- With Dagster's default run launcher (the embedded default), in this process: no daemon, no
+  server, but recorded in the instance, so the UI shows them. They do not pass through the run
+  queue, so they take the lock every run of the experiment takes (training/policy/writer_lock.py):
+  a second `crucible run` of the experiment waits for the first, and a UI launch meanwhile fails
+  at once.
+- With any other (a container per run: pipelines/docker_run_launcher.py), each run is queued as the
+  UI queues it and followed to its end (pipelines/run_submission.py); the daemon launches it, and
+  the run worker takes the experiment's lock. A run of the same partition already queued or under
+  way, from the UI or a sensor, is waited for rather than queued twice; a second `crucible run` of
+  the experiment waits for the first.
 """
 
 from __future__ import annotations
@@ -16,11 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, Definitions, RunsFilter
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, Definitions, RunsFilter
+from dagster._core.launcher import DefaultRunLauncher
 from rich.console import Console
 
 from assets.partitions import add_experiment, add_iteration
 from assets.resources import CrucibleResource
+from pipelines import run_submission
 from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
@@ -105,8 +115,13 @@ class ExperimentRunner:
         for run_id in release_orphaned_runs(self.instance):
             console.print(f"[yellow]run {run_id} was left unfinished by a `crucible run` that died: marked failed, "
                           "its pool slots given back[/yellow]")
+        if not self.in_process:
+            run_submission.require_daemon(self.instance)
         name = self.config.name
-        with writer_lock(self.crucible.experiment_dir(name), f"crucible run --experiment {name}",
+        # Runs launched elsewhere take the writer lock themselves: this process holds a lock of its
+        # own, which only another `crucible run` of the experiment waits for.
+        held = self.crucible.experiment_dir(name) / ("" if self.in_process else "submitter")
+        with writer_lock(held, f"crucible run --experiment {name}",
                          wait=lambda holder: console.print(f"[yellow]experiment {name!r} is being written by "
                                                            f"{holder}: waiting for it to finish[/yellow]")):
             self._ensure_base_policy()
@@ -119,6 +134,11 @@ class ExperimentRunner:
                 console.rule(f"iteration {iteration}/{self.through}  ({key})")
                 self._execute("iteration", partition_key=key)
         self._execute("reward_analytics_job")
+
+    @property
+    def in_process(self) -> bool:
+        """Whether this instance's runs execute in the process that starts them."""
+        return isinstance(self.instance.run_launcher, DefaultRunLauncher)
 
     def _refuse_old_instance(self) -> None:
         if self.instance.get_dynamic_partitions("iterations"):
@@ -155,6 +175,37 @@ class ExperimentRunner:
 
     def _execute(self, job_name: str, partition_key: str | None = None) -> None:
         started = time.perf_counter()
+        if self.in_process:
+            self._execute_here(job_name, partition_key)
+        else:
+            self._submit_and_follow(job_name, partition_key)
+        console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
+
+    def _submit_and_follow(self, job_name: str, partition_key: str | None) -> None:
+        """Queue the run (unless one of the partition is queued or under way already: that one is
+        followed instead) and follow it to its end."""
+        job = self.defs.resolve_job_def(job_name)
+        tags = dict(job.partitions_def.get_tags_for_partition_key(str(partition_key))) if partition_key else {}
+        say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
+        pending = run_submission.unfinished_runs(self.instance, tags) if tags else []
+        for run in pending:
+            say(f"{job_name} {partition_key}: run {run.run_id} is {run.status.value.lower()} already; following it")
+            run_submission.follow(self.instance, run.run_id, say)
+        if pending and self._materialized(job_name, partition_key):
+            return
+        run_id = run_submission.submit(job_name, tags)
+        say(f"{job_name} {partition_key or ''}: queued as run {run_id}")
+        run = run_submission.follow(self.instance, run_id, say)
+        if run.status != DagsterRunStatus.SUCCESS:
+            raise RunFailed(f"{job_name} {partition_key or ''} {run.status.value.lower()} (run {run_id}):\n"
+                            + "\n".join(run_failures(self.instance, run_id)))
+
+    def _materialized(self, job_name: str, partition_key: str) -> bool:
+        """Whether the job's last asset holds the partition (another run made it meanwhile)."""
+        last = self.defs.resolve_job_def(job_name).asset_layer.executable_asset_keys
+        return all(partition_key in self.instance.get_materialized_partitions(key) for key in last)
+
+    def _execute_here(self, job_name: str, partition_key: str | None) -> None:
         result = self.defs.resolve_job_def(job_name).execute_in_process(
             instance=self.instance,
             partition_key=partition_key,
@@ -172,7 +223,18 @@ class ExperimentRunner:
             raise RunFailed(
                 f"{job_name} {partition_key or ''} failed (run {result.run_id}):\n" + "\n".join(failures)
             )
-        console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
+
+
+def run_failures(instance: DagsterInstance, run_id: str) -> list[str]:
+    """Why a run that ended elsewhere failed: its steps' reasons, else the run's own (a worker that
+    never started, a run the monitoring cancelled)."""
+    steps = [reason(entry.dagster_event.step_failure_data.error)
+             for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE)
+             if entry.dagster_event.step_failure_data.error]
+    if steps:
+        return steps
+    ended = instance.all_logs(run_id, of_type={DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED})
+    return [entry.dagster_event.message or entry.user_message for entry in ended] or ["(no reason recorded)"]
 
 
 def this_process() -> str:

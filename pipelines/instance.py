@@ -5,6 +5,8 @@ pipelines/dagster.yaml (run queue, limits, monitoring), with run, event-log and 
 in SQLite files beside it (the embedded default), or, when CRUCIBLE_POSTGRES_URL holds a libpq
 URL, in that PostgreSQL database (pipelines/dagster-postgres.yaml): the instance several
 machines, the daemon and the UI can share. The URL stays in the environment, never in the file.
+Runs are executed by the process that launches them, unless CRUCIBLE_RUN_LAUNCHER=docker: then
+the daemon runs each in a container of CRUCIBLE_RUN_IMAGE (pipelines/dagster-docker.yaml).
 
 A dagster.yaml Crucible did not write (it lacks the first line Crucible's have) is the
 operator's own and is used as it is. One Crucible wrote is brought up to date with the template,
@@ -27,6 +29,8 @@ import yaml
 from pipelines.errors import UserError
 
 POSTGRES_URL_ENV = "CRUCIBLE_POSTGRES_URL"
+RUN_LAUNCHER_ENV, RUN_IMAGE_ENV = "CRUCIBLE_RUN_LAUNCHER", "CRUCIBLE_RUN_IMAGE"
+RUN_LAUNCHERS = ("process", "docker")
 MARK = "# Written by Crucible"
 WRITTEN_BY = f"{MARK} (pipelines/instance.py): edit pipelines/dagster.yaml, or remove this line to keep your edits.\n"
 _TEMPLATES = Path(__file__).parent
@@ -38,7 +42,7 @@ def prepare_instance() -> Path:
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".crucible/dagster").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     url = postgres_url()
-    config, wanted = home / "dagster.yaml", instance_yaml(postgres=url is not None)
+    config, wanted = home / "dagster.yaml", instance_yaml(postgres=url is not None, docker=run_launcher() == "docker")
     current = config.read_text() if config.exists() else None
     if current is None or current.startswith(MARK) and current != wanted:
         if current is not None and _keeps_runs_in_postgres(current) != (url is not None):
@@ -83,9 +87,20 @@ def _write_atomically(config: Path, text: str) -> None:
     os.replace(scratch, config)
 
 
-def instance_yaml(postgres: bool) -> str:
-    text = WRITTEN_BY + (_TEMPLATES / "dagster.yaml").read_text()
-    return (text + "\n" + (_TEMPLATES / "dagster-postgres.yaml").read_text()) if postgres else text
+def instance_yaml(postgres: bool, docker: bool = False) -> str:
+    parts = ["dagster.yaml"] + ["dagster-postgres.yaml"] * postgres + ["dagster-docker.yaml"] * docker
+    return WRITTEN_BY + "\n".join((_TEMPLATES / part).read_text() for part in parts)
+
+
+def run_launcher() -> str:
+    """CRUCIBLE_RUN_LAUNCHER: `process` (the default: a run executes in the process that starts it)
+    or `docker` (the daemon starts a container per run, of the image CRUCIBLE_RUN_IMAGE names)."""
+    launcher = os.environ.get(RUN_LAUNCHER_ENV, "").strip() or "process"
+    if launcher not in RUN_LAUNCHERS:
+        raise UserError(f"{RUN_LAUNCHER_ENV}={launcher!r}: choose one of {', '.join(RUN_LAUNCHERS)}")
+    if launcher == "docker" and not os.environ.get(RUN_IMAGE_ENV, "").strip():
+        raise UserError(f"{RUN_LAUNCHER_ENV}=docker needs {RUN_IMAGE_ENV}: the tag scripts/build-project-image prints")
+    return launcher
 
 
 def postgres_url() -> str | None:

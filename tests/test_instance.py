@@ -188,3 +188,37 @@ def test_a_postgres_server_that_is_down_stops_crucible_run_with_one_line_and_no_
     assert done.returncode == 2
     assert done.stderr.startswith("error: the Postgres instance postgresql://crucible@127.0.0.1:1/crucible")
     assert "does not answer" in done.stderr and "Traceback" not in done.stderr and "s3cret" not in done.stderr
+
+
+def test_the_docker_run_launcher_setting_puts_dagsters_docker_launcher_in_the_instance(home, monkeypatch):
+    monkeypatch.setenv("CRUCIBLE_RUN_LAUNCHER", "docker")
+    monkeypatch.setenv("CRUCIBLE_RUN_IMAGE", "crucible-project:any")
+    prepare_instance()
+    with DagsterInstance.get() as instance:
+        assert type(instance.run_launcher).__name__ == "CrucibleDockerRunLauncher"
+        assert instance.run_launcher.image == "crucible-project:any"  # read from the environment, not the file
+    assert "crucible-project:any" not in (home / "dagster.yaml").read_text()
+
+
+@pytest.mark.parametrize("settings, refusal", [
+    ({"CRUCIBLE_RUN_LAUNCHER": "dokcer"}, "CRUCIBLE_RUN_LAUNCHER='dokcer': choose one of process, docker"),
+    ({"CRUCIBLE_RUN_LAUNCHER": "docker"}, "CRUCIBLE_RUN_LAUNCHER=docker needs CRUCIBLE_RUN_IMAGE"),
+])
+def test_a_run_launcher_setting_that_cannot_work_is_refused_in_one_sentence(home, monkeypatch, settings, refusal):
+    monkeypatch.delenv("CRUCIBLE_RUN_IMAGE", raising=False)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=refusal):
+        prepare_instance()
+
+
+def test_crucible_run_on_a_daemon_launched_instance_with_no_daemon_says_how_to_start_one(tmp_path):
+    environment = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_RUN_LAUNCHER": "docker",
+                   "CRUCIBLE_RUN_IMAGE": "crucible-project:any", "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"),
+                   "CRUCIBLE_CHECKPOINT_ROOT": str(tmp_path / "checkpoints")}
+    environment.pop(POSTGRES_URL_ENV, None)
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "queued"], cwd=ROOT,
+                            env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "no daemon is running: start it with `crucible ui`" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

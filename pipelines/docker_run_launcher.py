@@ -1,0 +1,83 @@
+"""Each run in a container of the project image: Dagster's DockerRunLauncher, told where Crucible
+keeps things.
+
+Selected by CRUCIBLE_RUN_LAUNCHER=docker (pipelines/instance.py writes it into the instance's
+dagster.yaml, pipelines/dagster-docker.yaml), with the image CRUCIBLE_RUN_IMAGE names
+(scripts/build-project-image prints its tag). The daemon launches the runs the queue lets
+through, on the Docker daemon of its own DOCKER_HOST. What the launching process knows, its run
+container knows too:
+
+- its environment: Crucible's settings, S3's and Hugging Face's, DAGSTER_HOME and the
+  Postgres URL (the instance the run worker reports to), and the files those name (a CA bundle);
+- its files, mounted at the same paths: the checkpoint root, a local storage root, the task-set
+  library, and DAGSTER_HOME (a SQLite instance lives in its files);
+- its network (the host's: an S3 endpoint or a Postgres server on loopback answers inside too);
+- its user, so that checkpoints stay the operator's.
+
+A run container has no kernel namespaces of its own to spare, so its sandboxes are Docker
+containers beside it, on the daemon whose socket it is given (sandbox/docker_hosts.py copies
+grading's files to them: that daemon does not see the container's files).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dagster._core.storage.dagster_run import DagsterRun
+from dagster_docker import DockerRunLauncher
+from dagster_docker.container_context import DockerContainerContext
+
+from assets.training_step import container_environment, passed_files
+from pipelines import environment
+from sandbox.docker_hosts import configured_hosts
+from task_sets.loader import library_dir
+
+RUN_LABEL = "crucible.run"  # on every run container: its run id
+
+
+class CrucibleDockerRunLauncher(DockerRunLauncher):
+    """DockerRunLauncher whose containers get the places, environment and user described above,
+    over whatever the instance's config adds."""
+
+    def get_container_context(self, dagster_run: DagsterRun) -> DockerContainerContext:
+        ours = DockerContainerContext(env_vars=[f"{key}={value}" for key, value in run_environment().items()],
+                                      container_kwargs=run_container_kwargs(dagster_run.run_id))
+        return ours.merge(super().get_container_context(dagster_run))
+
+
+def run_environment() -> dict[str, str]:
+    """The training step's variables, the instance's and the daemon's, this process's locations made
+    absolute, and a sandbox backend that works in a container."""
+    environment.pin_locations()
+    here = {key: os.environ[key] for key in ("DAGSTER_HOME", "DOCKER_HOST") if key in os.environ}
+    return {**container_environment(), **here, "CRUCIBLE_SANDBOX": "docker", "HOME": "/tmp"}
+
+
+def shared_paths() -> list[Path]:
+    """What a run reads and writes as files, as the launching process names them."""
+    paths = [Path(environment.checkpoint_root()), Path(os.environ["DAGSTER_HOME"]).resolve(),
+             library_dir().resolve()]
+    if "://" not in environment.storage_root():
+        paths.append(Path(environment.storage_root()))
+    return paths
+
+
+def docker_sockets() -> list[Path]:
+    """The unix sockets of the sandbox daemons and of this launcher's: mounted, they answer inside."""
+    urls = [host.url for host in configured_hosts()] + [os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"]
+    return sorted({Path(url.removeprefix("unix://")) for url in urls if url.startswith("unix://")})
+
+
+def run_container_kwargs(run_id: str) -> dict:
+    for path in shared_paths():
+        path.mkdir(parents=True, exist_ok=True)
+    volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in [*shared_paths(), *docker_sockets()]}
+    volumes |= passed_files()
+    return {"volumes": volumes, "network_mode": "host", "user": f"{os.getuid()}:{os.getgid()}",
+            "group_add": _socket_groups(), "working_dir": "/opt/crucible/src", "labels": {RUN_LABEL: run_id}}
+
+
+def _socket_groups() -> list[str]:
+    """The groups that own the Docker sockets: a user who is not root reaches them through those."""
+    return sorted({str(path.stat().st_gid) for path in docker_sockets() if path.exists()})

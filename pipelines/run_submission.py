@@ -1,0 +1,89 @@
+"""Submit a run to the instance's queue and follow it to its end, as the UI's Launch button would:
+for instances whose runs are launched by the daemon somewhere else (a container per run).
+
+The run is submitted with `dagster job launch` on the project's workspace.yaml, the code location
+the daemon and the UI load, so the daemon finds the job where it looks for it. Its progress is read
+back from the instance's event log, one line a step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, EventLogEntry, RunsFilter
+from dagster._daemon.controller import get_daemon_statuses
+
+from pipelines.errors import RunFailed, UserError
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+DEQUEUER = "QUEUED_RUN_COORDINATOR"  # the daemon that takes runs off the queue and launches them
+STEP_EVENTS = (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)
+POLL_S = 2.0
+
+
+def require_daemon(instance: DagsterInstance) -> None:
+    """Queued runs start only while a daemon takes them off the queue: refuse to queue one that
+    would wait for ever."""
+    if not get_daemon_statuses(instance, [DEQUEUER], ignore_errors=True)[DEQUEUER].healthy:
+        raise UserError(f"the instance in {instance.root_directory} launches its runs from the daemon "
+                        f"({type(instance.run_launcher).__name__}), and no daemon is running: start it with "
+                        "`crucible ui` (or `dagster-daemon run -w workspace.yaml` in the project folder)")
+
+
+def unfinished_runs(instance: DagsterInstance, tags: dict[str, str]) -> list[DagsterRun]:
+    """Runs with these tags (a partition's) that are queued or under way, from anywhere."""
+    waiting = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING,
+               DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    return list(instance.get_runs(RunsFilter(tags=tags, statuses=waiting)))
+
+
+def submit(job_name: str, tags: dict[str, str]) -> str:
+    """Queue a run of `job_name` with `tags`; its run id."""
+    run_id = str(uuid.uuid4())
+    launched = subprocess.run(
+        [sys.executable, "-m", "dagster", "job", "launch", "-w", "workspace.yaml", "-j", job_name,
+         "--tags", json.dumps(tags), "--run-id", run_id],
+        cwd=PROJECT_DIR, env=os.environ, capture_output=True, text=True,
+    )
+    if launched.returncode != 0:
+        last = (launched.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RunFailed(f"{job_name} could not be queued: {last}")
+    return run_id
+
+
+def follow(instance: DagsterInstance, run_id: str, say: Callable[[str], None]) -> DagsterRun:
+    """Wait for the run to end, saying meanwhile what its steps log and when each starts and ends,
+    as `crucible run` shows a run it executes itself; the finished run."""
+    seen, status = 0, None
+    while True:
+        run = instance.get_run_by_id(run_id)
+        if run.status != status:
+            status = run.status
+            say(f"run {run_id[:8]}: {status.value.lower()}")
+        entries = instance.all_logs(run_id)
+        for entry in entries[seen:]:
+            if line := _shown(entry):
+                say(line)
+        seen = len(entries)
+        if run.is_finished:
+            return run
+        time.sleep(POLL_S)
+
+
+def _shown(entry: EventLogEntry) -> str | None:
+    """What an operator watching the run reads of an event: the steps' own messages, and the
+    steps' starts, ends and failures."""
+    event = entry.dagster_event
+    if event is None:
+        return f"{entry.step_key or ''}  {entry.user_message}" if entry.level >= logging.INFO else None
+    if event.event_type in STEP_EVENTS:
+        return f"{event.step_key}  {event.event_type.value.lower().replace('_', ' ')}"
+    return None
