@@ -1,5 +1,6 @@
 """One RL iteration as assets, partitioned by experiment and iteration number (assets/partitions.py):
-thin functions over training/iteration.py, which holds the rules.
+thin functions over training/iteration.py, which holds the rules (`rollouts`, a fan-out over
+shards, is in assets/rollouts.py).
 
     base_policy[experiment] -> task_set -> rollouts -> verified_rollouts -> trajectories -> iteration_rewards
                                            -> checkpoint -> checkpoint_eval
@@ -23,6 +24,7 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
+    OpExecutionContext,
     Output,
     RetryPolicy,
     asset,
@@ -32,7 +34,7 @@ from assets.charts import eval_curve_png, markdown_table, png_markdown
 from assets.datasets import report_stored
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
 from assets.partitions import iterations, parse_iteration_key
-from assets.policy import base_policy, stored_experiment
+from assets.policy import stored_experiment
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
@@ -54,7 +56,7 @@ from training.rl.trainer import STEP_STATS
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
 
-def this_iteration(context: AssetExecutionContext, crucible: CrucibleResource) -> Iteration:
+def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible: CrucibleResource) -> Iteration:
     """The partition's iteration, with the experiment's stored settings, logging to the run."""
     try:
         name, number = parse_iteration_key(context.partition_key)
@@ -118,37 +120,6 @@ def task_set(
         metadata={"eval_tasks_sampled": ", ".join(not_train) or "none",
                   "copies_of_eval_prompts_sampled": ", ".join(leaked) or "none",
                   "near_duplicate_pairs_in_set": len(split.near_duplicates)},
-    )
-
-
-@asset(**ITERATION, deps=[base_policy], kinds={"pytorch"}, pool=ACCELERATOR)
-def rollouts(
-    context: AssetExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase]
-) -> Output[list[Rollout]]:
-    """K samples per task from the previous iteration's checkpoint, with behaviour log-probs:
-    single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns."""
-    iteration = this_iteration(context, crucible)
-    with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
-                                              "rollouts"):
-        engine = iteration.engine()
-        samples = iteration.sample(engine, task_set, iteration.rollout_params(), iteration.group_prefix)
-    tokens = sum(r.sampled_tokens for r in samples)
-    seconds = sum(r.generate_s for r in samples)
-    return Output(
-        samples,
-        metadata={
-            "policy": MetadataValue.path(str(crucible.checkpoint_dir(iteration.experiment.name, iteration.number - 1))),
-            "policy_version": engine.policy_version,
-            "samples": len(samples),
-            "generated_tokens": tokens,
-            "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
-            "truncated": sum(r.finish_reason == "length" for r in samples),
-            # A server that answers text alone gives no behaviour log-probs: graded, never trained on.
-            "without_logprobs": sum(r.behaviour_logprobs is None for r in samples),
-            "finish_reasons": MetadataValue.json(dict(Counter(r.finish_reason for r in samples))),
-            "mean_turns": sum(max(1, len(r.turns)) for r in samples) / len(samples),
-            "example": MetadataValue.md(f"```python\n{samples[0].response_text}\n```"),
-        },
     )
 
 

@@ -25,6 +25,11 @@ from training.experiment import ExperimentConfig, experiment_from
 from training.policy.writer_lock import ExperimentBusy, writer_lock
 
 
+def run_purpose(run_id: str) -> str:
+    """What a run's hold of its experiment's writer lock says it is for."""
+    return f"Dagster run {run_id}"
+
+
 class CrucibleResource(ConfigurableResource):
     """Storage root (any fsspec URI), local checkpoint directory and sandbox settings."""
 
@@ -42,13 +47,15 @@ class CrucibleResource(ConfigurableResource):
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         """A run of an experiment's assets holds the experiment's writer lock while it runs (see
-        training/policy/writer_lock.py): another run of it, from anywhere, fails at once."""
+        training/policy/writer_lock.py): another run of it, from anywhere, fails at once. Its
+        steps in processes of their own go on under the hold of the process that runs them
+        (pipelines/executors.py)."""
         experiment = experiment_of_run(context.run.tags) if context.run else None
         if experiment is None:
             return
-        purpose = f"Dagster run {context.run.run_id}"
+        purpose = run_purpose(context.run.run_id)
         try:
-            self._lock.enter_context(writer_lock(self.experiment_dir(experiment), purpose))
+            self._lock.enter_context(writer_lock(self.experiment_dir(experiment), purpose, shared=True))
         except ExperimentBusy as busy:
             raise Failure(f"experiment {experiment!r} is being written by {busy}; this run would write the same "
                           "checkpoints: launch it again once that one has finished", allow_retries=False) from None

@@ -13,8 +13,17 @@ from datastore.store import DatasetStore, rows_to_table
 @contextmanager
 def timed_stage(store: DatasetStore, experiment: str, iteration: int, stage: str) -> Iterator[None]:
     """Time the body; on success record it as part `<stage>` of the `stages` partition."""
-    started_at = dt.datetime.now(dt.timezone.utc)
-    start = time.perf_counter()
+    started_at, start = dt.datetime.now(dt.timezone.utc), time.perf_counter()
     yield
-    row = {"stage": stage, "seconds": time.perf_counter() - start, "started_at": started_at}
+    _write(store, experiment, iteration, stage, started_at, time.perf_counter() - start)
+
+
+def record_stage(store: DatasetStore, experiment: str, iteration: int, stage: str, started_at: dt.datetime) -> None:
+    """Record a stage that began at `started_at`, in another step (and process), and ends now."""
+    _write(store, experiment, iteration, stage, started_at, (dt.datetime.now(dt.timezone.utc) - started_at).total_seconds())
+
+
+def _write(store: DatasetStore, experiment: str, iteration: int, stage: str, started_at: dt.datetime,
+           seconds: float) -> None:
+    row = {"stage": stage, "seconds": seconds, "started_at": started_at}
     store.write_partition("stages", experiment, iteration, rows_to_table("stages", [row]), part=stage)

@@ -8,6 +8,8 @@
   names the same files inside as outside; the container shares the host's network (an S3
   endpoint on loopback included) and runs as this process's user, so checkpoints stay its own.
   `gpus` asks the daemon for that many GPUs (-1: all), which needs the NVIDIA container toolkit.
+- `kubernetes`: a pod of the operator's PodTemplate (`pod_template`) on the cluster of the
+  kubeconfig (or the one this runs in), through Dagster's PipesK8sClient: assets/training_pod.py.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected
                         category=PreviewWarning)
 warnings.filterwarnings("ignore", message="AssetExecutionContext.run_id is deprecated", category=DeprecationWarning)
 
-TrainClient = Literal["subprocess", "docker"]
+TrainClient = Literal["subprocess", "docker", "kubernetes"]
 TRAIN_CLIENTS = get_args(TrainClient)
 TRAIN_MODULE = ["-m", "assets.train_process"]
 # What the step needs of this process's environment inside a container: S3 credentials and
@@ -55,13 +57,25 @@ class TrainingStepClient(ConfigurableResource):
     client: TrainClient = "subprocess"
     image: str = ""  # docker: the project image's tag (scripts/build-project-image prints it)
     gpus: int = 0  # docker: GPUs to ask the daemon for (-1: all)
+    pod_template: str = ""  # kubernetes: the PodTemplate file (deploy/kubernetes/training-step.yaml)
 
     def run(self, context: AssetExecutionContext, crucible: CrucibleResource,
             extras: dict) -> PipesClientCompletedInvocation:
         if self.client == "subprocess":
             command = [*crucible.train_launcher_command(), *TRAIN_MODULE]
             return PipesSubprocessClient().run(command=command, context=context, extras=extras)
+        if self.client == "kubernetes":
+            from assets.training_pod import run_pod  # kubernetes' client loads only where it is used
+
+            labels = {EXPERIMENT_LABEL: experiment_of_run(context.run.tags) or context.partition_key}
+            return run_pod(context, crucible, self.pod_template, self.image, self.step_command(crucible), labels,
+                           extras)
         return self._run_in_docker(context, crucible, extras)
+
+    @staticmethod
+    def step_command(crucible: CrucibleResource) -> list[str]:
+        """The step in a container: the launcher (or the image's Python) and the module."""
+        return [*(shlex.split(crucible.train_launcher) or ["python"]), *TRAIN_MODULE]
 
     def _run_in_docker(self, context: AssetExecutionContext, crucible: CrucibleResource,
                        extras: dict) -> PipesClientCompletedInvocation:
@@ -80,10 +94,9 @@ class TrainingStepClient(ConfigurableResource):
         # The experiment's writer lock is this run's: a step container of it still there is one
         # whose run died without a word (PipesDockerClient stops its container only when it can).
         _remove_step_containers(daemon, experiment)
-        command = [*(shlex.split(crucible.train_launcher) or ["python"]), *TRAIN_MODULE]
         try:
             return PipesDockerClient(env=container_environment()).run(
-                context=context, image=self.image, command=command, extras=extras,
+                context=context, image=self.image, command=self.step_command(crucible), extras=extras,
                 container_kwargs=self._container_kwargs(crucible, experiment))
         finally:
             _remove_step_containers(daemon, experiment)

@@ -45,10 +45,24 @@ def _check_settings() -> None:
 
     if environment.train_client() not in TRAIN_CLIENTS:
         raise UserError(f"CRUCIBLE_TRAIN_CLIENT={environment.train_client()!r}: choose one of {', '.join(TRAIN_CLIENTS)}")
+    try:
+        environment.step_processes()
+    except ValueError as error:
+        raise UserError(str(error)) from None
     if not os.environ.get("CRUCIBLE_TRAIN_GPUS", "0").lstrip("-").isdigit():
         raise UserError(f"CRUCIBLE_TRAIN_GPUS={os.environ['CRUCIBLE_TRAIN_GPUS']!r}: a whole number of GPUs (-1: all)")
     if environment.train_client() == "docker" and not environment.train_image():
         raise UserError("CRUCIBLE_TRAIN_CLIENT=docker needs CRUCIBLE_TRAIN_IMAGE: the tag scripts/build-project-image prints")
+    if environment.train_client() == "kubernetes":
+        from assets.training_pod import PodTemplateError, load_template
+
+        if not environment.train_pod_template():
+            raise UserError("CRUCIBLE_TRAIN_CLIENT=kubernetes needs CRUCIBLE_TRAIN_POD_TEMPLATE: a PodTemplate file "
+                            "such as deploy/kubernetes/training-step.yaml")
+        try:
+            load_template(environment.train_pod_template())
+        except PodTemplateError as error:
+            raise UserError(f"CRUCIBLE_TRAIN_POD_TEMPLATE: {error}") from None
     if environment.sandbox_backend() == "docker":
         from sandbox.docker_hosts import configured_hosts
 
@@ -236,6 +250,7 @@ def command_curve(args: argparse.Namespace) -> int:
 def command_ui(args: argparse.Namespace) -> int:
     prepare_instance()
     environment.use_storage(args.storage)
+    _check_settings()
     environment.pin_locations()  # dagster dev runs from the project folder; the data is this folder's
     # dagster dev started from a background shell would otherwise inherit ignored SIGINT/SIGTERM
     # and outlive its caller.

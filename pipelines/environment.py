@@ -7,9 +7,11 @@ CRUCIBLE_CHECKPOINT_ROOT  local directory for checkpoints (default ./.crucible/c
 CRUCIBLE_SANDBOX          sandbox backend (default local)
 CRUCIBLE_DOCKER_HOSTS     the Docker daemons of the docker backend, URL=CAPACITY,... (sandbox/docker_hosts.py)
 CRUCIBLE_TRAIN_LAUNCHER   what launches the training step (default: this Python; e.g. torchrun --standalone …)
-CRUCIBLE_TRAIN_CLIENT     where the training step runs: subprocess (default) or docker (assets/training_step.py)
-CRUCIBLE_TRAIN_IMAGE      the docker training step's image (scripts/build-project-image prints its tag)
+CRUCIBLE_TRAIN_CLIENT     where the training step runs: subprocess (default), docker or kubernetes (assets/training_step.py)
+CRUCIBLE_TRAIN_POD_TEMPLATE  the kubernetes training step's PodTemplate file (assets/training_pod.py)
+CRUCIBLE_TRAIN_IMAGE      the docker (or kubernetes) training step's image (scripts/build-project-image prints its tag)
 CRUCIBLE_TRAIN_GPUS       GPUs the docker training step asks its daemon for (default 0; -1: all)
+CRUCIBLE_STEP_PROCESSES   processes a run's steps may use at once (default 1: all in the run's own; pipelines/resources.py)
 CRUCIBLE_POSTGRES_URL     the instance's database, a libpq URL (pipelines/instance.py; default SQLite files)
 CRUCIBLE_RUN_LAUNCHER     where runs execute: process (default) or docker (pipelines/docker_run_launcher.py)
 CRUCIBLE_RUN_IMAGE        the docker run launcher's image (scripts/build-project-image prints its tag)
@@ -70,5 +72,16 @@ def train_image() -> str:
     return os.environ.get("CRUCIBLE_TRAIN_IMAGE", "")
 
 
+def train_pod_template() -> str:
+    return os.environ.get("CRUCIBLE_TRAIN_POD_TEMPLATE", "")
+
+
 def train_gpus() -> int:
     return int(os.environ.get("CRUCIBLE_TRAIN_GPUS", "0"))
+
+
+def step_processes() -> int:
+    value = os.environ.get("CRUCIBLE_STEP_PROCESSES", "1").strip()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"CRUCIBLE_STEP_PROCESSES={value!r}: a whole number of processes, 1 or more")
+    return int(value)

@@ -182,28 +182,43 @@ class ExperimentRunner:
         console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
 
     def _submit_and_follow(self, job_name: str, partition_key: str | None) -> None:
-        """Queue the run (unless one of the partition is queued or under way already: that one is
-        followed instead) and follow it to its end."""
+        """Queue the run and follow it to its end. A run of the partition already queued or under
+        way (the UI, a sensor) is followed instead, and ours, if one was queued a moment before it,
+        is cancelled: two runs of a partition would train the same iteration twice."""
         job = self.defs.resolve_job_def(job_name)
         tags = dict(job.partitions_def.get_tags_for_partition_key(str(partition_key))) if partition_key else {}
         say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
-        pending = run_submission.unfinished_runs(self.instance, tags) if tags else []
-        for run in pending:
-            say(f"{job_name} {partition_key}: run {run.run_id} is {run.status.value.lower()} already; following it")
-            run_submission.follow(self.instance, run.run_id, say)
-        if pending and self._materialized(job_name, partition_key):
-            return
-        run_id = run_submission.submit(job_name, tags)
+        while True:
+            if self._follow_others(job_name, partition_key, tags, say):
+                return
+            run_id = run_submission.submit(job_name, tags)
+            rivals = [r for r in self._unfinished(tags) if r.dagster_run.run_id != run_id][:1]
+            if not rivals or rivals[0].create_timestamp > self.instance.get_run_record_by_id(run_id).create_timestamp:
+                break
+            self.instance.run_coordinator.cancel_run(run_id)
+            say(f"{job_name} {partition_key}: run {rivals[0].dagster_run.run_id} was queued first; ours cancelled")
         say(f"{job_name} {partition_key or ''}: queued as run {run_id}")
         run = run_submission.follow(self.instance, run_id, say)
         if run.status != DagsterRunStatus.SUCCESS:
             raise RunFailed(f"{job_name} {partition_key or ''} {run.status.value.lower()} (run {run_id}):\n"
                             + "\n".join(run_failures(self.instance, run_id)))
 
+    def _unfinished(self, tags: dict[str, str]) -> list:
+        return run_submission.unfinished_runs(self.instance, tags) if tags else []
+
+    def _follow_others(self, job_name: str, partition_key: str | None, tags: dict[str, str], say) -> bool:
+        """Follow the partition's runs queued or under way; whether they left it materialized."""
+        pending = self._unfinished(tags)
+        for record in pending:
+            run = record.dagster_run
+            say(f"{job_name} {partition_key}: run {run.run_id} is {run.status.value.lower()} already; following it")
+            run_submission.follow(self.instance, run.run_id, say)
+        return bool(pending) and self._materialized(job_name, partition_key)
+
     def _materialized(self, job_name: str, partition_key: str) -> bool:
-        """Whether the job's last asset holds the partition (another run made it meanwhile)."""
-        last = self.defs.resolve_job_def(job_name).asset_layer.executable_asset_keys
-        return all(partition_key in self.instance.get_materialized_partitions(key) for key in last)
+        """Whether every asset of the job holds the partition (another run made them meanwhile)."""
+        assets = self.defs.resolve_job_def(job_name).asset_layer.executable_asset_keys
+        return all(partition_key in self.instance.get_materialized_partitions(key) for key in assets)
 
     def _execute_here(self, job_name: str, partition_key: str | None) -> None:
         result = self.defs.resolve_job_def(job_name).execute_in_process(

@@ -10,10 +10,11 @@ the daemon runs each in a container of CRUCIBLE_RUN_IMAGE (pipelines/dagster-doc
 
 A dagster.yaml Crucible did not write (it lacks the first line Crucible's have) is the
 operator's own and is used as it is. One Crucible wrote is brought up to date with the template,
-but never switched between SQLite and Postgres by a command whose environment differs: a shell
-without the URL beside a UI with it would split the runs (and the accelerator pool) between two
-instances. To switch, remove the file. Run history does not move between the two; the datasets
-and checkpoints, in the storage root, do not depend on it.
+but never switched between SQLite and Postgres, or between run launchers, by a command whose
+environment differs: a shell without the URL beside a UI with it would split the runs (and the
+accelerator pool) between two instances, and one without the launcher would run in its own process
+what the daemon runs in containers. To switch, remove the file. Run history does not move between
+SQLite and Postgres; the datasets and checkpoints, in the storage root, do not depend on it.
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ def prepare_instance() -> Path:
     for the current setting, and check that a Postgres instance answers."""
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".crucible/dagster").resolve())))
     home.mkdir(parents=True, exist_ok=True)
-    url = postgres_url()
-    config, wanted = home / "dagster.yaml", instance_yaml(postgres=url is not None, docker=run_launcher() == "docker")
+    url, launcher = postgres_url(), run_launcher()
+    config, wanted = home / "dagster.yaml", instance_yaml(postgres=url is not None, docker=launcher == "docker")
     current = config.read_text() if config.exists() else None
     if current is None or current.startswith(MARK) and current != wanted:
         if current is not None and _keeps_runs_in_postgres(current) != (url is not None):
             raise UserError(_switch_refused(config, url is not None))
+        if current is not None and _launches_in_docker(current) != (launcher == "docker"):
+            raise UserError(_launcher_switch_refused(config, launcher))
         _write_atomically(config, wanted)
     if url is not None:
         check_postgres(url)
@@ -76,6 +79,20 @@ def _switch_refused(config: Path, postgres: bool) -> str:
                 f"unset it, or remove {config} to move this DAGSTER_HOME to Postgres")
     return (f"the instance in {config.parent} keeps its runs in Postgres, and {POSTGRES_URL_ENV} is not set here: "
             f"export it as the UI and daemon have it, or remove {config} to move this DAGSTER_HOME to SQLite")
+
+
+def _launches_in_docker(config_text: str) -> bool:
+    return "docker" in str(((yaml.safe_load(config_text) or {}).get("run_launcher") or {}).get("module", ""))
+
+
+def _launcher_switch_refused(config: Path, launcher: str) -> str:
+    """A shell without the setting beside a daemon with it would run in-process what the daemon
+    runs in containers, on the same instance."""
+    if launcher == "docker":
+        return (f"the instance in {config.parent} runs its runs in the process that starts them, and "
+                f"{RUN_LAUNCHER_ENV}=docker is set: unset it, or remove {config} to launch runs in containers")
+    return (f"the instance in {config.parent} launches its runs in Docker containers, and {RUN_LAUNCHER_ENV} is not "
+            f"docker here: export it (and {RUN_IMAGE_ENV}) as the UI and daemon have it, or remove {config}")
 
 
 def _write_atomically(config: Path, text: str) -> None:

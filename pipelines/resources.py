@@ -18,4 +18,4 @@ def crucible_resource() -> CrucibleResource:
 
 def training_step_client() -> TrainingStepClient:
     return TrainingStepClient(client=environment.train_client(), image=environment.train_image(),
-                              gpus=environment.train_gpus())
+                              gpus=environment.train_gpus(), pod_template=environment.train_pod_template())

@@ -27,6 +27,7 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEQUEUER = "QUEUED_RUN_COORDINATOR"  # the daemon that takes runs off the queue and launches them
 STEP_EVENTS = (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)
 POLL_S = 2.0
+DAEMON_CHECK_POLLS = 15  # while a run is queued, that a daemon still heartbeats: every 30 s
 
 
 def require_daemon(instance: DagsterInstance) -> None:
@@ -39,10 +40,10 @@ def require_daemon(instance: DagsterInstance) -> None:
 
 
 def unfinished_runs(instance: DagsterInstance, tags: dict[str, str]) -> list[DagsterRun]:
-    """Runs with these tags (a partition's) that are queued or under way, from anywhere."""
-    waiting = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING,
-               DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-    return list(instance.get_runs(RunsFilter(tags=tags, statuses=waiting)))
+    """Runs with these tags (a partition's) that are queued or under way, from anywhere, oldest
+    first. Not those never submitted (NOT_STARTED): nothing would ever start them."""
+    waiting = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    return sorted(instance.get_run_records(RunsFilter(tags=tags, statuses=waiting)), key=lambda r: r.create_timestamp)
 
 
 def submit(job_name: str, tags: dict[str, str]) -> str:
@@ -61,21 +62,24 @@ def submit(job_name: str, tags: dict[str, str]) -> str:
 
 def follow(instance: DagsterInstance, run_id: str, say: Callable[[str], None]) -> DagsterRun:
     """Wait for the run to end, saying meanwhile what its steps log and when each starts and ends,
-    as `crucible run` shows a run it executes itself; the finished run."""
-    seen, status = 0, None
+    as `crucible run` shows a run it executes itself; the finished run. A queued run is waited
+    for only while a daemon is there to start it."""
+    cursor, status, polls = None, None, 0
     while True:
         run = instance.get_run_by_id(run_id)
         if run.status != status:
             status = run.status
             say(f"run {run_id[:8]}: {status.value.lower()}")
-        entries = instance.all_logs(run_id)
-        for entry in entries[seen:]:
-            if line := _shown(entry):
+        if status == DagsterRunStatus.QUEUED and polls % DAEMON_CHECK_POLLS == 0:
+            require_daemon(instance)
+        records = instance.get_records_for_run(run_id, cursor=cursor)
+        for record in records.records:
+            if line := _shown(record.event_log_entry):
                 say(line)
-        seen = len(entries)
-        if run.is_finished:
+        cursor, polls = records.cursor, polls + 1
+        if run.is_finished and not records.has_more:
             return run
-        time.sleep(POLL_S)
+        time.sleep(0 if records.has_more else POLL_S)
 
 
 def _shown(entry: EventLogEntry) -> str | None:

@@ -118,3 +118,87 @@ def test_the_cluster_instance_enforces_what_the_local_one_does():
     [location] = values["dagster-user-deployments"]["deployments"]
     workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
     assert location["dagsterApiGrpcArgs"] == ["--module-name", workspace["load_from"][0]["python_module"]["module_name"]]
+
+
+TRAINING_TEMPLATE = DEPLOY / "kubernetes" / "training-step.yaml"
+
+
+def training_pod(tmp_path, template_path: Path = TRAINING_TEMPLATE, **settings) -> dict:
+    """The pod PipesK8sClient would create for a training step from deploy's template, as the API
+    server would receive it (with Pipes' bootstrap variables)."""
+    from dagster_k8s.pipes import build_pod_body
+    from kubernetes.client import ApiClient
+
+    from assets.resources import CrucibleResource
+    from assets.training_pod import load_template, pod_spec
+    from assets.training_step import TrainingStepClient
+
+    crucible = CrucibleResource(storage_root="s3://crucible/data", checkpoint_root=str(tmp_path / "checkpoints"),
+                                **settings)
+    template = load_template(str(template_path))
+    spec = pod_spec(template, crucible, "registry.example/crucible-project:0123abcd",
+                    TrainingStepClient.step_command(crucible))
+    body = build_pod_body(pod_name="dagster-pipes-checkpoint-0123", image=None, command=None,
+                          env_vars={"DAGSTER_PIPES_CONTEXT": "e30=", "DAGSTER_PIPES_MESSAGES": "e30="},
+                          base_pod_meta={"labels": {**template["template"]["metadata"]["labels"],
+                                                    "crucible.training-step": "repair-2"}}, base_pod_spec=spec)
+    return ApiClient().sanitize_for_serialization(body) | {"apiVersion": "v1", "kind": "Pod"}
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_training_pod_crucible_builds_from_the_template_is_valid_kubernetes(tmp_path, version):
+    kubernetes_validate.validate(training_pod(tmp_path), version, strict=True)
+
+
+def test_the_training_pod_mounts_the_checkpoints_where_the_run_names_them_and_keeps_the_run_environment_out(tmp_path):
+    [container] = training_pod(tmp_path)["spec"]["containers"]
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    variables = {variable["name"]: variable["value"] for variable in container["env"]}
+    assert mounts["checkpoints"] == str(tmp_path / "checkpoints") and mounts["shm"] == "/dev/shm"
+    assert variables["CRUCIBLE_CHECKPOINT_ROOT"] == str(tmp_path / "checkpoints")
+    assert variables.keys() == {"CRUCIBLE_CHECKPOINT_ROOT", "DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"}
+    assert container["envFrom"] == [{"secretRef": {"name": "crucible-storage"}}]  # S3 from the cluster's secret
+    assert container["image"] == "registry.example/crucible-project:0123abcd"
+    assert container["command"][:4] == ["torchrun", "--standalone", "--nproc-per-node", "8"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_a_template_without_a_command_runs_the_step_under_the_launcher(tmp_path):
+    document = yaml.safe_load(TRAINING_TEMPLATE.read_text())
+    del document["template"]["spec"]["containers"][0]["command"]
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(document))
+    [container] = training_pod(tmp_path, tmp_path / "pod.yaml",
+                               train_launcher="torchrun --standalone --nproc-per-node 2")["spec"]["containers"]
+    assert container["command"] == ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "assets.train_process"]
+
+
+@pytest.mark.parametrize("edit, refusal", [
+    (lambda doc: doc["template"]["spec"].pop("volumes"), "no volume named 'checkpoints'"),
+    (lambda doc: doc.update(kind="Pod"), "holds 0 PodTemplates"),
+])
+def test_a_template_crucible_cannot_train_from_is_refused_in_one_sentence(tmp_path, edit, refusal):
+    from assets.training_pod import PodTemplateError, load_template
+
+    document = yaml.safe_load(TRAINING_TEMPLATE.read_text())
+    edit(document)
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(document))
+    with pytest.raises(PodTemplateError, match=refusal):
+        load_template(str(tmp_path / "pod.yaml"))
+
+
+@pytest.mark.parametrize("storage, refusal", [
+    ("s3://crucible/data", "no Kubernetes cluster is configured here"),
+    ("/srv/crucible/data", "the storage root /srv/crucible/data is this machine's disk: put it on S3"),
+])
+def test_a_kubernetes_step_that_cannot_start_fails_in_one_sentence(tmp_path, monkeypatch, storage, refusal):
+    from dagster import Failure
+
+    from assets.resources import CrucibleResource
+    from assets.training_pod import run_pod
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    crucible = CrucibleResource(storage_root=storage, checkpoint_root=str(tmp_path / "checkpoints"))
+    with pytest.raises(Failure, match=refusal) as failure:
+        run_pod(None, crucible, str(TRAINING_TEMPLATE), "", ["python"], {"crucible.training-step": "x"}, extras={})
+    assert "\n" not in failure.value.description

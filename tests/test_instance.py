@@ -222,3 +222,18 @@ def test_crucible_run_on_a_daemon_launched_instance_with_no_daemon_says_how_to_s
     assert result.returncode == 2, result.stderr[-2000:]
     assert "no daemon is running: start it with `crucible ui`" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("first, then, refusal", [
+    ("docker", "process", "launches its runs in Docker containers, and CRUCIBLE_RUN_LAUNCHER is not docker here"),
+    ("process", "docker", "runs its runs in the process that starts them, and CRUCIBLE_RUN_LAUNCHER=docker is set"),
+])
+def test_a_command_whose_launcher_setting_differs_does_not_switch_the_instance(home, monkeypatch, first, then, refusal):
+    monkeypatch.setenv("CRUCIBLE_RUN_IMAGE", "crucible-project:any")
+    monkeypatch.setenv("CRUCIBLE_RUN_LAUNCHER", first)
+    prepare_instance()
+    written = (home / "dagster.yaml").read_text()
+    monkeypatch.setenv("CRUCIBLE_RUN_LAUNCHER", then)
+    with pytest.raises(UserError, match=refusal):
+        prepare_instance()
+    assert (home / "dagster.yaml").read_text() == written

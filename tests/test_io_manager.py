@@ -5,14 +5,22 @@ manager could not load its inputs)."""
 from __future__ import annotations
 
 import pytest
-from dagster import AssetKey, DagsterInstance, build_input_context, build_output_context, materialize
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    FilesystemIOManager,
+    build_input_context,
+    build_output_context,
+    materialize,
+)
 from dagster._core.types.dagster_type import resolve_dagster_type  # how Dagster types an input annotation
 
 from assets.io_manager import DatasetIOManager
-from assets.iteration import rollouts, task_set, trajectories, verified_rollouts
+from assets.iteration import task_set, trajectories, verified_rollouts
 from assets.partitions import add_iteration, iteration_key
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from assets.rollouts import STEP_OUTPUTS, rollouts
 from pipelines.experiment_runner import innermost
 from task_sets.loader import load_task_set
 from task_sets.schema import TaskBase
@@ -36,10 +44,14 @@ def crucible(tmp_path) -> CrucibleResource:
     return crucible
 
 
+def resources(crucible: CrucibleResource) -> dict:
+    return {"crucible": crucible, "io_manager": DatasetIOManager(storage_root=crucible.storage_root),
+            STEP_OUTPUTS: FilesystemIOManager(base_dir=f"{crucible.storage_root}/step_outputs")}
+
+
 def _run(crucible: CrucibleResource, instance: DagsterInstance, *selection) -> None:
     result = materialize(ASSETS, selection=list(selection), partition_key=add_iteration(instance, "exp", 1),
-                         instance=instance, resources={"crucible": crucible,
-                                                       "io_manager": DatasetIOManager(storage_root=crucible.storage_root)})
+                         instance=instance, resources=resources(crucible))
     assert result.success
 
 
@@ -60,9 +72,7 @@ def test_a_middle_asset_is_rematerialized_alone_from_the_stored_outputs(crucible
 def test_an_input_never_stored_fails_with_what_to_materialize(crucible):
     with DagsterInstance.ephemeral() as instance:
         result = materialize(ASSETS, selection=[verified_rollouts], partition_key=add_iteration(instance, "exp", 1),
-                             instance=instance, raise_on_error=False,
-                             resources={"crucible": crucible,
-                                        "io_manager": DatasetIOManager(storage_root=crucible.storage_root)})
+                             instance=instance, raise_on_error=False, resources=resources(crucible))
     [failure] = [event for event in result.all_events if event.is_step_failure]
     message = innermost(failure.step_failure_data.error).message
     assert "of exp iteration 1 was never stored: materialize it first (or the whole iteration)" in message

@@ -48,13 +48,16 @@ def definitions_snapshot() -> dict:
     assets = {}
     for key in sorted(graph.get_all_asset_keys()):
         definition = defs.resolve_assets_def(key)
-        node, retry = graph.get(key), definition.op.retry_policy if definition.is_executable else None
+        node = graph.get(key)
+        ops = list(definition.node_def.iterate_op_defs()) if definition.is_executable else []
+        retry = ops[0].retry_policy if len(ops) == 1 else None
         assets[key.to_user_string()] = {
             "deps": sorted(parent.to_user_string() for parent in node.parent_keys),
             "partitions": str(node.partitions_def) if node.partitions_def else None,
             "group": node.group_name, "kinds": sorted(node.kinds), "materializable": node.is_materializable,
             "retries": retry.max_retries if retry else 0,
-            "pool": definition.op.pool if definition.is_executable else None,
+            # A graph-backed asset's ops (a fan-out) each by its pool.
+            "pool": ops[0].pool if len(ops) == 1 else {op.name: op.pool for op in ops} or None,
             "automation": str(node.automation_condition) if node.automation_condition else None,
             "checks": {check.name: {"blocking": graph.get_check_spec(check).blocking} for check in
                        sorted(node.check_keys, key=lambda check: check.name)},

@@ -243,7 +243,12 @@ def test_a_training_step_dies_with_a_run_killed_without_a_word(tmp_path):
 
 
 @pytest.mark.parametrize("setting, said", [
-    ({"CRUCIBLE_TRAIN_CLIENT": "kubernetes"}, "error: CRUCIBLE_TRAIN_CLIENT='kubernetes': choose one of subprocess, docker"),
+    ({"CRUCIBLE_TRAIN_CLIENT": "k8s"}, "error: CRUCIBLE_TRAIN_CLIENT='k8s': choose one of subprocess, docker, kubernetes"),
+    ({"CRUCIBLE_TRAIN_CLIENT": "kubernetes"}, "error: CRUCIBLE_TRAIN_CLIENT=kubernetes needs CRUCIBLE_TRAIN_POD_TEMPLATE: "
+                                              "a PodTemplate file such as deploy/kubernetes/training-step.yaml"),
+    ({"CRUCIBLE_TRAIN_CLIENT": "kubernetes", "CRUCIBLE_TRAIN_POD_TEMPLATE": "deploy/kubernetes/sandbox.yaml"},
+     "error: CRUCIBLE_TRAIN_POD_TEMPLATE: deploy/kubernetes/sandbox.yaml: template.spec.volumes has no volume named "
+     "'checkpoints' (the claim that holds the checkpoints)"),
     ({"CRUCIBLE_TRAIN_CLIENT": "docker"}, "error: CRUCIBLE_TRAIN_CLIENT=docker needs CRUCIBLE_TRAIN_IMAGE: the tag "
                                           "scripts/build-project-image prints"),
 ])

@@ -48,6 +48,20 @@ def test_a_second_process_is_refused_with_the_holder_named(tmp_path):
         pass
 
 
+@pytest.mark.parametrize("purpose, shared", [("the other writer", False), ("another run", True)])
+def test_only_a_share_of_the_same_purpose_goes_on_under_anothers_hold(tmp_path, purpose, shared):
+    holder = hold_in_another_process(tmp_path, 30)
+    try:
+        with writer_lock(tmp_path, "the other writer", shared=True):  # a step of the holder's run
+            pass
+        with pytest.raises(ExperimentBusy):
+            with writer_lock(tmp_path, purpose, shared=shared):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_waiting_writer_is_told_who_holds_the_lock_and_goes_on_once_released(tmp_path):
     holder = hold_in_another_process(tmp_path, 1.5)
     told = []

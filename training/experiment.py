@@ -80,6 +80,11 @@ class ExperimentConfig(BaseModel):
     max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes): the "
                                 "compose set's reference solutions take 21 tokens (median), 26 at most; a write "
                                 "action of the default set's takes 39 (median), 54 (95th percentile)")
+    rollout_shards: int = Field(1, ge=1, description="slices of the sampled tasks (whole groups) that sample apart, "
+                                "each with an engine of its own, as steps the executor may run side by side "
+                                "(CRUCIBLE_STEP_PROCESSES processes). Part of the result: a shard's threads and "
+                                "engine state are its own, so the same shards give the same samples one or several "
+                                "at a time")
     max_turns: int = Field(1, ge=1, description="1: single-turn (the reply is the solution); more: multi-turn "
                            "episodes in a sandbox session, ended by a submit or this many turns (the repair set's "
                            "good episode takes 3: run the check, write the fix, submit)")

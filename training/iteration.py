@@ -26,6 +26,7 @@ call these, and attach metadata.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
+
+import torch
 
 from datastore import catalog
 from datastore.schema import Observations
@@ -216,14 +219,14 @@ class Iteration:
                           f"replaced it), and {use}: materialize iteration {iteration}'s checkpoint again.")
         return record
 
-    def engine(self, checkpoint: tuple[Path, str] | None = None) -> InferenceEngine:
+    def engine(self, checkpoint: tuple[Path, str] | None = None, threads: int | None = None) -> InferenceEngine:
         """The experiment's engine, sampling `checkpoint` (directory, content hash; default: the
-        policy this iteration samples from)."""
+        policy this iteration samples from), on `threads` CPU threads (None: every core)."""
         policy_dir, content_hash = checkpoint or self.policy()
         experiment = self.experiment
         return open_engine(experiment.engine, policy_dir, content_hash, server=experiment.server,
                            vllm=experiment.vllm, max_model_len=experiment.episode_max_tokens,
-                           observation_role=experiment.observation_role)
+                           observation_role=experiment.observation_role, threads=threads)
 
     def rollout_params(self) -> SamplingParams:
         return SamplingParams(n=self.experiment.samples_per_task, max_new_tokens=self.experiment.max_new_tokens,
@@ -244,6 +247,29 @@ class Iteration:
                                 progress=lambda ended, total: self.log(f"episodes: {ended}/{total} ended"),
                                 system=self.task_set.system_message, blanked=blanked)
         return [as_rollout(episode, engine.chat) for episode in episodes]
+
+    def shards(self, tasks: list[TaskBase]) -> list[list[TaskBase]]:
+        """The sampled tasks in `rollout_shards` contiguous slices, as even as whole tasks allow
+        (a task's group stays in one); none is empty."""
+        count = min(self.experiment.rollout_shards, len(tasks))
+        bounds = [len(tasks) * i // count for i in range(count + 1)]
+        return [tasks[bounds[i]:bounds[i + 1]] for i in range(count)]
+
+    def sample_shard(self, tasks: list[TaskBase], shard: int, shards: int,
+                     checkpoint: tuple[Path, str]) -> list[Rollout]:
+        """Shard `shard` of `shards`: its samples from `checkpoint` (directory, content hash), by an
+        engine of its own. With several shards each samples on its share of the cores, however
+        many run at once, so its samples do not depend on that; one samples as an unsharded
+        iteration does."""
+        if shards == 1:
+            return self.sample(self.engine(checkpoint), tasks, self.rollout_params(), self.group_prefix)
+        threads, before = max(1, len(os.sched_getaffinity(0)) // shards), torch.get_num_threads()
+        self.log(f"shard {shard + 1}/{shards}: {len(tasks)} tasks on {threads} of the CPU threads")
+        try:
+            engine = self.engine(checkpoint, threads=threads)
+            return self.sample(engine, tasks, self.rollout_params(), self.group_prefix)
+        finally:  # the process's later steps (in one process, all of a run's) keep their threads
+            torch.set_num_threads(before)
 
     def grade(self, work: list[tuple[TaskBase, Rollout]]) -> list[VerifiedRollout]:
         """Every (task, rollout) graded in its own fresh sandbox (see `grade_submissions`)."""

@@ -5,7 +5,9 @@ the UI, a backfill, a sensor or `crucible run`) holds the experiment's lock for 
 so two of them never train the same iteration into the same folder. The lock is an advisory
 `flock` on a file in the experiment's checkpoint folder: the kernel releases it when its process
 ends, however it ends. It is re-entrant within a process (not per thread): `crucible run` holds
-it across all its iterations, and the runs it executes in its own process take it again.
+it across all its iterations, and the runs it executes in its own process take it again. A run
+whose steps run in processes of their own (the multiprocess executor) holds it in the process that
+runs them, and its steps, asking for a share with the run's purpose, go on under that hold.
 """
 
 from __future__ import annotations
@@ -31,23 +33,31 @@ _held: dict[Path, tuple[int, int]] = {}  # lock file -> (descriptor, depth) held
 _guard = threading.Lock()
 
 
-def holder(lock_file: Path) -> str:
-    """Who holds (or last held) the lock, as recorded in its file."""
+def _record(lock_file: Path) -> dict:
+    """What the holder (or the last one) wrote: purpose, pid, host, since; {} when unreadable."""
     try:
         record = json.loads(lock_file.read_text() or "{}")
     except (OSError, ValueError):
-        record = {}
-    if not isinstance(record, dict) or not {"purpose", "pid", "host", "since"} <= record.keys():
+        return {}
+    return record if isinstance(record, dict) and {"purpose", "pid", "host", "since"} <= record.keys() else {}
+
+
+def holder(lock_file: Path) -> str:
+    """Who holds (or last held) the lock, as recorded in its file."""
+    record = _record(lock_file)
+    if not record:
         return "another process"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["since"]))
     return f"{record['purpose']} (pid {record['pid']} on {record['host']}, since {since})"
 
 
 @contextmanager
-def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None = None) -> Iterator[None]:
+def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None = None,
+                shared: bool = False) -> Iterator[None]:
     """Hold the lock of the experiment whose checkpoints live in `folder`. Taken by another
-    process: raise ExperimentBusy at once, or, given `wait`, tell it who holds the lock and block
-    until it is free."""
+    process: when `shared` and held for this same `purpose` (a run's step, its run holding it),
+    go on under that process's hold; otherwise raise ExperimentBusy at once, or, given `wait`, tell
+    it who holds the lock and block until it is free."""
     lock_file = (Path(folder) / LOCK_FILE).resolve()
     with _guard:
         held = lock_file in _held
@@ -55,7 +65,10 @@ def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None =
             descriptor, depth = _held[lock_file]
             _held[lock_file] = (descriptor, depth + 1)
     if not held:
-        descriptor = _acquire(lock_file, purpose, wait)  # outside the guard: it may wait
+        descriptor = _acquire(lock_file, purpose, wait, shared)  # outside the guard: it may wait
+        if descriptor is None:  # the run's own process holds it
+            yield
+            return
         with _guard:
             _held[lock_file] = (descriptor, 1)
     try:
@@ -69,12 +82,16 @@ def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None =
             os.close(descriptor)  # releases the flock
 
 
-def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None) -> int:
+def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None, shared: bool) -> int | None:
+    """The locked descriptor; None when `shared` and another process holds it for `purpose`."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        if shared and _record(lock_file).get("purpose") == purpose:
+            os.close(descriptor)
+            return None
         if wait is None:
             os.close(descriptor)
             raise ExperimentBusy(holder(lock_file)) from None

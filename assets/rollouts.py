@@ -1,0 +1,125 @@
+"""The `rollouts` asset as a fan-out over shards of the sampled tasks, so that Dagster's executor
+spreads sampling over processes here (the multiprocess executor, CRUCIBLE_STEP_PROCESSES) and over
+pods on a cluster (the Kubernetes job executor), with the same code:
+
+    task_set -> plan_rollout_shards -> sample_rollout_shard[shard_0], [shard_1], … -> gather_rollouts
+
+A shard is a contiguous slice of whole tasks (training/iteration.py `shards`) sampled by a step
+of its own with an engine of its own. Shards hand their samples to the gathering step through
+the storage root (`step_outputs`), which every process and pod of a run reaches. Shards in
+processes of their own go on under the experiment's writer lock that their run holds
+(pipelines/executors.py).
+"""
+
+import contextlib
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+from dagster import (
+    AssetIn,
+    DynamicOut,
+    DynamicOutput,
+    In,
+    MetadataValue,
+    Nothing,
+    OpExecutionContext,
+    Out,
+    Output,
+    graph_asset,
+    op,
+)
+
+from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
+from assets.pools import ACCELERATOR
+from assets.resources import CrucibleResource
+from assets.stages import record_stage
+from task_sets.schema import TaskBase
+from training.agent.rollout import Rollout
+
+STEP_OUTPUTS = "step_outputs"  # the IO manager of what one step hands another inside an asset
+
+
+def step_outputs_dir(storage_root: str) -> str:
+    """Where STEP_OUTPUTS keeps them: a folder per run, under the storage root."""
+    return f"{storage_root.rstrip('/')}/step_outputs"
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    count: int  # shards in all
+    tasks: list[TaskBase]
+    policy: tuple[Path, str]  # the checkpoint every shard samples: directory, content hash
+    planned_at: dt.datetime  # when the stage began, for its timing
+
+
+@dataclass(frozen=True)
+class ShardSamples:
+    shard: Shard
+    samples: list[Rollout]
+
+
+@op(ins={"task_set": In(list[TaskBase]), "base_policy": In(Nothing)},
+    out=DynamicOut(Shard, io_manager_key=STEP_OUTPUTS))
+def plan_rollout_shards(context: OpExecutionContext, crucible: CrucibleResource,
+                        task_set: list[TaskBase]) -> Iterator[DynamicOutput[Shard]]:
+    """The sampled tasks in the experiment's `rollout_shards` slices, and the checkpoint they
+    sample, checked once (its lineage and content hash) for all of them."""
+    iteration, planned_at = this_iteration(context, crucible), dt.datetime.now(dt.timezone.utc)
+    with refusals_fail_the_run():
+        policy = iteration.policy()
+    shards = iteration.shards(task_set)
+    for index, tasks in enumerate(shards):
+        yield DynamicOutput(Shard(index, len(shards), tasks, policy, planned_at), mapping_key=f"shard_{index}")
+
+
+@op(out=Out(ShardSamples, io_manager_key=STEP_OUTPUTS), pool=ACCELERATOR)
+def sample_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource, shard: Shard) -> ShardSamples:
+    """K samples per task of one shard, from the previous iteration's checkpoint."""
+    iteration = this_iteration(context, crucible)
+    with refusals_fail_the_run():
+        return ShardSamples(shard, iteration.sample_shard(shard.tasks, shard.index, shard.count, shard.policy))
+
+
+@op(out=Out(list[Rollout]))
+def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
+                    shards: list[ShardSamples]) -> Output[list[Rollout]]:
+    """The shards' samples in the order of the tasks, and the stage's time, first plan to last
+    shard. The shards' hand-overs, in the storage root, are deleted: nothing reads them again."""
+    iteration = this_iteration(context, crucible)
+    ordered = sorted(shards, key=lambda done: done.shard.index)
+    samples = [rollout for done in ordered for rollout in done.samples]
+    record_stage(crucible.store(), iteration.experiment.name, iteration.number, "rollouts",
+                 started_at=ordered[0].shard.planned_at)
+    fs, path = fsspec.core.url_to_fs(f"{step_outputs_dir(crucible.storage_root)}/{context.run_id}")
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path, recursive=True)
+    tokens, seconds = sum(r.sampled_tokens for r in samples), sum(r.generate_s for r in samples)
+    return Output(samples, metadata={
+        "policy": MetadataValue.path(str(ordered[0].shard.policy[0])),
+        "policy_version": ordered[0].shard.policy[1],
+        "samples": len(samples),
+        "shards": len(ordered),
+        "generated_tokens": tokens,
+        "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+        "truncated": sum(r.finish_reason == "length" for r in samples),
+        # A server that answers text alone gives no behaviour log-probs: graded, never trained on.
+        "without_logprobs": sum(r.behaviour_logprobs is None for r in samples),
+        "finish_reasons": MetadataValue.json(dict(Counter(r.finish_reason for r in samples))),
+        "mean_turns": sum(max(1, len(r.turns)) for r in samples) / len(samples),
+        "example": MetadataValue.md(f"```python\n{samples[0].response_text}\n```"),
+    })
+
+
+@graph_asset(**ITERATION, ins={"task_set": AssetIn(), "base_policy": AssetIn(dagster_type=Nothing)},
+             kinds={"pytorch"})
+def rollouts(task_set: list[TaskBase], base_policy) -> list[Rollout]:
+    """K samples per task from the previous iteration's checkpoint, with behaviour log-probs:
+    single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns;
+    sampled in the experiment's `rollout_shards` shards, side by side where the executor allows."""
+    shards = plan_rollout_shards(task_set=task_set, base_policy=base_policy)
+    return gather_rollouts(shards.map(sample_rollout_shard).collect())

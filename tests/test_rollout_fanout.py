@@ -1,0 +1,112 @@
+"""The `rollouts` asset fans out over shards of the sampled tasks (assets/rollouts.py): Dagster's
+multiprocess executor runs the shards side by side, and they sample what the same shards sample
+one after the other in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import DagsterEventType, DagsterInstance, materialize
+
+from assets.io_manager import DatasetIOManager
+from assets.iteration import task_set
+from assets.partitions import add_iteration, experiments
+from assets.policy import base_policy
+from assets.resources import CrucibleResource
+from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
+from task_sets.loader import load_task_set
+from training.experiment import BasePolicySettings, ExperimentConfig
+from training.iteration import Iteration
+from training.policy.writer_lock import LOCK_FILE
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.mark.parametrize("tasks, shards, sizes", [(10, 3, [3, 3, 4]), (2, 4, [1, 1]), (5, 1, [5])])
+def test_shards_are_contiguous_slices_of_whole_tasks_and_none_is_empty(tmp_path, tasks, shards, sizes):
+    sampled = load_task_set("compose").train()[:tasks]
+    iteration = Iteration(CrucibleResource(storage_root=str(tmp_path)), ExperimentConfig(rollout_shards=shards), 1)
+    parts = iteration.shards(sampled)
+    assert [len(part) for part in parts] == sizes and [task for part in parts for task in part] == sampled
+
+
+@pytest.fixture(scope="module")
+def fanned_out(tmp_path_factory) -> dict:
+    """A two-shard iteration's rollouts materialized by `dagster asset materialize`, first with
+    every step in the run's process, then with a process per step, two at a time."""
+    workdir = tmp_path_factory.mktemp("fanout")
+    environment = {**os.environ, "DAGSTER_HOME": str(workdir / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(workdir / "data"),
+                   "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "checkpoints"), "HF_HUB_OFFLINE": "1"}
+    environment.pop(POSTGRES_URL_ENV, None)
+    crucible = CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
+                                checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"])
+    crucible.save_experiment(ExperimentConfig(name="fan", tasks_per_iteration=8, samples_per_task=2, max_new_tokens=16,
+                                              rollout_shards=2, base=BasePolicySettings(hidden_size=64, num_layers=2,
+                                                                                        sft_steps=10)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])
+        prepare_instance()
+        with DagsterInstance.get() as instance:
+            instance.add_dynamic_partitions(experiments.name, ["fan"])
+            assert materialize([base_policy], partition_key="fan", instance=instance,
+                               resources={"crucible": crucible}).success
+            key = add_iteration(instance, "fan", 1)
+            assert materialize([base_policy, task_set], selection=[task_set], partition_key=key, instance=instance,
+                               resources={"crucible": crucible,
+                                          "io_manager": DatasetIOManager(storage_root=crucible.storage_root)}).success
+            instance.event_log_storage.set_concurrency_slots("accelerator", 2)  # both samplers at once
+        samples = {processes: _materialize_rollouts(environment, crucible, processes) for processes in (1, 2)}
+        with DagsterInstance.get() as instance:
+            [last, *_] = instance.get_runs(limit=1)
+            starts, ends = ({entry.step_key: entry for entry in instance.all_logs(last.run_id, of_type=kind)}
+                            for kind in (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS))
+            [run_start] = instance.all_logs(last.run_id, of_type=DagsterEventType.RUN_START)
+    lock = json.loads((crucible.experiment_dir("fan") / LOCK_FILE).read_text())  # its last holder's record
+    return {"samples": samples, "starts": starts, "ends": ends, "run": last, "run_pid": run_start.dagster_event.pid,
+            "lock": lock, "workdir": workdir}
+
+
+def _materialize_rollouts(environment: dict[str, str], crucible: CrucibleResource, processes: int) -> list:
+    done = subprocess.run([sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions",
+                           "--select", "rollouts", "--partition", "fan|0001"], cwd=ROOT, capture_output=True, text=True,
+                          env={**environment, "CRUCIBLE_STEP_PROCESSES": str(processes)}, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = crucible.store().read_partition("outputs", "fan", 1, part="rollouts").to_pylist()
+    return [_untimed(json.loads(row["record"])) for row in sorted(rows, key=lambda row: row["index"])]
+
+
+def _untimed(value: object) -> object:
+    """A stored sample less its timings (generate_s, …), which no two runs share."""
+    if isinstance(value, dict):
+        return {key: _untimed(item) for key, item in value.items() if not key.endswith("_s")}
+    return [_untimed(item) for item in value] if isinstance(value, list) else value
+
+
+def test_two_processes_sample_what_one_process_samples(fanned_out):
+    one, two = fanned_out["samples"][1], fanned_out["samples"][2]
+    assert len(one) == 16 and one == two
+    assert len({sample["task_id"] for sample in one}) == 8
+
+
+def test_with_two_processes_the_shards_run_at_once_in_processes_of_their_own(fanned_out):
+    starts, ends = fanned_out["starts"], fanned_out["ends"]
+    shards = sorted(key for key in starts if key.startswith("rollouts.sample_rollout_shard["))
+    assert shards == ["rollouts.sample_rollout_shard[shard_0]", "rollouts.sample_rollout_shard[shard_1]"]
+    first, second = shards
+    assert starts[first].timestamp < ends[second].timestamp and starts[second].timestamp < ends[first].timestamp
+    assert starts[first].dagster_event.pid != starts[second].dagster_event.pid
+
+
+def test_the_process_that_runs_the_steps_holds_the_experiment_for_the_whole_run(fanned_out):
+    shard_pids = {entry.dagster_event.pid for key, entry in fanned_out["starts"].items() if "shard" in key}
+    assert fanned_out["lock"]["purpose"] == f"Dagster run {fanned_out['run'].run_id}"
+    assert fanned_out["lock"]["pid"] == fanned_out["run_pid"] and fanned_out["lock"]["pid"] not in shard_pids
+
+
+def test_the_shards_hand_overs_are_deleted_once_gathered(fanned_out):
+    assert not (fanned_out["workdir"] / "data" / "step_outputs" / fanned_out["run"].run_id).exists()
