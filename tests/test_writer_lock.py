@@ -21,16 +21,16 @@ from training.policy.writer_lock import ExperimentBusy, writer_lock
 HOLD = """
 import sys, time
 from training.policy.writer_lock import writer_lock
-with writer_lock(sys.argv[1], "the other writer"):
+with writer_lock(sys.argv[1], "the other writer", lends=sys.argv[3:] == ["lends"]):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
     print("releasing", flush=True)
 """
 
 
-def hold_in_another_process(folder: Path, seconds: float) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds)], stdout=subprocess.PIPE,
-                              text=True, cwd=Path(__file__).parent.parent)
+def hold_in_another_process(folder: Path, seconds: float, lends: bool = False) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds), *(["lends"] * lends)],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -48,12 +48,17 @@ def test_a_second_process_is_refused_with_the_holder_named(tmp_path):
         pass
 
 
-@pytest.mark.parametrize("purpose, shared", [("the other writer", False), ("another run", True)])
-def test_only_a_share_of_the_same_purpose_goes_on_under_anothers_hold(tmp_path, purpose, shared):
-    holder = hold_in_another_process(tmp_path, 30)
+@pytest.mark.parametrize("lends, purpose, shared", [
+    (True, "the other writer", False),  # the same purpose, not asking for a share (a second `crucible run`)
+    (True, "another run", True),  # a share of another run's hold
+    (False, "the other writer", True),  # a share of a sibling step's hold, which is not lent
+])
+def test_only_a_share_of_a_lent_hold_for_the_same_purpose_goes_on_under_it(tmp_path, lends, purpose, shared):
+    holder = hold_in_another_process(tmp_path, 30, lends=lends)
     try:
-        with writer_lock(tmp_path, "the other writer", shared=True):  # a step of the holder's run
-            pass
+        if lends:
+            with writer_lock(tmp_path, "the other writer", shared=True):  # a step of the holder's run
+                pass
         with pytest.raises(ExperimentBusy):
             with writer_lock(tmp_path, purpose, shared=shared):
                 pass

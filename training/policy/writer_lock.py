@@ -7,7 +7,8 @@ so two of them never train the same iteration into the same folder. The lock is 
 ends, however it ends. It is re-entrant within a process (not per thread): `crucible run` holds
 it across all its iterations, and the runs it executes in its own process take it again. A run
 whose steps run in processes of their own (the multiprocess executor) holds it in the process that
-runs them, and its steps, asking for a share with the run's purpose, go on under that hold.
+runs them, lent to its steps: they, asking for a share with the run's purpose, go on under that
+hold (never under a sibling step's).
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ def holder(lock_file: Path) -> str:
 
 @contextmanager
 def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None = None,
-                shared: bool = False) -> Iterator[None]:
-    """Hold the lock of the experiment whose checkpoints live in `folder`. Taken by another
-    process: when `shared` and held for this same `purpose` (a run's step, its run holding it),
-    go on under that process's hold; otherwise raise ExperimentBusy at once, or, given `wait`, tell
-    it who holds the lock and block until it is free."""
+                shared: bool = False, lends: bool = False) -> Iterator[None]:
+    """Hold the lock of the experiment whose checkpoints live in `folder`; `lends`: for processes
+    of the same `purpose` too (a run's process, for its steps). Taken by another process: when
+    `shared` and lent for this same purpose, go on under that process's hold; otherwise raise
+    ExperimentBusy at once, or, given `wait`, tell it who holds the lock and block until it is free."""
     lock_file = (Path(folder) / LOCK_FILE).resolve()
     with _guard:
         held = lock_file in _held
@@ -65,7 +66,7 @@ def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None =
             descriptor, depth = _held[lock_file]
             _held[lock_file] = (descriptor, depth + 1)
     if not held:
-        descriptor = _acquire(lock_file, purpose, wait, shared)  # outside the guard: it may wait
+        descriptor = _acquire(lock_file, purpose, wait, shared, lends)  # outside the guard: it may wait
         if descriptor is None:  # the run's own process holds it
             yield
             return
@@ -82,14 +83,16 @@ def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None =
             os.close(descriptor)  # releases the flock
 
 
-def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None, shared: bool) -> int | None:
-    """The locked descriptor; None when `shared` and another process holds it for `purpose`."""
+def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None, shared: bool,
+             lends: bool) -> int | None:
+    """The locked descriptor; None when `shared` and another process lends it for `purpose`."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        if shared and _record(lock_file).get("purpose") == purpose:
+        record = _record(lock_file)
+        if shared and record.get("purpose") == purpose and record.get("lends"):
             os.close(descriptor)
             return None
         if wait is None:
@@ -97,7 +100,8 @@ def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None, 
             raise ExperimentBusy(holder(lock_file)) from None
         wait(holder(lock_file))
         fcntl.flock(descriptor, fcntl.LOCK_EX)
-    record = {"purpose": purpose, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    record = {"purpose": purpose, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+              "lends": lends}
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, json.dumps(record).encode(), 0)
     return descriptor
