@@ -183,8 +183,10 @@ class ExperimentRunner:
 
     def _submit_and_follow(self, job_name: str, partition_key: str | None) -> None:
         """Queue the run and follow it to its end. A run of the partition already queued or under
-        way (the UI, a sensor) is followed instead, and ours, if one was queued a moment before it,
-        is cancelled: two runs of a partition would train the same iteration twice."""
+        way (the UI, a sensor) is followed instead, and ours is cancelled if one was queued a moment
+        before it: two runs of a partition would train the same iteration twice. One queued after
+        ours is its launcher's to answer for (the queue runs it after ours, on the iteration ours
+        made)."""
         job = self.defs.resolve_job_def(job_name)
         tags = dict(job.partitions_def.get_tags_for_partition_key(str(partition_key))) if partition_key else {}
         say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
@@ -192,8 +194,9 @@ class ExperimentRunner:
             if self._follow_others(job_name, partition_key, tags, say):
                 return
             run_id = run_submission.submit(job_name, tags)
-            rivals = [r for r in self._unfinished(tags) if r.dagster_run.run_id != run_id][:1]
-            if not rivals or rivals[0].create_timestamp > self.instance.get_run_record_by_id(run_id).create_timestamp:
+            ours = self.instance.get_run_record_by_id(run_id).storage_id
+            rivals = [r for r in self._unfinished(tags) if r.storage_id < ours]
+            if not rivals:
                 break
             self.instance.run_coordinator.cancel_run(run_id)
             say(f"{job_name} {partition_key}: run {rivals[0].dagster_run.run_id} was queued first; ours cancelled")

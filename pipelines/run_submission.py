@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, EventLogEntry, RunsFilter
+from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, EventLogEntry, RunRecord, RunsFilter
 from dagster._daemon.controller import get_daemon_statuses
 
 from pipelines.errors import RunFailed, UserError
@@ -27,6 +27,7 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEQUEUER = "QUEUED_RUN_COORDINATOR"  # the daemon that takes runs off the queue and launches them
 STEP_EVENTS = (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)
 POLL_S = 2.0
+EVENTS_PER_READ = 1000
 DAEMON_CHECK_POLLS = 15  # while a run is queued, that a daemon still heartbeats: every 30 s
 
 
@@ -39,11 +40,11 @@ def require_daemon(instance: DagsterInstance) -> None:
                         "`crucible ui` (or `dagster-daemon run -w workspace.yaml` in the project folder)")
 
 
-def unfinished_runs(instance: DagsterInstance, tags: dict[str, str]) -> list[DagsterRun]:
-    """Runs with these tags (a partition's) that are queued or under way, from anywhere, oldest
-    first. Not those never submitted (NOT_STARTED): nothing would ever start them."""
+def unfinished_runs(instance: DagsterInstance, tags: dict[str, str]) -> list[RunRecord]:
+    """Runs with these tags (a partition's) that are queued or under way, from anywhere, in the
+    order they were created. Not those never submitted (NOT_STARTED): nothing would start them."""
     waiting = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-    return sorted(instance.get_run_records(RunsFilter(tags=tags, statuses=waiting)), key=lambda r: r.create_timestamp)
+    return sorted(instance.get_run_records(RunsFilter(tags=tags, statuses=waiting)), key=lambda r: r.storage_id)
 
 
 def submit(job_name: str, tags: dict[str, str]) -> str:
@@ -72,7 +73,7 @@ def follow(instance: DagsterInstance, run_id: str, say: Callable[[str], None]) -
             say(f"run {run_id[:8]}: {status.value.lower()}")
         if status == DagsterRunStatus.QUEUED and polls % DAEMON_CHECK_POLLS == 0:
             require_daemon(instance)
-        records = instance.get_records_for_run(run_id, cursor=cursor)
+        records = instance.get_records_for_run(run_id, cursor=cursor, limit=EVENTS_PER_READ)
         for record in records.records:
             if line := _shown(record.event_log_entry):
                 say(line)
