@@ -10,8 +10,9 @@ what only the run knows:
   template's container has none (the crucible resource's launcher and the step's module);
 - the `checkpoints` volume mounted at the run's checkpoint root (and CRUCIBLE_CHECKPOINT_ROOT
   set to it), so the training job names the same files in the pod as in the run;
-- Dagster Pipes' bootstrap variables, and a label naming the experiment: a pod of the experiment
-  still there when its next step starts is one whose run died without a word, and is deleted.
+- Dagster Pipes' bootstrap variables, and a label for the experiment (of this checkpoint root):
+  a pod of it still there when its next step starts is one whose run died without a word, and is
+  deleted (the run's service account needs list and deletecollection on pods).
 
 Nothing else of the run's environment is copied into the pod, where anyone who may read pods
 would read it: the S3 endpoint and credentials come from the template (a secret, `envFrom`).
@@ -22,16 +23,19 @@ Dagster's client reads the step's reports from the pod's log and waits for it to
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import kubernetes
 import yaml
 from dagster import AssetExecutionContext, Failure, PipesClientCompletedInvocation
 from dagster_k8s import PipesK8sClient
+from dagster_k8s.utils import detect_current_namespace
 
 from assets.resources import CrucibleResource
 
 CHECKPOINT_VOLUME = "checkpoints"  # the template's volume that holds the experiments' checkpoints
+DELETE_WAIT_S = 120
 
 
 class PodTemplateError(ValueError):
@@ -92,10 +96,28 @@ def run_pod(context: AssetExecutionContext, crucible: CrucibleResource, template
     except (kubernetes.config.ConfigException, OSError) as error:
         raise Failure(f"no Kubernetes cluster is configured here (KUBECONFIG, ~/.kube/config, or in a pod): "
                       f"{' '.join(str(error).split())}", allow_retries=False) from None
-    namespace = (template.get("metadata") or {}).get("namespace") or "default"
-    selector = ",".join(f"{key}={value}" for key, value in labels.items())
-    kubernetes.client.CoreV1Api().delete_collection_namespaced_pod(namespace, label_selector=selector)
+    namespace = (template.get("metadata") or {}).get("namespace") or detect_current_namespace(None) or "default"
+    _delete_left_over(namespace, labels)
     template_labels = (template["template"].get("metadata") or {}).get("labels") or {}
     return client.run(context=context, extras=extras, namespace=namespace,
                       base_pod_meta={"labels": {**template_labels, **labels}},
                       base_pod_spec=pod_spec(template, crucible, image, command))
+
+
+def _delete_left_over(namespace: str, labels: dict[str, str]) -> None:
+    """Delete the pods a dead run of the experiment left, and wait until they are gone: one still
+    writing the checkpoint this step writes would race it."""
+    selector = ",".join(f"{key}={value}" for key, value in labels.items())
+    api = kubernetes.client.CoreV1Api()
+    try:
+        api.delete_collection_namespaced_pod(namespace, label_selector=selector, grace_period_seconds=0)
+        deadline = time.monotonic() + DELETE_WAIT_S
+        while api.list_namespaced_pod(namespace, label_selector=selector).items:
+            if time.monotonic() > deadline:
+                raise Failure(f"a training pod left by a dead run ({selector}) is still in namespace {namespace} "
+                              f"after {DELETE_WAIT_S} s: delete it, then run the step again", allow_retries=False)
+            time.sleep(2)
+    except kubernetes.client.ApiException as error:
+        raise Failure(f"Kubernetes refused to list or delete training pods ({selector}) in namespace {namespace}: "
+                      f"{error.status} {error.reason} (the run's service account needs list and deletecollection "
+                      "on pods)", allow_retries=False) from None

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import warnings
@@ -48,7 +49,7 @@ TRAIN_MODULE = ["-m", "assets.train_process"]
 # What the step needs of this process's environment inside a container: S3 credentials and
 # endpoint, Crucible's own settings, Hugging Face's cache and offline switches.
 PASSED_ENV_PREFIXES = ("AWS_", "CRUCIBLE_", "HF_", "FSSPEC_")
-EXPERIMENT_LABEL = "crucible.training-step"  # the experiment a step container trains
+STEP_LABEL = "crucible.training-step"  # on a step's container or pod: the experiment it trains
 
 
 class TrainingStepClient(ConfigurableResource):
@@ -67,7 +68,7 @@ class TrainingStepClient(ConfigurableResource):
         if self.client == "kubernetes":
             from assets.training_pod import run_pod  # kubernetes' client loads only where it is used
 
-            labels = {EXPERIMENT_LABEL: experiment_of_run(context.run.tags) or context.partition_key}
+            labels = step_labels(crucible, experiment_of_run(context.run.tags) or context.partition_key)
             return run_pod(context, crucible, self.pod_template, self.image, self.step_command(crucible), labels,
                            extras)
         return self._run_in_docker(context, crucible, extras)
@@ -93,15 +94,16 @@ class TrainingStepClient(ConfigurableResource):
         experiment = experiment_of_run(context.run.tags) or context.partition_key
         # The experiment's writer lock is this run's: a step container of it still there is one
         # whose run died without a word (PipesDockerClient stops its container only when it can).
-        _remove_step_containers(daemon, experiment)
+        labels = step_labels(crucible, experiment)
+        _remove_step_containers(daemon, labels)
         try:
             return PipesDockerClient(env=container_environment()).run(
                 context=context, image=self.image, command=self.step_command(crucible), extras=extras,
-                container_kwargs=self._container_kwargs(crucible, experiment))
+                container_kwargs=self._container_kwargs(crucible, labels))
         finally:
-            _remove_step_containers(daemon, experiment)
+            _remove_step_containers(daemon, labels)
 
-    def _container_kwargs(self, crucible: CrucibleResource, experiment: str) -> dict:
+    def _container_kwargs(self, crucible: CrucibleResource, labels: dict[str, str]) -> dict:
         shared = [crucible.checkpoint_root] + ([] if "://" in crucible.storage_root else [crucible.storage_root])
         volumes = {str(Path(path).resolve()): {"bind": str(Path(path).resolve()), "mode": "rw"} for path in shared}
         for path in volumes:
@@ -109,11 +111,20 @@ class TrainingStepClient(ConfigurableResource):
         volumes |= passed_files()
         requests = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])] if self.gpus else []
         return dict(volumes=volumes, network_mode="host", user=f"{os.getuid()}:{os.getgid()}",
-                    environment={"HOME": "/tmp"}, device_requests=requests, labels={EXPERIMENT_LABEL: experiment})
+                    environment={"HOME": "/tmp"}, device_requests=requests, labels=labels)
 
 
-def _remove_step_containers(daemon: docker.DockerClient, experiment: str) -> None:
-    for container in daemon.containers.list(all=True, filters={"label": f"{EXPERIMENT_LABEL}={experiment}"}):
+def step_labels(crucible: CrucibleResource, experiment: str) -> dict[str, str]:
+    """The label of an experiment's step containers and pods: of this checkpoint root's experiment
+    (another deployment's of the same name on a shared daemon or namespace is not ours), hashed
+    into a valid Kubernetes label value."""
+    where = f"{Path(crucible.checkpoint_root).resolve()}/{experiment}"
+    return {STEP_LABEL: hashlib.sha256(where.encode()).hexdigest()[:16]}
+
+
+def _remove_step_containers(daemon: docker.DockerClient, labels: dict[str, str]) -> None:
+    selector = [f"{key}={value}" for key, value in labels.items()]
+    for container in daemon.containers.list(all=True, filters={"label": selector}):
         container.remove(force=True)
 
 

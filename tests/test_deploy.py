@@ -131,7 +131,7 @@ def training_pod(tmp_path, template_path: Path = TRAINING_TEMPLATE, **settings) 
 
     from assets.resources import CrucibleResource
     from assets.training_pod import load_template, pod_spec
-    from assets.training_step import TrainingStepClient
+    from assets.training_step import TrainingStepClient, step_labels
 
     crucible = CrucibleResource(storage_root="s3://crucible/data", checkpoint_root=str(tmp_path / "checkpoints"),
                                 **settings)
@@ -141,7 +141,7 @@ def training_pod(tmp_path, template_path: Path = TRAINING_TEMPLATE, **settings) 
     body = build_pod_body(pod_name="dagster-pipes-checkpoint-0123", image=None, command=None,
                           env_vars={"DAGSTER_PIPES_CONTEXT": "e30=", "DAGSTER_PIPES_MESSAGES": "e30="},
                           base_pod_meta={"labels": {**template["template"]["metadata"]["labels"],
-                                                    "crucible.training-step": "repair-2"}}, base_pod_spec=spec)
+                                                    **step_labels(crucible, "repair-" * 20)}}, base_pod_spec=spec)
     return ApiClient().sanitize_for_serialization(body) | {"apiVersion": "v1", "kind": "Pod"}
 
 
