@@ -63,11 +63,11 @@ def fanned_out(tmp_path_factory) -> dict:
         samples = {processes: _materialize_rollouts(environment, crucible, processes) for processes in (1, 2)}
         with DagsterInstance.get() as instance:
             [last, *_] = instance.get_runs(limit=1)
-            starts, ends = ({entry.step_key: entry for entry in instance.all_logs(last.run_id, of_type=kind)}
-                            for kind in (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS))
+            kinds = {DagsterEventType.STEP_WORKER_STARTING, DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS}
+            steps = [record.event_log_entry for record in instance.get_records_for_run(last.run_id, of_type=kinds).records]
             [run_start] = instance.all_logs(last.run_id, of_type=DagsterEventType.RUN_START)
     lock = json.loads((crucible.experiment_dir("fan") / LOCK_FILE).read_text())  # its last holder's record
-    return {"samples": samples, "starts": starts, "ends": ends, "run": last, "run_pid": run_start.dagster_event.pid,
+    return {"samples": samples, "steps": steps, "run": last, "run_pid": run_start.dagster_event.pid,
             "lock": lock, "workdir": workdir}
 
 
@@ -93,17 +93,22 @@ def test_two_processes_sample_what_one_process_samples(fanned_out):
     assert len({sample["task_id"] for sample in one}) == 8
 
 
-def test_with_two_processes_the_shards_run_at_once_in_processes_of_their_own(fanned_out):
-    starts, ends = fanned_out["starts"], fanned_out["ends"]
-    shards = sorted(key for key in starts if key.startswith("rollouts.sample_rollout_shard["))
-    assert shards == ["rollouts.sample_rollout_shard[shard_0]", "rollouts.sample_rollout_shard[shard_1]"]
-    first, second = shards
-    assert starts[first].timestamp < ends[second].timestamp and starts[second].timestamp < ends[first].timestamp
-    assert starts[first].dagster_event.pid != starts[second].dagster_event.pid
+def test_with_two_processes_both_shards_are_launched_before_either_ends_each_in_a_process_of_its_own(fanned_out):
+    # The event log's order, not wall-clock overlap: one process per step, two at a time, launches
+    # both shards as soon as they are planned; one at a time would launch the second after the first.
+    shard_events = [(entry.dagster_event.event_type, entry.step_key, entry.dagster_event.pid)
+                    for entry in fanned_out["steps"] if "sample_rollout_shard" in entry.step_key]
+    order = [kind for kind, _, _ in shard_events]
+    assert order.index(DagsterEventType.STEP_SUCCESS) > max(i for i, kind in enumerate(order)
+                                                            if kind == DagsterEventType.STEP_WORKER_STARTING)
+    starts = {step: pid for kind, step, pid in shard_events if kind == DagsterEventType.STEP_START}
+    assert sorted(starts) == ["rollouts.sample_rollout_shard[shard_0]", "rollouts.sample_rollout_shard[shard_1]"]
+    assert len(set(starts.values())) == 2
 
 
 def test_the_process_that_runs_the_steps_holds_the_experiment_for_the_whole_run(fanned_out):
-    shard_pids = {entry.dagster_event.pid for key, entry in fanned_out["starts"].items() if "shard" in key}
+    shard_pids = {entry.dagster_event.pid for entry in fanned_out["steps"]
+                  if "shard" in entry.step_key and entry.dagster_event.event_type == DagsterEventType.STEP_START}
     assert fanned_out["lock"]["purpose"] == f"Dagster run {fanned_out['run'].run_id}"
     assert fanned_out["lock"]["pid"] == fanned_out["run_pid"] and fanned_out["lock"]["pid"] not in shard_pids
 
