@@ -1,6 +1,6 @@
 """The `rollouts` asset as a fan-out over shards of the sampled tasks, so that Dagster's executor
-spreads sampling over processes here (the multiprocess executor, CRUCIBLE_STEP_PROCESSES) and over
-pods on a cluster (the Kubernetes job executor), with the same code:
+spreads sampling over processes (the multiprocess executor, CRUCIBLE_STEP_PROCESSES; pods, with a
+Kubernetes executor, are not wired yet: docs/cluster.md):
 
     task_set -> plan_rollout_shards -> sample_rollout_shard[shard_0], [shard_1], … -> gather_rollouts
 

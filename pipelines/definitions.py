@@ -36,6 +36,6 @@ defs = Definitions(
                "io_manager": DatasetIOManager(storage_root=environment.storage_root()),
                STEP_OUTPUTS: FilesystemIOManager(base_dir=step_outputs_dir(environment.storage_root()))},
     loggers={"console": progress_console},
-    # One executor for every launch, the UI's asset graph included (pipelines/resources.py).
+    # One executor for every launch, the UI's asset graph included (pipelines/executors.py).
     executor=step_executor(),
 )

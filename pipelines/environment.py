@@ -11,7 +11,7 @@ CRUCIBLE_TRAIN_CLIENT     where the training step runs: subprocess (default), do
 CRUCIBLE_TRAIN_POD_TEMPLATE  the kubernetes training step's PodTemplate file (assets/training_pod.py)
 CRUCIBLE_TRAIN_IMAGE      the docker (or kubernetes) training step's image (scripts/build-project-image prints its tag)
 CRUCIBLE_TRAIN_GPUS       GPUs the docker training step asks its daemon for (default 0; -1: all)
-CRUCIBLE_STEP_PROCESSES   processes a run's steps may use at once (default 1: all in the run's own; pipelines/resources.py)
+CRUCIBLE_STEP_PROCESSES   processes a run's steps may use at once (default 1: all in the run's own; pipelines/executors.py)
 CRUCIBLE_POSTGRES_URL     the instance's database, a libpq URL (pipelines/instance.py; default SQLite files)
 CRUCIBLE_RUN_LAUNCHER     where runs execute: process (default) or docker (pipelines/docker_run_launcher.py)
 CRUCIBLE_RUN_IMAGE        the docker run launcher's image (scripts/build-project-image prints its tag)
