@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack
 
-from dagster import DagsterEvent, ExecutorDefinition, Failure, executor, in_process_executor, multiprocess_executor
+from dagster import DagsterEvent, ExecutorDefinition, executor, in_process_executor, multiprocess_executor
 from dagster._core.executor.base import Executor
 from dagster._core.execution.step_dependency_config import StepDependencyConfig
 from dagster._core.execution.retries import RetryMode
@@ -53,9 +53,10 @@ class RunHoldsItsExperiment(Executor):
                 folder = crucible_resource().experiment_dir(experiment)
                 try:
                     hold.enter_context(writer_lock(folder, run_purpose(run.run_id), lends=True))
-                except ExperimentBusy as busy:
-                    raise Failure(f"experiment {experiment!r} is being written by {busy}; this run would write the "
-                                  "same checkpoints: launch it again once that one has finished") from None
+                except ExperimentBusy:
+                    # Not a failure here, which the instance's run retries would launch again: the
+                    # first step, finding the lock not lent to this run, fails saying who holds it.
+                    pass
             yield from self.steps.execute(plan_context, execution_plan)
 
 

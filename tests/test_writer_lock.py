@@ -21,15 +21,15 @@ from training.policy.writer_lock import ExperimentBusy, writer_lock
 HOLD = """
 import sys, time
 from training.policy.writer_lock import writer_lock
-with writer_lock(sys.argv[1], "the other writer", lends=sys.argv[3:] == ["lends"]):
+with writer_lock(sys.argv[1], "the other writer", **{mode: True for mode in sys.argv[3:]}):  # lends, shared
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
     print("releasing", flush=True)
 """
 
 
-def hold_in_another_process(folder: Path, seconds: float, lends: bool = False) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds), *(["lends"] * lends)],
+def hold_in_another_process(folder: Path, seconds: float, *modes: str) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds), *modes],
                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
     assert holder.stdout.readline().strip() == "held"
     return holder
@@ -54,7 +54,7 @@ def test_a_second_process_is_refused_with_the_holder_named(tmp_path):
     (False, "the other writer", True),  # a share of a sibling step's hold, which is not lent
 ])
 def test_only_a_share_of_a_lent_hold_for_the_same_purpose_goes_on_under_it(tmp_path, lends, purpose, shared):
-    holder = hold_in_another_process(tmp_path, 30, lends=lends)
+    holder = hold_in_another_process(tmp_path, 30, *["lends"] * lends)
     try:
         if lends:
             with writer_lock(tmp_path, "the other writer", shared=True):  # a step of the holder's run
@@ -65,6 +65,25 @@ def test_only_a_share_of_a_lent_hold_for_the_same_purpose_goes_on_under_it(tmp_p
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_step_that_outlives_its_lending_run_keeps_the_next_writer_out_until_it_ends(tmp_path):
+    lender = hold_in_another_process(tmp_path, 60, "lends")
+    step = hold_in_another_process(tmp_path, 60, "shared")
+    lender.kill()  # the run's process dies; its step, not its child, goes on
+    lender.wait()
+    try:
+        with pytest.raises(ExperimentBusy, match=rf"the steps of the other writer \(pid {lender.pid} .*\), which go on"):
+            with writer_lock(tmp_path, "the next run", lends=True):
+                pass
+        with pytest.raises(ExperimentBusy, match=rf"the steps of the other writer \(pid {lender.pid} "):
+            with writer_lock(tmp_path, "the next run"):  # still told of the same holder
+                pass
+    finally:
+        step.kill()
+        step.wait()
+    with writer_lock(tmp_path, "the next run"):
+        pass
 
 
 def test_a_waiting_writer_is_told_who_holds_the_lock_and_goes_on_once_released(tmp_path):

@@ -8,7 +8,9 @@ ends, however it ends. It is re-entrant within a process (not per thread): `cruc
 it across all its iterations, and the runs it executes in its own process take it again. A run
 whose steps run in processes of their own (the multiprocess executor) holds it in the process that
 runs them, lent to its steps: they, asking for a share with the run's purpose, go on under that
-hold (never under a sibling step's).
+hold (never under a sibling step's), each holding a shared `flock` on a second file. Those steps
+are not the run process's children: should it die, they may go on writing, and the next writer
+waits for (or is refused by) their shares, not only for the lock.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 LOCK_FILE = ".writer.lock"
+SHARES_FILE = ".writer.lock.shares"  # flocked shared by the steps under a lent hold
 
 
 class ExperimentBusy(Exception):
@@ -67,9 +70,6 @@ def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None =
             _held[lock_file] = (descriptor, depth + 1)
     if not held:
         descriptor = _acquire(lock_file, purpose, wait, shared, lends)  # outside the guard: it may wait
-        if descriptor is None:  # the run's own process holds it
-            yield
-            return
         with _guard:
             _held[lock_file] = (descriptor, 1)
     try:
@@ -80,28 +80,78 @@ def writer_lock(folder: Path, purpose: str, wait: Callable[[str], None] | None =
             if depth > 1:
                 _held[lock_file] = (descriptor, depth - 1)
         if depth == 1:
-            os.close(descriptor)  # releases the flock
+            os.close(descriptor)  # releases the flock (the lock's, or a share's)
 
 
-def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None, shared: bool,
-             lends: bool) -> int | None:
-    """The locked descriptor; None when `shared` and another process lends it for `purpose`."""
+def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None, shared: bool, lends: bool) -> int:
+    """The locked descriptor: of the lock, or, when `shared` and another process lends the lock
+    for `purpose`, of a share under its hold."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        record = _record(lock_file)
-        if shared and record.get("purpose") == purpose and record.get("lends"):
+        if shared and (share := _share_of_lent_hold(lock_file, purpose)) is not None:
             os.close(descriptor)
-            return None
+            return share
         if wait is None:
             os.close(descriptor)
             raise ExperimentBusy(holder(lock_file)) from None
         wait(holder(lock_file))
         fcntl.flock(descriptor, fcntl.LOCK_EX)
-    record = {"purpose": purpose, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-              "lends": lends}
-    os.ftruncate(descriptor, 0)
-    os.pwrite(descriptor, json.dumps(record).encode(), 0)
+    previous, earlier_holder = lock_file.read_bytes(), holder(lock_file)
+    record = {"purpose": purpose, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "lends": lends}
+    _write(descriptor, json.dumps(record).encode())  # before looking for shares: see _share_of_lent_hold
+    try:
+        _outlasting_shares_gone(lock_file, earlier_holder, wait)
+    except ExperimentBusy:
+        _write(descriptor, previous)  # so that the next to try is told of the same holder
+        os.close(descriptor)
+        raise
     return descriptor
+
+
+def _write(descriptor: int, record: bytes) -> None:
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, record, 0)
+
+
+def _lent_for(lock_file: Path, purpose: str) -> bool:
+    record = _record(lock_file)
+    return record.get("purpose") == purpose and bool(record.get("lends"))
+
+
+def _share_of_lent_hold(lock_file: Path, purpose: str) -> int | None:
+    """A shared flock on the shares file while the lock is lent for `purpose`; None if it is not.
+    The record is read again once the share is held: a new holder writes its own before it looks
+    for shares, so a share taken on the word of a dead lender's record is either seen by the new
+    holder or given back here."""
+    if not _lent_for(lock_file, purpose):
+        return None
+    share = os.open(lock_file.with_name(SHARES_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(share, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:  # a new holder is looking for (or waiting out) the shares
+        os.close(share)
+        return None
+    if _lent_for(lock_file, purpose):
+        return share
+    os.close(share)
+    return None
+
+
+def _outlasting_shares_gone(lock_file: Path, earlier_holder: str, wait: Callable[[str], None] | None) -> None:
+    """Wait for (or, without `wait`, refuse on) shares still held under an earlier hold: the steps
+    of a run whose process died, which may still be writing."""
+    shares = os.open(lock_file.with_name(SHARES_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(shares, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            message = f"the steps of {earlier_holder}, which go on after its process is gone"
+            if wait is None:
+                raise ExperimentBusy(message) from None
+            wait(message)
+            fcntl.flock(shares, fcntl.LOCK_EX)
+    finally:
+        os.close(shares)
