@@ -10,9 +10,10 @@ what only the run knows:
   template's container has none (the crucible resource's launcher and the step's module);
 - the `checkpoints` volume mounted at the run's checkpoint root (and CRUCIBLE_CHECKPOINT_ROOT
   set to it), so the training job names the same files in the pod as in the run;
-- Dagster Pipes' bootstrap variables, and a label for the experiment (of this checkpoint root):
-  a pod of it still there when its next step starts is one whose run died without a word, and is
-  deleted (the run's service account needs list and deletecollection on pods).
+- Dagster Pipes' bootstrap variables, and a label for the experiment (of the template's
+  checkpoints volume, assets/training_label.py): a pod of it still there when its next step
+  starts is one whose run died without a word, and is deleted (the run's service account needs
+  list and deletecollection on pods).
 
 Nothing else of the run's environment is copied into the pod, where anyone who may read pods
 would read it: the S3 endpoint and credentials come from the template (a secret, `envFrom`).
@@ -23,6 +24,7 @@ Dagster's client reads the step's reports from the pod's log and waits for it to
 from __future__ import annotations
 
 import copy
+import json
 import time
 from pathlib import Path
 
@@ -31,8 +33,10 @@ import yaml
 from dagster import AssetExecutionContext, Failure, PipesClientCompletedInvocation
 from dagster_k8s import PipesK8sClient
 from dagster_k8s.utils import detect_current_namespace
+from kubernetes.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
 from assets.resources import CrucibleResource
+from assets.training_label import step_labels
 
 CHECKPOINT_VOLUME = "checkpoints"  # the template's volume that holds the experiments' checkpoints
 DELETE_WAIT_S = 120
@@ -79,9 +83,10 @@ def pod_spec(template: dict, crucible: CrucibleResource, image: str, command: li
 
 
 def run_pod(context: AssetExecutionContext, crucible: CrucibleResource, template_path: str, image: str,
-            command: list[str], labels: dict[str, str], extras: dict) -> PipesClientCompletedInvocation:
-    """The training step in a pod of the template, labelled `labels`, followed to its end; pods
-    with those labels left by a run that died are deleted first."""
+            command: list[str], experiment: str, extras: dict) -> PipesClientCompletedInvocation:
+    """The experiment's training step in a pod of the template, followed to its end; the pods of
+    the experiment's steps (of the template's checkpoints volume) left by a run that died are
+    deleted first."""
     if "://" not in crucible.storage_root:
         raise Failure(f"the kubernetes training step reads the datasets from the pod, and the storage root "
                       f"{crucible.storage_root} is this machine's disk: put it on S3 (CRUCIBLE_STORAGE_ROOT=s3://…)",
@@ -96,12 +101,22 @@ def run_pod(context: AssetExecutionContext, crucible: CrucibleResource, template
     except (kubernetes.config.ConfigException, OSError) as error:
         raise Failure(f"no Kubernetes cluster is configured here (KUBECONFIG, ~/.kube/config, or in a pod): "
                       f"{' '.join(str(error).split())}", allow_retries=False) from None
-    namespace = (template.get("metadata") or {}).get("namespace") or detect_current_namespace(None) or "default"
+    namespace = (template.get("metadata") or {}).get("namespace") or _current_namespace()
+    [volume] = [v for v in template["template"]["spec"]["volumes"] if v.get("name") == CHECKPOINT_VOLUME]
+    labels = step_labels(experiment, json.dumps(volume, sort_keys=True))
     _delete_left_over(namespace, labels)
     template_labels = (template["template"].get("metadata") or {}).get("labels") or {}
     return client.run(context=context, extras=extras, namespace=namespace,
                       base_pod_meta={"labels": {**template_labels, **labels}},
                       base_pod_spec=pod_spec(template, crucible, image, command))
+
+
+def _current_namespace() -> str:
+    """The namespace this runs in (in a pod), else the kubeconfig's current context's, else default."""
+    try:
+        return detect_current_namespace(KUBE_CONFIG_DEFAULT_LOCATION) or "default"
+    except (kubernetes.config.ConfigException, OSError):  # in a pod without the namespace file
+        return "default"
 
 
 def _delete_left_over(namespace: str, labels: dict[str, str]) -> None:
@@ -110,7 +125,8 @@ def _delete_left_over(namespace: str, labels: dict[str, str]) -> None:
     selector = ",".join(f"{key}={value}" for key, value in labels.items())
     api = kubernetes.client.CoreV1Api()
     try:
-        api.delete_collection_namespaced_pod(namespace, label_selector=selector, grace_period_seconds=0)
+        # The pods' own grace period: until their containers have stopped, they are still listed.
+        api.delete_collection_namespaced_pod(namespace, label_selector=selector)
         deadline = time.monotonic() + DELETE_WAIT_S
         while api.list_namespaced_pod(namespace, label_selector=selector).items:
             if time.monotonic() > deadline:

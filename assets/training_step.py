@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import warnings
@@ -36,6 +35,7 @@ from docker.types import DeviceRequest
 
 from assets.partitions import experiment_of_run
 from assets.resources import CrucibleResource
+from assets.training_label import step_labels
 
 # Dagster's own Pipes code calls one of its preview functions, and a deprecated property, on every
 # training step: warnings about Dagster's internals that its users can do nothing about.
@@ -49,7 +49,6 @@ TRAIN_MODULE = ["-m", "assets.train_process"]
 # What the step needs of this process's environment inside a container: S3 credentials and
 # endpoint, Crucible's own settings, Hugging Face's cache and offline switches.
 PASSED_ENV_PREFIXES = ("AWS_", "CRUCIBLE_", "HF_", "FSSPEC_")
-STEP_LABEL = "crucible.training-step"  # on a step's container or pod: the experiment it trains
 
 
 class TrainingStepClient(ConfigurableResource):
@@ -68,8 +67,8 @@ class TrainingStepClient(ConfigurableResource):
         if self.client == "kubernetes":
             from assets.training_pod import run_pod  # kubernetes' client loads only where it is used
 
-            labels = step_labels(crucible, experiment_of_run(context.run.tags) or context.partition_key)
-            return run_pod(context, crucible, self.pod_template, self.image, self.step_command(crucible), labels,
+            experiment = experiment_of_run(context.run.tags) or context.partition_key
+            return run_pod(context, crucible, self.pod_template, self.image, self.step_command(crucible), experiment,
                            extras)
         return self._run_in_docker(context, crucible, extras)
 
@@ -94,7 +93,7 @@ class TrainingStepClient(ConfigurableResource):
         experiment = experiment_of_run(context.run.tags) or context.partition_key
         # The experiment's writer lock is this run's: a step container of it still there is one
         # whose run died without a word (PipesDockerClient stops its container only when it can).
-        labels = step_labels(crucible, experiment)
+        labels = step_labels(experiment, str(Path(crucible.checkpoint_root).resolve()))
         _remove_step_containers(daemon, labels)
         try:
             return PipesDockerClient(env=container_environment()).run(
@@ -112,14 +111,6 @@ class TrainingStepClient(ConfigurableResource):
         requests = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])] if self.gpus else []
         return dict(volumes=volumes, network_mode="host", user=f"{os.getuid()}:{os.getgid()}",
                     environment={"HOME": "/tmp"}, device_requests=requests, labels=labels)
-
-
-def step_labels(crucible: CrucibleResource, experiment: str) -> dict[str, str]:
-    """The label of an experiment's step containers and pods: of this checkpoint root's experiment
-    (another deployment's of the same name on a shared daemon or namespace is not ours), hashed
-    into a valid Kubernetes label value."""
-    where = f"{Path(crucible.checkpoint_root).resolve()}/{experiment}"
-    return {STEP_LABEL: hashlib.sha256(where.encode()).hexdigest()[:16]}
 
 
 def _remove_step_containers(daemon: docker.DockerClient, labels: dict[str, str]) -> None:

@@ -130,8 +130,9 @@ def training_pod(tmp_path, template_path: Path = TRAINING_TEMPLATE, **settings) 
     from kubernetes.client import ApiClient
 
     from assets.resources import CrucibleResource
+    from assets.training_label import step_labels
     from assets.training_pod import load_template, pod_spec
-    from assets.training_step import TrainingStepClient, step_labels
+    from assets.training_step import TrainingStepClient
 
     crucible = CrucibleResource(storage_root="s3://crucible/data", checkpoint_root=str(tmp_path / "checkpoints"),
                                 **settings)
@@ -141,7 +142,7 @@ def training_pod(tmp_path, template_path: Path = TRAINING_TEMPLATE, **settings) 
     body = build_pod_body(pod_name="dagster-pipes-checkpoint-0123", image=None, command=None,
                           env_vars={"DAGSTER_PIPES_CONTEXT": "e30=", "DAGSTER_PIPES_MESSAGES": "e30="},
                           base_pod_meta={"labels": {**template["template"]["metadata"]["labels"],
-                                                    **step_labels(crucible, "repair-" * 20)}}, base_pod_spec=spec)
+                                                    **step_labels("repair-" * 20, "checkpoints")}}, base_pod_spec=spec)
     return ApiClient().sanitize_for_serialization(body) | {"apiVersion": "v1", "kind": "Pod"}
 
 
@@ -200,5 +201,5 @@ def test_a_kubernetes_step_that_cannot_start_fails_in_one_sentence(tmp_path, mon
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     crucible = CrucibleResource(storage_root=storage, checkpoint_root=str(tmp_path / "checkpoints"))
     with pytest.raises(Failure, match=refusal) as failure:
-        run_pod(None, crucible, str(TRAINING_TEMPLATE), "", ["python"], {"crucible.training-step": "x"}, extras={})
+        run_pod(None, crucible, str(TRAINING_TEMPLATE), "", ["python"], "repair", extras={})
     assert "\n" not in failure.value.description
