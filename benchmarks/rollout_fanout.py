@@ -1,4 +1,4 @@
-"""An iteration's rollouts fanned out over Dagster's executor: one process against two, side by side.
+"""An iteration's rollouts fanned out over Dagster's executor: one process against a process a shard.
 
     .venv/bin/python benchmarks/rollout_fanout.py [--task-set repair] [--tasks 128] [--samples 8]
                                                   [--turns 3] [--warmup-steps 300]
@@ -9,8 +9,9 @@ iteration's `rollouts` with `dagster asset materialize`, as an operator would, t
 
   1 shard, in the run's process      what every run did before the fan-out (CRUCIBLE_STEP_PROCESSES=1)
   2 shards, one process              the same two shards one after the other, in the run's process
-  2 shards, two processes            the multiprocess executor, a process per step, both shards at once
-                                     (CRUCIBLE_STEP_PROCESSES=2, the accelerator pool given 2 slots)
+  2 shards, a process each           the multiprocess executor, a process per step, both shards at once
+                                     (CRUCIBLE_STEP_PROCESSES=3: the planning step's process counts
+                                     until it exits; the accelerator pool given 2 slots)
 
 The last two must give the same samples, token for token and log-prob for log-prob: a shard's
 threads and engine are its own, whatever runs beside it. The first samples differently (one engine
@@ -108,7 +109,7 @@ def main() -> None:
         instance.event_log_storage.set_concurrency_slots("accelerator", 2)
     store, results = crucible.store(), []
     for label, shards, processes in (("1 shard, in the run's process", 1, 1), ("2 shards, one process", 2, 1),
-                                     ("2 shards, two processes", 2, 2)):
+                                     ("2 shards, a process each", 2, 3)):
         crucible.save_experiment(settings.model_copy(update={"rollout_shards": shards}))
         with console.status(label):
             wall = materialize_rollouts(environment, processes)
