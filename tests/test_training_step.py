@@ -11,6 +11,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -236,6 +237,11 @@ def test_a_training_step_dies_with_a_run_killed_without_a_word(tmp_path):
     run = subprocess.Popen([sys.executable, "-c", ORPHANED_STEP], stdout=subprocess.PIPE, text=True,
                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     step = psutil.Process(int(run.stdout.readline()))
+    # setpriv sets the parent-death signal and then executes the step: a run killed before that
+    # (milliseconds after the step's start) would not be the case under test.
+    deadline = time.monotonic() + 60
+    while "setpriv" in step.cmdline()[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
     run.kill()
     run.wait(timeout=30)
     step.wait(timeout=30)  # psutil.TimeoutExpired: the step outlived its run
