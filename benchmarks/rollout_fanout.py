@@ -52,6 +52,7 @@ from training.experiment import BasePolicySettings, ExperimentConfig  # noqa: E4
 
 console = Console()
 NAME, KEY = "fanout", "fanout|0001"
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the set-up runs' step events
 
 
 def materialize_rollouts(environment: dict[str, str], processes: int) -> float:
@@ -102,10 +103,11 @@ def main() -> None:
     with console.status(f"base policy ({args.warmup_steps} warm-up steps) and the iteration's tasks"), \
             DagsterInstance.get() as instance:
         instance.add_dynamic_partitions(experiments.name, [NAME])
-        assert materialize([base_policy], partition_key=NAME, instance=instance, resources={"crucible": crucible}).success
+        assert materialize([base_policy], partition_key=NAME, instance=instance, resources={"crucible": crucible},
+                           run_config=QUIET).success
         assert materialize([base_policy, task_set], selection=[task_set], partition_key=add_iteration(instance, NAME, 1),
                            instance=instance, resources={"crucible": crucible, "io_manager": DatasetIOManager(
-                               storage_root=crucible.storage_root)}).success
+                               storage_root=crucible.storage_root)}, run_config=QUIET).success
         instance.event_log_storage.set_concurrency_slots("accelerator", 2)
     store, results = crucible.store(), []
     for label, shards, processes in (("1 shard, in the run's process", 1, 1), ("2 shards, one process", 2, 1),
