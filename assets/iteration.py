@@ -1,6 +1,6 @@
 """One RL iteration as assets, partitioned by experiment and iteration number (assets/partitions.py):
-thin functions over training/iteration.py, which holds the rules (`rollouts`, a fan-out over
-shards, is in assets/rollouts.py).
+thin functions over training/iteration.py, which holds the rules (`rollouts` and
+`verified_rollouts`, fan-outs over shards, are in assets/rollouts.py and assets/verification.py).
 
     base_policy[experiment] -> task_set -> rollouts -> verified_rollouts -> trajectories -> iteration_rewards
                                            -> checkpoint -> checkpoint_eval
@@ -43,10 +43,8 @@ from assets.training_step import TrainingStepClient
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
 from environments.build import BuildError, build_all
-from sandbox.verdict import RewardStatus
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
-from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
 from training.inference.engines import gpu_released
@@ -120,51 +118,6 @@ def task_set(
         metadata={"eval_tasks_sampled": ", ".join(not_train) or "none",
                   "copies_of_eval_prompts_sampled": ", ".join(leaked) or "none",
                   "near_duplicate_pairs_in_set": len(split.near_duplicates)},
-    )
-
-
-@asset(
-    **ITERATION,
-    check_specs=[AssetCheckSpec("verdicts_reproducible", asset="verified_rollouts",
-                                description="a re-graded sample of the submissions gets the same verdicts")],
-)
-def verified_rollouts(
-    context: AssetExecutionContext,
-    crucible: CrucibleResource,
-    task_set: list[TaskBase],
-    rollouts: list[Rollout],
-) -> Iterator[Output[list[VerifiedRollout]] | AssetCheckResult]:
-    """Every sample graded in a fresh sandbox against its task's hidden tests; a sample of them
-    graded again to check that verdicts are reproducible (asset check `verdicts_reproducible`)."""
-    iteration = this_iteration(context, crucible)
-    with refusals_fail_the_run(), timed_stage(crucible.store(), iteration.experiment.name, iteration.number,
-                                              "verified_rollouts"):
-        verification = iteration.verify(task_set, rollouts, iteration.group_prefix)
-    graded, repeat = verification.graded, verification.regraded
-    if repeat.disagreeing_task_ids:
-        context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
-    statuses = Counter(v.grade.reward_status for v in graded.graded)
-    yield Output(
-        graded.graded,
-        metadata={
-            "samples": len(graded.graded),
-            "groups": graded.groups,
-            "informative_groups": graded.informative,
-            "refill_rounds": graded.rounds,
-            "infra_errors": statuses[RewardStatus.INFRA_ERROR],
-            "env_errors": statuses[RewardStatus.ENV_ERROR],
-            "invalid": statuses[RewardStatus.INVALID],
-            "regraded": repeat.sampled,
-            "regrade_agreement": repeat.rate,
-            "reward_function": iteration.task_set.reward.version,
-        },
-    )
-    yield AssetCheckResult(
-        check_name="verdicts_reproducible",
-        passed=not repeat.disagreeing_task_ids,
-        severity=AssetCheckSeverity.WARN,
-        metadata={"regraded": repeat.sampled, "agreement": repeat.rate,
-                  "disagreeing_tasks": ", ".join(repeat.disagreeing_task_ids) or "none"},
     )
 
 

@@ -40,6 +40,9 @@ class CrucibleResource(ConfigurableResource):
     # than the cores keeps them busy: on 2 cores 200 grades took 30 ms each with 3 workers, 38 ms
     # with 2, 31 ms with 4; a repair iteration's 1,024 took 35-49 s instead of 45-50.
     grading_workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)) + 1, ge=1)
+    grading_shards: int = Field(1, ge=1, description="slices of an iteration's rollouts graded by steps of their own "
+                                "(assets/verification.py), side by side where the executor allows; each grades "
+                                "grading_workers at a time. Verdicts do not depend on it")
     train_launcher: str = Field("", description="what runs the training step's module (`-m assets.train_process`"
                                 " follows): empty is this Python; e.g. 'torchrun --standalone --nproc-per-node 8' for "
                                 "8 data parallel ranks")

@@ -6,19 +6,17 @@ Kubernetes executor, are not wired yet: docs/cluster.md):
 
 A shard is a contiguous slice of whole tasks (training/iteration.py `shards`) sampled by a step
 of its own with an engine of its own. Shards hand their samples to the gathering step through
-the storage root (`step_outputs`), which every process and pod of a run reaches. Shards in
+the storage root (assets/step_outputs.py), which every process and pod of a run reaches. Shards in
 processes of their own go on under the experiment's writer lock that their run holds
 (pipelines/executors.py).
 """
 
-import contextlib
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import fsspec
 from dagster import (
     AssetIn,
     DynamicOut,
@@ -37,16 +35,9 @@ from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
+from assets.step_outputs import STEP_OUTPUTS, delete_hand_overs
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
-
-STEP_OUTPUTS = "step_outputs"  # the IO manager of what one step hands another inside an asset
-
-
-def step_outputs_dir(storage_root: str) -> str:
-    """Where STEP_OUTPUTS keeps them: a folder per run, under the storage root."""
-    return f"{storage_root.rstrip('/')}/step_outputs"
-
 
 @dataclass(frozen=True)
 class Shard:
@@ -95,9 +86,7 @@ def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
     samples = [rollout for done in ordered for rollout in done.samples]
     record_stage(crucible.store(), iteration.experiment.name, iteration.number, "rollouts",
                  started_at=ordered[0].shard.planned_at)
-    fs, path = fsspec.core.url_to_fs(f"{step_outputs_dir(crucible.storage_root)}/{context.run_id}")
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(path, recursive=True)
+    delete_hand_overs(crucible.storage_root, context.run_id)
     tokens, seconds = sum(r.sampled_tokens for r in samples), sum(r.generate_s for r in samples)
     return Output(samples, metadata={
         "policy": MetadataValue.path(str(ordered[0].shard.policy[0])),

@@ -47,6 +47,7 @@ def _check_settings() -> None:
         raise UserError(f"CRUCIBLE_TRAIN_CLIENT={environment.train_client()!r}: choose one of {', '.join(TRAIN_CLIENTS)}")
     try:
         environment.step_processes()
+        environment.grading_shards()
     except ValueError as error:
         raise UserError(str(error)) from None
     if not os.environ.get("CRUCIBLE_TRAIN_GPUS", "0").lstrip("-").isdigit():

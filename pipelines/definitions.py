@@ -13,11 +13,12 @@ from assets.iteration import (
     checkpoint_eval,
     task_set,
     trajectories,
-    verified_rollouts,
 )
 from assets.policy import base_policy
 from assets.regrades import regrades
-from assets.rollouts import STEP_OUTPUTS, rollouts, step_outputs_dir
+from assets.rollouts import rollouts
+from assets.step_outputs import STEP_OUTPUTS, step_outputs_dir
+from assets.verification import verified_rollouts
 from pipelines import environment
 from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
 from pipelines.logging import progress_console

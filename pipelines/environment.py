@@ -12,6 +12,7 @@ CRUCIBLE_TRAIN_POD_TEMPLATE  the kubernetes training step's PodTemplate file (as
 CRUCIBLE_TRAIN_IMAGE      the docker (or kubernetes) training step's image (scripts/build-project-image prints its tag)
 CRUCIBLE_TRAIN_GPUS       GPUs the docker training step asks its daemon for (default 0; -1: all)
 CRUCIBLE_STEP_PROCESSES   processes a run's steps may use at once (default 1: all in the run's own; pipelines/executors.py)
+CRUCIBLE_GRADING_SHARDS   slices of an iteration's rollouts graded by steps of their own (default 1; assets/verification.py)
 CRUCIBLE_POSTGRES_URL     the instance's database, a libpq URL (pipelines/instance.py; default SQLite files)
 CRUCIBLE_RUN_LAUNCHER     where runs execute: process (default) or docker (pipelines/docker_run_launcher.py)
 CRUCIBLE_RUN_IMAGE        the docker run launcher's image (scripts/build-project-image prints its tag)
@@ -81,7 +82,15 @@ def train_gpus() -> int:
 
 
 def step_processes() -> int:
-    value = os.environ.get("CRUCIBLE_STEP_PROCESSES", "1").strip()
+    return _count("CRUCIBLE_STEP_PROCESSES", "processes")
+
+
+def grading_shards() -> int:
+    return _count("CRUCIBLE_GRADING_SHARDS", "shards")
+
+
+def _count(variable: str, of: str) -> int:
+    value = os.environ.get(variable, "1").strip()
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"CRUCIBLE_STEP_PROCESSES={value!r}: a whole number of processes, 1 or more")
+        raise ValueError(f"{variable}={value!r}: a whole number of {of}, 1 or more")
     return int(value)

@@ -12,6 +12,7 @@ def crucible_resource() -> CrucibleResource:
         storage_root=environment.storage_root(),
         checkpoint_root=environment.checkpoint_root(),
         sandbox_backend=environment.sandbox_backend(),
+        grading_shards=environment.grading_shards(),
         train_launcher=environment.train_launcher(),
     )
 

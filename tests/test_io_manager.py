@@ -16,11 +16,13 @@ from dagster import (
 from dagster._core.types.dagster_type import resolve_dagster_type  # how Dagster types an input annotation
 
 from assets.io_manager import DatasetIOManager
-from assets.iteration import task_set, trajectories, verified_rollouts
+from assets.iteration import task_set, trajectories
 from assets.partitions import add_iteration, iteration_key
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
-from assets.rollouts import STEP_OUTPUTS, rollouts
+from assets.rollouts import rollouts
+from assets.step_outputs import STEP_OUTPUTS
+from assets.verification import verified_rollouts
 from pipelines.experiment_runner import innermost
 from task_sets.loader import load_task_set
 from task_sets.schema import TaskBase

@@ -1,6 +1,7 @@
 """The `rollouts` asset fans out over shards of the sampled tasks (assets/rollouts.py): Dagster's
 multiprocess executor runs the shards side by side, and they sample what the same shards sample
-one after the other in one process."""
+one after the other in one process. `verified_rollouts` fans out over slices of the rollouts
+(assets/verification.py), and its shards grade what one grading does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster import DagsterEventType, DagsterInstance, materialize
+from dagster import DagsterEventType, DagsterInstance, DagsterRun, EventLogEntry, materialize
 
 from assets.io_manager import DatasetIOManager
 from assets.iteration import task_set
@@ -46,7 +47,7 @@ def fanned_out(tmp_path_factory) -> dict:
     crucible = CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
                                 checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"])
     crucible.save_experiment(ExperimentConfig(name="fan", tasks_per_iteration=8, samples_per_task=2, max_new_tokens=16,
-                                              rollout_shards=2, base=BasePolicySettings(hidden_size=64, num_layers=2,
+                                              rollout_shards=2, refill_rounds=0, base=BasePolicySettings(hidden_size=64, num_layers=2,
                                                                                         sft_steps=10)))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])
@@ -62,24 +63,36 @@ def fanned_out(tmp_path_factory) -> dict:
             instance.event_log_storage.set_concurrency_slots("accelerator", 2)  # both samplers at once
         # Three processes: the executor counts the planning step's until it has exited, and the
         # pool's two slots still keep the shards at two.
-        samples = {processes: _materialize_rollouts(environment, crucible, processes) for processes in (1, 3)}
-        with DagsterInstance.get() as instance:
-            [last, *_] = instance.get_runs(limit=1)
-            kinds = {DagsterEventType.STEP_WORKER_STARTING, DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS}
-            steps = [record.event_log_entry for record in instance.get_records_for_run(last.run_id, of_type=kinds).records]
-            [run_start] = instance.all_logs(last.run_id, of_type=DagsterEventType.RUN_START)
-    lock = json.loads((crucible.experiment_dir("fan") / LOCK_FILE).read_text())  # its last holder's record
-    return {"samples": samples, "steps": steps, "run": last, "run_pid": run_start.dagster_event.pid,
-            "lock": lock, "workdir": workdir}
+        samples = {processes: _materialize(environment, crucible, "rollouts", processes) for processes in (1, 3)}
+        last, steps, run_pid = _last_run()
+        lock = json.loads((crucible.experiment_dir("fan") / LOCK_FILE).read_text())  # its last holder's record
+        # The same rollouts graded whole in the run's process, then in two shards in a process each.
+        verified = {shards: _materialize(environment, crucible, "verified_rollouts", processes, grading_shards=shards)
+                    for shards, processes in ((1, 1), (2, 3))}
+        grading_run, grading_steps, _ = _last_run()
+    return {"samples": samples, "steps": steps, "run": last, "run_pid": run_pid, "lock": lock, "workdir": workdir,
+            "verified": verified, "grading_run": grading_run, "grading_steps": grading_steps}
 
 
-def _materialize_rollouts(environment: dict[str, str], crucible: CrucibleResource, processes: int) -> list:
+def _materialize(environment: dict[str, str], crucible: CrucibleResource, asset: str, processes: int,
+                 grading_shards: int = 1) -> list:
     done = subprocess.run([sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions",
-                           "--select", "rollouts", "--partition", "fan|0001"], cwd=ROOT, capture_output=True, text=True,
-                          env={**environment, "CRUCIBLE_STEP_PROCESSES": str(processes)}, timeout=600)
+                           "--select", asset, "--partition", "fan|0001"], cwd=ROOT, capture_output=True, text=True,
+                          env={**environment, "CRUCIBLE_STEP_PROCESSES": str(processes),
+                               "CRUCIBLE_GRADING_SHARDS": str(grading_shards)}, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    rows = crucible.store().read_partition("outputs", "fan", 1, part="rollouts").to_pylist()
+    rows = crucible.store().read_partition("outputs", "fan", 1, part=asset).to_pylist()
     return [_untimed(json.loads(row["record"])) for row in sorted(rows, key=lambda row: row["index"])]
+
+
+def _last_run() -> tuple[DagsterRun, list[EventLogEntry], int]:
+    """The latest run, its steps' starts (and launches) and successes, and the pid of its process."""
+    with DagsterInstance.get() as instance:
+        [last, *_] = instance.get_runs(limit=1)
+        kinds = {DagsterEventType.STEP_WORKER_STARTING, DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS}
+        steps = [record.event_log_entry for record in instance.get_records_for_run(last.run_id, of_type=kinds).records]
+        [run_start] = instance.all_logs(last.run_id, of_type=DagsterEventType.RUN_START)
+    return last, steps, run_start.dagster_event.pid
 
 
 def _untimed(value: object) -> object:
@@ -117,4 +130,19 @@ def test_the_process_that_runs_the_steps_holds_the_experiment_for_the_whole_run(
 
 
 def test_the_shards_hand_overs_are_deleted_once_gathered(fanned_out):
-    assert not (fanned_out["workdir"] / "data" / "step_outputs" / fanned_out["run"].run_id).exists()
+    for run in (fanned_out["run"], fanned_out["grading_run"]):
+        assert not (fanned_out["workdir"] / "data" / "step_outputs" / run.run_id).exists()
+
+
+def test_two_grading_shards_in_a_process_each_give_the_verdicts_of_one_grading(fanned_out):
+    # A grading's execution record (its sandbox, start, memory, the report's timestamps) is its own.
+    whole, sharded = ([{**verified, "grade": {key: value for key, value in verified["grade"].items() if key != "exec"}}
+                       for verified in fanned_out["verified"][shards]] for shards in (1, 2))
+    assert len(whole) == 16 and whole == sharded
+    assert [verified["rollout"] for verified in whole] == fanned_out["samples"][1]
+    assert {verified["grade"]["reward_status"] for verified in whole} == {"scored"}  # judged, not failed to run
+    graders = {entry.step_key: entry.dagster_event.pid for entry in fanned_out["grading_steps"]
+               if entry.dagster_event.event_type == DagsterEventType.STEP_START and "grade_rollout_shard" in entry.step_key}
+    assert sorted(graders) == ["verified_rollouts.grade_rollout_shard[shard_0]",
+                               "verified_rollouts.grade_rollout_shard[shard_1]"]
+    assert len(set(graders.values())) == 2

@@ -102,6 +102,14 @@ class Regrade:
     verdicts_changed: int  # samples whose `passed` differs from the original grading's
 
 
+def slices(items: list, count: int) -> list[list]:
+    """`items` in `count` contiguous slices (fewer if there are fewer items), as even as they
+    allow; none is empty."""
+    count = min(count, len(items))
+    bounds = [len(items) * i // count for i in range(count + 1)]
+    return [items[bounds[i]:bounds[i + 1]] for i in range(count)]
+
+
 @dataclass(frozen=True)
 class Verification:
     graded: Refilled[VerifiedRollout]
@@ -249,11 +257,8 @@ class Iteration:
         return [as_rollout(episode, engine.chat) for episode in episodes]
 
     def shards(self, tasks: list[TaskBase]) -> list[list[TaskBase]]:
-        """The sampled tasks in `rollout_shards` contiguous slices, as even as whole tasks allow
-        (a task's group stays in one); none is empty."""
-        count = min(self.experiment.rollout_shards, len(tasks))
-        bounds = [len(tasks) * i // count for i in range(count + 1)]
-        return [tasks[bounds[i]:bounds[i + 1]] for i in range(count)]
+        """The sampled tasks in `rollout_shards` slices (a task's group stays in one)."""
+        return slices(tasks, self.experiment.rollout_shards)
 
     def sample_shard(self, tasks: list[TaskBase], shard: int, shards: int,
                      checkpoint: tuple[Path, str]) -> list[Rollout]:
@@ -330,12 +335,21 @@ class Iteration:
                         for row, g in zip(rows, graded)],
                        verdicts_changed=sum(row["passed"] != g.grade.passed for row, g in zip(rows, graded)))
 
-    def verify(self, sampled: list[TaskBase], rollouts: list[Rollout], group_prefix: str) -> Verification:
-        """Grade every rollout, refill while too few groups carry a signal, and grade a seeded
-        share of the first batch again."""
+    @staticmethod
+    def grading_work(sampled: list[TaskBase], rollouts: list[Rollout]) -> list[tuple[TaskBase, Rollout]]:
+        """Each rollout with its task, in the rollouts' order: what `grade` takes, whole or in slices."""
         tasks = {task.id: task for task in sampled}
-        work = [(tasks[r.task_id], r) for r in rollouts]
-        graded = self._refill(sampled, self.grade(work), group_prefix)
+        return [(tasks[r.task_id], r) for r in rollouts]
+
+    def verify(self, sampled: list[TaskBase], rollouts: list[Rollout], group_prefix: str,
+               graded: list[VerifiedRollout]) -> Verification:
+        """Given every rollout graded (`grade` on `grading_work`, in one go or in slices), refill
+        while too few groups carry a signal, and grade a seeded share of them again."""
+        work = self.grading_work(sampled, rollouts)
+        if [(v.rollout.group_id, v.rollout.sample_index) for v in graded] != [(r.group_id, r.sample_index)
+                                                                             for r in rollouts]:
+            raise ValueError("the grades given are not of these rollouts, in their order")
+        graded = self._refill(sampled, graded, group_prefix)
         again = regrade_sample(len(work), self.experiment.regrade_fraction, self.seed)
         second = self.grade([work[i] for i in again]) if again else []
         regraded = agreement([work[i][0].id for i in again], [graded.graded[i].grade for i in again],

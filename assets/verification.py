@@ -1,0 +1,131 @@
+"""The `verified_rollouts` asset as a fan-out over slices of the rollouts, so that Dagster's
+executor spreads grading over processes (the multiprocess executor, CRUCIBLE_STEP_PROCESSES) when
+one grading process is not enough (docs/cluster.md: ~50 Docker gradings a second):
+
+    rollouts -> plan_grading_shards -> grade_rollout_shard[shard_0], [shard_1], … -> gather_verified_rollouts
+
+The shard count is the deployment's (the crucible resource's `grading_shards`,
+CRUCIBLE_GRADING_SHARDS), not the experiment's: each submission is graded in a fresh sandbox of
+its own, so verdicts do not depend on it. The gathering step does what needs every grade at once:
+dynamic sampling's refills (training/agent/dynamic_sampling.py) and the re-grading of a seeded
+share that the `verdicts_reproducible` check reports.
+"""
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetIn,
+    DynamicOut,
+    DynamicOutput,
+    OpExecutionContext,
+    Out,
+    Output,
+    graph_asset,
+    op,
+)
+
+from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
+from assets.resources import CrucibleResource
+from assets.stages import record_stage
+from assets.step_outputs import STEP_OUTPUTS, delete_hand_overs
+from sandbox.verdict import RewardStatus
+from task_sets.schema import TaskBase
+from training.agent.rollout import Rollout
+from training.agent.trajectory import VerifiedRollout
+from training.iteration import slices
+
+CHECK = "verdicts_reproducible"
+
+
+@dataclass(frozen=True)
+class GradingShard:
+    index: int
+    count: int  # shards in all
+    work: list[tuple[TaskBase, Rollout]]  # a contiguous slice of the rollouts, each with its task
+    planned_at: dt.datetime  # when the stage began, for its timing
+
+
+@dataclass(frozen=True)
+class ShardGrades:
+    shard: GradingShard
+    graded: list[VerifiedRollout]
+
+
+@op(out=DynamicOut(GradingShard, io_manager_key=STEP_OUTPUTS))
+def plan_grading_shards(context: OpExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase],
+                        rollouts: list[Rollout]) -> Iterator[DynamicOutput[GradingShard]]:
+    """The rollouts, each with its task, in `grading_shards` contiguous slices."""
+    planned_at = dt.datetime.now(dt.timezone.utc)
+    iteration = this_iteration(context, crucible)
+    shards = slices(iteration.grading_work(task_set, rollouts), crucible.grading_shards)
+    for index, work in enumerate(shards):
+        yield DynamicOutput(GradingShard(index, len(shards), work, planned_at), mapping_key=f"shard_{index}")
+
+
+@op(out=Out(ShardGrades, io_manager_key=STEP_OUTPUTS))
+def grade_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource, shard: GradingShard) -> ShardGrades:
+    """Every rollout of the shard graded in a fresh sandbox against its task's hidden tests."""
+    iteration = this_iteration(context, crucible)
+    if shard.count > 1:
+        context.log.info(f"grading shard {shard.index + 1}/{shard.count}: {len(shard.work)} rollouts")
+    with refusals_fail_the_run():
+        return ShardGrades(shard, iteration.grade(shard.work))
+
+
+@op(out={"result": Out(list[VerifiedRollout]), CHECK: Out()})
+def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase],
+                             rollouts: list[Rollout], shards: list[ShardGrades]) -> Iterator:
+    """The shards' grades in the rollouts' order, refilled and partly graded again; the stage's
+    time, first plan to the end of this step. The shards' hand-overs are deleted."""
+    iteration = this_iteration(context, crucible)
+    ordered = sorted(shards, key=lambda done: done.shard.index)
+    with refusals_fail_the_run():
+        verification = iteration.verify(task_set, rollouts, iteration.group_prefix,
+                                        [verified for done in ordered for verified in done.graded])
+    record_stage(crucible.store(), iteration.experiment.name, iteration.number, "verified_rollouts",
+                 started_at=ordered[0].shard.planned_at)
+    delete_hand_overs(crucible.storage_root, context.run_id)
+    graded, repeat = verification.graded, verification.regraded
+    if repeat.disagreeing_task_ids:
+        context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
+    statuses = Counter(v.grade.reward_status for v in graded.graded)
+    yield Output(graded.graded, "result", metadata={
+        "samples": len(graded.graded),
+        "grading_shards": len(ordered),
+        "groups": graded.groups,
+        "informative_groups": graded.informative,
+        "refill_rounds": graded.rounds,
+        "infra_errors": statuses[RewardStatus.INFRA_ERROR],
+        "env_errors": statuses[RewardStatus.ENV_ERROR],
+        "invalid": statuses[RewardStatus.INVALID],
+        "regraded": repeat.sampled,
+        "regrade_agreement": repeat.rate,
+        "reward_function": iteration.task_set.reward.version,
+    })
+    yield AssetCheckResult(
+        asset_key="verified_rollouts",
+        check_name=CHECK,
+        passed=not repeat.disagreeing_task_ids,
+        severity=AssetCheckSeverity.WARN,
+        metadata={"regraded": repeat.sampled, "agreement": repeat.rate,
+                  "disagreeing_tasks": ", ".join(repeat.disagreeing_task_ids) or "none"},
+    )
+
+
+@graph_asset(**ITERATION, ins={"task_set": AssetIn(), "rollouts": AssetIn()},
+             check_specs=[AssetCheckSpec(CHECK, asset="verified_rollouts",
+                                         description="a re-graded sample of the submissions gets the same verdicts")])
+def verified_rollouts(task_set: list[TaskBase], rollouts: list[Rollout]) -> dict:
+    """Every sample graded in a fresh sandbox against its task's hidden tests, in the deployment's
+    `grading_shards` shards; a sample of them graded again to check that verdicts are
+    reproducible (asset check `verdicts_reproducible`)."""
+    shards = plan_grading_shards(task_set=task_set, rollouts=rollouts)
+    result, check = gather_verified_rollouts(task_set=task_set, rollouts=rollouts,
+                                             shards=shards.map(grade_rollout_shard).collect())
+    return {"result": result, f"verified_rollouts_{CHECK}": check}
