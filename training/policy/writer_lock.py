@@ -97,15 +97,22 @@ def _acquire(lock_file: Path, purpose: str, wait: Callable[[str], None] | None, 
         if wait is None:
             os.close(descriptor)
             raise ExperimentBusy(holder(lock_file)) from None
-        wait(holder(lock_file))
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-    previous, earlier_holder = lock_file.read_bytes(), holder(lock_file)
-    record = {"purpose": purpose, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "lends": lends}
-    _write(descriptor, json.dumps(record).encode())  # before looking for shares: see _share_of_lent_hold
+        try:
+            wait(holder(lock_file))
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except BaseException:  # interrupted while waiting
+            os.close(descriptor)
+            raise
+    previous = None
     try:
+        previous, earlier_holder = lock_file.read_bytes(), holder(lock_file)
+        record = {"purpose": purpose, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                  "lends": lends}
+        _write(descriptor, json.dumps(record).encode())  # before looking for shares: see _share_of_lent_hold
         _outlasting_shares_gone(lock_file, earlier_holder, wait)
-    except ExperimentBusy:
-        _write(descriptor, previous)  # so that the next to try is told of the same holder
+    except BaseException:  # refused, or interrupted: the lock is not kept
+        if previous is not None:
+            _write(descriptor, previous)  # so that the next to try is told of the same holder
         os.close(descriptor)
         raise
     return descriptor
