@@ -30,6 +30,12 @@ def run_purpose(run_id: str) -> str:
     return f"Dagster run {run_id}"
 
 
+def busy_failure(experiment: str, busy: ExperimentBusy) -> Failure:
+    """Why a run of an experiment that another writer holds fails (not to be retried)."""
+    return Failure(f"experiment {experiment!r} is being written by {busy}; this run would write the same "
+                   "checkpoints: launch it again once that one has finished", allow_retries=False)
+
+
 class CrucibleResource(ConfigurableResource):
     """Storage root (any fsspec URI), local checkpoint directory and sandbox settings."""
 
@@ -41,8 +47,8 @@ class CrucibleResource(ConfigurableResource):
     # with 2, 31 ms with 4; a repair iteration's 1,024 took 35-49 s instead of 45-50.
     grading_workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)) + 1, ge=1)
     grading_shards: int = Field(1, ge=1, description="slices of an iteration's rollouts graded by steps of their own "
-                                "(assets/verification.py), side by side where the executor allows; each grades "
-                                "grading_workers at a time. Verdicts do not depend on it")
+                                "(assets/verification.py), side by side where the executor allows, each with its "
+                                "share of grading_workers")
     train_launcher: str = Field("", description="what runs the training step's module (`-m assets.train_process`"
                                 " follows): empty is this Python; e.g. 'torchrun --standalone --nproc-per-node 8' for "
                                 "8 data parallel ranks")
@@ -60,8 +66,7 @@ class CrucibleResource(ConfigurableResource):
         try:
             self._lock.enter_context(writer_lock(self.experiment_dir(experiment), purpose, shared=True))
         except ExperimentBusy as busy:
-            raise Failure(f"experiment {experiment!r} is being written by {busy}; this run would write the same "
-                          "checkpoints: launch it again once that one has finished", allow_retries=False) from None
+            raise busy_failure(experiment, busy) from None
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         self._lock.close()
@@ -75,14 +80,15 @@ class CrucibleResource(ConfigurableResource):
     def store(self) -> DatasetStore:
         return DatasetStore(self.storage_root)
 
-    def sandbox_pool(self, is_infra_failure: Callable[[object], bool]) -> SandboxPool:
-        """Jobs run `grading_workers` at a time on the configured backend; a job whose result
-        `is_infra_failure` is retried on a fresh sandbox."""
+    def sandbox_pool(self, is_infra_failure: Callable[[object], bool], shares: int = 1) -> SandboxPool:
+        """Jobs run `grading_workers` at a time on the configured backend (divided among `shares`
+        pools at work at once, each at least one); a job whose result `is_infra_failure` is retried
+        on a fresh sandbox."""
         if self.sandbox_backend not in BACKENDS:
             raise ValueError(f"sandbox backend {self.sandbox_backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
         return SandboxPool(
             lambda spec: open_sandbox(self.sandbox_backend, spec),
-            PoolConfig(cpu_slots=self.grading_workers),
+            PoolConfig(cpu_slots=max(1, self.grading_workers // shares)),
             is_infra_failure=is_infra_failure,
         )
 

@@ -21,9 +21,10 @@ from dagster import DagsterEvent, ExecutorDefinition, executor, in_process_execu
 from dagster._core.executor.base import Executor
 from dagster._core.execution.step_dependency_config import StepDependencyConfig
 from dagster._core.execution.retries import RetryMode
+from dagster._core.storage.tags import MAX_RETRIES_TAG
 
 from assets.partitions import experiment_of_run
-from assets.resources import run_purpose
+from assets.resources import busy_failure, run_purpose
 from pipelines import environment
 from pipelines.resources import crucible_resource
 from training.policy.writer_lock import ExperimentBusy, writer_lock
@@ -53,10 +54,11 @@ class RunHoldsItsExperiment(Executor):
                 folder = crucible_resource().experiment_dir(experiment)
                 try:
                     hold.enter_context(writer_lock(folder, run_purpose(run.run_id), lends=True))
-                except ExperimentBusy:
-                    # Not a failure here, which the instance's run retries would launch again: the
-                    # first step, finding the lock not lent to this run, fails saying who holds it.
-                    pass
+                except ExperimentBusy as busy:
+                    # The run fails before any step, and (a run's failure, not a step's) would be
+                    # launched again by the instance's run retries: it is told not to be.
+                    plan_context.instance.add_run_tags(run.run_id, {MAX_RETRIES_TAG: "0"})
+                    raise busy_failure(experiment, busy) from None
             yield from self.steps.execute(plan_context, execution_plan)
 
 

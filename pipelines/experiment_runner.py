@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
-from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, Definitions, RunsFilter
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, Definitions, EventLogEntry, RunsFilter
 from dagster._core.launcher import DefaultRunLauncher
 from rich.console import Console
 
@@ -252,7 +252,14 @@ def run_failures(instance: DagsterInstance, run_id: str) -> list[str]:
     if steps:
         return steps
     ended = instance.all_logs(run_id, of_type={DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED})
-    return [entry.dagster_event.message or entry.user_message for entry in ended] or ["(no reason recorded)"]
+    return [_run_reason(entry) for entry in ended] or ["(no reason recorded)"]
+
+
+def _run_reason(entry: EventLogEntry) -> str:
+    """A run's failure: the error raised outside its steps (the executor's), else Dagster's word."""
+    event = entry.dagster_event
+    error = event.job_failure_data.error if event.event_type == DagsterEventType.RUN_FAILURE else None
+    return reason(error) if error else event.message or entry.user_message
 
 
 def this_process() -> str:

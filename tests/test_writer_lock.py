@@ -3,18 +3,21 @@ processes (problem 2 of issue 16: `crucible run` and a UI run wrote the same che
 
 from __future__ import annotations
 
+import os
 import select
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import DagsterEventType, DagsterInstance, materialize
+from dagster._core.storage.tags import MAX_RETRIES_TAG
 
 from assets.iteration import task_set
 from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
-from pipelines.experiment_runner import innermost
+from pipelines.experiment_runner import innermost, run_failures
+from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from training.experiment import ExperimentConfig
 from training.policy.writer_lock import ExperimentBusy, writer_lock
 
@@ -122,3 +125,33 @@ def test_a_dagster_run_of_a_busy_experiment_fails_with_one_sentence(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_run_with_a_process_per_step_of_a_busy_experiment_fails_before_any_step_and_is_not_retried(
+        tmp_path, monkeypatch):
+    environment = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STEP_PROCESSES": "2",
+                   "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"), "CRUCIBLE_CHECKPOINT_ROOT": str(tmp_path / "ckpt")}
+    environment.pop(POSTGRES_URL_ENV, None)
+    monkeypatch.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])
+    monkeypatch.delenv(POSTGRES_URL_ENV, raising=False)
+    prepare_instance()  # run retries on, as every Crucible instance has them
+    crucible = CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
+                                checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"])
+    crucible.save_experiment(ExperimentConfig(name="exp"))
+    with DagsterInstance.get() as instance:
+        add_iteration(instance, "exp", 1)
+    holder = hold_in_another_process(crucible.experiment_dir("exp"), 120)
+    try:
+        done = subprocess.run([sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions",
+                               "--select", "task_set", "--partition", "exp|0001"], cwd=Path(__file__).parent.parent,
+                              env=environment, capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode != 0
+    with DagsterInstance.get() as instance:
+        [run] = instance.get_runs()
+        assert not instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)
+        assert run.tags[MAX_RETRIES_TAG] == "0"
+        [why] = run_failures(instance, run.run_id)
+    assert why.startswith("experiment 'exp' is being written by the other writer (pid ")
