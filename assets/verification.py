@@ -6,7 +6,9 @@ one grading process is not enough (docs/cluster.md: ~50 Docker gradings a second
 
 The shard count is the deployment's (the crucible resource's `grading_shards`,
 CRUCIBLE_GRADING_SHARDS), not the experiment's: each submission is graded in a fresh sandbox of
-its own, so verdicts do not depend on it. The gathering step does what needs every grade at once:
+its own, so verdicts do not depend on it (as sampling's shards do, each shard takes its share of
+the sandbox slots, so the machine is no busier; a test suite that reaches its time limit only
+because the machine is busier is the one caveat). The gathering step does what needs every grade at once:
 dynamic sampling's refills (training/agent/dynamic_sampling.py) and the re-grading of a seeded
 share that the `verdicts_reproducible` check reports.
 """
@@ -33,7 +35,7 @@ from dagster import (
 from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
-from assets.step_outputs import STEP_OUTPUTS, delete_hand_overs
+from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
 from sandbox.verdict import RewardStatus
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
@@ -75,14 +77,15 @@ def grade_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource,
     if shard.count > 1:
         context.log.info(f"grading shard {shard.index + 1}/{shard.count}: {len(shard.work)} rollouts")
     with refusals_fail_the_run():
-        return ShardGrades(shard, iteration.grade(shard.work))
+        return ShardGrades(shard, iteration.grade(shard.work, shares=shard.count))
 
 
 @op(out={"result": Out(list[VerifiedRollout]), CHECK: Out()})
 def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase],
                              rollouts: list[Rollout], shards: list[ShardGrades]) -> Iterator:
     """The shards' grades in the rollouts' order, refilled and partly graded again; the stage's
-    time, first plan to the end of this step. The shards' hand-overs are deleted."""
+    time, first plan to the end of this step. Once it has succeeded, the shards' hand-overs are
+    deleted (assets/step_outputs.py)."""
     iteration = this_iteration(context, crucible)
     ordered = sorted(shards, key=lambda done: done.shard.index)
     with refusals_fail_the_run():
@@ -90,7 +93,6 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
                                         [verified for done in ordered for verified in done.graded])
     record_stage(crucible.store(), iteration.experiment.name, iteration.number, "verified_rollouts",
                  started_at=ordered[0].shard.planned_at)
-    delete_hand_overs(crucible.storage_root, context.run_id)
     graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
@@ -126,6 +128,6 @@ def verified_rollouts(task_set: list[TaskBase], rollouts: list[Rollout]) -> dict
     `grading_shards` shards; a sample of them graded again to check that verdicts are
     reproducible (asset check `verdicts_reproducible`)."""
     shards = plan_grading_shards(task_set=task_set, rollouts=rollouts)
-    result, check = gather_verified_rollouts(task_set=task_set, rollouts=rollouts,
-                                             shards=shards.map(grade_rollout_shard).collect())
+    gather = gather_verified_rollouts.with_hooks({hand_overs_gathered("verified_rollouts")})
+    result, check = gather(task_set=task_set, rollouts=rollouts, shards=shards.map(grade_rollout_shard).collect())
     return {"result": result, f"verified_rollouts_{CHECK}": check}

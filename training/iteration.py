@@ -82,7 +82,7 @@ class Environment(Protocol):
     storage_root: str
 
     def store(self) -> DatasetStore: ...
-    def sandbox_pool(self, is_infra_failure: Callable[[object], bool]) -> SandboxPool: ...
+    def sandbox_pool(self, is_infra_failure: Callable[[object], bool], shares: int = 1) -> SandboxPool: ...
     def open_session(self, task: Task, previous: Session | None = None, /) -> Session: ...
     def checkpoint_dir(self, experiment: str, iteration: int) -> Path: ...
     def base_policy_dir(self, experiment: str) -> Path: ...
@@ -276,14 +276,15 @@ class Iteration:
         finally:  # the process's later steps (in one process, all of a run's) keep their threads
             torch.set_num_threads(before)
 
-    def grade(self, work: list[tuple[TaskBase, Rollout]]) -> list[VerifiedRollout]:
-        """Every (task, rollout) graded in its own fresh sandbox (see `grade_submissions`)."""
+    def grade(self, work: list[tuple[TaskBase, Rollout]], shares: int = 1) -> list[VerifiedRollout]:
+        """Every (task, rollout) graded in its own fresh sandbox (see `grade_submissions`); `shares`:
+        this is one of that many slices graded at once, each with its share of the sandbox slots."""
         submissions = [(task, rollout.solution, Process(turns=max(1, len(rollout.turns)), tokens=rollout.sampled_tokens))
                        for task, rollout in work]
         return [VerifiedRollout(rollout, task, graded.grade, verify_s=graded.verify_s, queue_s=graded.queue_s)
-                for (task, rollout), graded in zip(work, self.grade_submissions(submissions))]
+                for (task, rollout), graded in zip(work, self.grade_submissions(submissions, shares))]
 
-    def grade_submissions(self, work: list[tuple[TaskBase, str, Process]]) -> list[Graded]:
+    def grade_submissions(self, work: list[tuple[TaskBase, str, Process]], shares: int = 1) -> list[Graded]:
         """Every (task, submission, how it was made) graded in its own fresh sandbox through the
         sandbox pool (admission by CPU slots, retries of infrastructure failures on a fresh
         sandbox), scored with the task set's reward function; in the order given."""
@@ -297,8 +298,8 @@ class Iteration:
             return Graded(grade, verify_s=time.perf_counter() - started, queue_s=started - handed_over)
 
         step, graded = max(1, len(work) // 5), []
-        with self.env.sandbox_pool(is_infra_failure=lambda g: g.grade.reward_status is RewardStatus.INFRA_ERROR
-                                   ) as pool:
+        with self.env.sandbox_pool(is_infra_failure=lambda g: g.grade.reward_status is RewardStatus.INFRA_ERROR,
+                                   shares=shares) as pool:
             for done, result in enumerate(pool.map(lambda item: sandbox_spec(item[0]), verify, work), start=1):
                 graded.append(result)
                 if done % step == 0 or done == len(work):
