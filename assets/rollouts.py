@@ -35,7 +35,7 @@ from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
-from assets.step_outputs import STEP_OUTPUTS, delete_hand_overs
+from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
 
@@ -80,13 +80,12 @@ def sample_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource
 def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
                     shards: list[ShardSamples]) -> Output[list[Rollout]]:
     """The shards' samples in the order of the tasks, and the stage's time, first plan to last
-    shard. The shards' hand-overs, in the storage root, are deleted: nothing reads them again."""
+    shard. Once it has succeeded, the shards' hand-overs are deleted (assets/step_outputs.py)."""
     iteration = this_iteration(context, crucible)
     ordered = sorted(shards, key=lambda done: done.shard.index)
     samples = [rollout for done in ordered for rollout in done.samples]
     record_stage(crucible.store(), iteration.experiment.name, iteration.number, "rollouts",
                  started_at=ordered[0].shard.planned_at)
-    delete_hand_overs(crucible.storage_root, context.run_id)
     tokens, seconds = sum(r.sampled_tokens for r in samples), sum(r.generate_s for r in samples)
     return Output(samples, metadata={
         "policy": MetadataValue.path(str(ordered[0].shard.policy[0])),
@@ -111,4 +110,5 @@ def rollouts(task_set: list[TaskBase], base_policy) -> list[Rollout]:
     single replies, or multi-turn episodes in sandbox sessions when the experiment allows turns;
     sampled in the experiment's `rollout_shards` shards, side by side where the executor allows."""
     shards = plan_rollout_shards(task_set=task_set, base_policy=base_policy)
-    return gather_rollouts(shards.map(sample_rollout_shard).collect())
+    gather = gather_rollouts.with_hooks({hand_overs_gathered("rollouts")})
+    return gather(shards.map(sample_rollout_shard).collect())
