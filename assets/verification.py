@@ -6,11 +6,11 @@ one grading process is not enough (docs/cluster.md: ~50 Docker gradings a second
 
 The shard count is the deployment's (the crucible resource's `grading_shards`,
 CRUCIBLE_GRADING_SHARDS), not the experiment's: each submission is graded in a fresh sandbox of
-its own, so verdicts do not depend on it (as sampling's shards do, each shard takes its share of
-the sandbox slots, so the machine is no busier; a test suite that reaches its time limit only
-because the machine is busier is the one caveat). The gathering step does what needs every grade at once:
-dynamic sampling's refills (training/agent/dynamic_sampling.py) and the re-grading of a seeded
-share that the `verdicts_reproducible` check reports.
+its own, so verdicts do not depend on it. As sampling's shards do with the cores, each shard takes
+its share of the sandbox slots, so the machine is no busier (a suite that reaches its time limit
+only because the machine is busier is the one caveat). The gathering step does what needs every
+grade at once: dynamic sampling's refills (training/agent/dynamic_sampling.py) and the
+re-grading of a seeded share that the `verdicts_reproducible` check reports.
 """
 
 import datetime as dt

@@ -350,12 +350,12 @@ class Iteration:
         if [(v.rollout.group_id, v.rollout.sample_index) for v in graded] != [(r.group_id, r.sample_index)
                                                                              for r in rollouts]:
             raise ValueError("the grades given are not of these rollouts, in their order")
-        graded = self._refill(sampled, graded, group_prefix)
+        refilled = self._refill(sampled, graded, group_prefix)
         again = regrade_sample(len(work), self.experiment.regrade_fraction, self.seed)
         second = self.grade([work[i] for i in again]) if again else []
-        regraded = agreement([work[i][0].id for i in again], [graded.graded[i].grade for i in again],
+        regraded = agreement([work[i][0].id for i in again], [refilled.graded[i].grade for i in again],
                              [v.grade for v in second])
-        return Verification(graded, regraded)
+        return Verification(refilled, regraded)
 
     def _refill(self, sampled: list[TaskBase], verified: list[VerifiedRollout],
                 group_prefix: str) -> Refilled[VerifiedRollout]:
