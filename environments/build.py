@@ -4,6 +4,10 @@ spec costs nothing (the store already has it).
 - Python packages: pip, from the registries, run for the sandbox's own interpreter
   (`pip --python /usr/bin/python3 install --target <digest>/site-packages`), so compiled
   wheels match the interpreter the tests run under, on both backends.
+- An environment that names its Python (`python_version`): a virtual environment of this
+  host's interpreter of that version, its requirements and the repository's own set-up, built
+  in a sandbox (environments/virtualenv.py); refused in one sentence where the host has no
+  such interpreter. Its Docker image holds the interpreter at the same path as here.
 - Debian packages: on Docker, installed into the image (`apt-get install` in a `docker build`
   from the sandbox base image); on the local backend, which runs on this host's /usr, they must
   already be installed here, and a build that lacks one says which.
@@ -20,11 +24,13 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path, PurePosixPath
 
+from environments import interpreters
 from environments.spec import SITE_PACKAGES, WHEELS, EnvironmentSpec
 from environments.store import Built, EnvironmentStore, image_tag
+from environments.virtualenv import SetupError, build_virtualenv
 from sandbox.bwrap_exec import SANDBOX_PYTHON
 from sandbox.spec import ENVIRONMENT_ROOT
 
@@ -32,6 +38,8 @@ PIP_TIMEOUT_S = 1800
 DOCKER_BUILD_TIMEOUT_S = 1800
 LABEL = "crucible.environment"
 STORE_LABEL = "crucible.environment.store"  # prune removes only the images its own store built
+PIP_CACHE = ".pip-cache"  # under the store's root: wheels built once for every build of the store
+Repositories = Mapping[str, Mapping[str, str | bytes]]  # EnvironmentSpec.repository -> its files
 _PIP_ERROR = re.compile(r"^ERROR: (.*)$", re.M)
 _PIP_REQUIREMENT = re.compile(r"the requirement ([^\s(]+)|found for ([^\s(]+)|[Cc]ould not build wheels for "
                               r"([\w.-]+)|\(([\w.-]+)\)\s*$")
@@ -42,9 +50,10 @@ class BuildError(RuntimeError):
 
 
 def build(spec: EnvironmentSpec, store: EnvironmentStore, backend: str = "local",
-          progress: Callable[[str], None] = lambda line: None) -> Built:
-    """The built environment of `spec` for `backend` ("local" or "docker"), building what is missing."""
-    built = store.get(spec.digest) or _build_tree(spec, store, progress)
+          progress: Callable[[str], None] = lambda line: None, repositories: Repositories | None = None) -> Built:
+    """The built environment of `spec` for `backend` ("local" or "docker"), building what is
+    missing; `repositories` holds the files of the repository a `setup` runs in."""
+    built = store.get(spec.digest) or _build_tree(spec, store, progress, repositories or {})
     if backend == "docker":
         _ensure_image(spec, built, store, progress)
     elif _missing_debian(spec.debian):
@@ -55,29 +64,61 @@ def build(spec: EnvironmentSpec, store: EnvironmentStore, backend: str = "local"
 
 
 def build_all(specs: Iterable[EnvironmentSpec], backend: str, store: EnvironmentStore | None = None,
-              progress: Callable[[str], None] = lambda line: None) -> list[Built]:
+              progress: Callable[[str], None] = lambda line: None, repositories: Repositories | None = None
+              ) -> list[Built]:
     """Every distinct environment of `specs`, built for `backend` (nothing to do when all are)."""
     store = store or EnvironmentStore()
     distinct = {spec.digest: spec for spec in specs}
-    return [build(spec, store, backend, progress) for spec in distinct.values()]
+    return [build(spec, store, backend, progress, repositories) for spec in distinct.values()]
 
 
-def _build_tree(spec: EnvironmentSpec, store: EnvironmentStore, progress: Callable[[str], None]) -> Built:
+def _build_tree(spec: EnvironmentSpec, store: EnvironmentStore, progress: Callable[[str], None],
+                repositories: Repositories) -> Built:
+    interpreter = _interpreter(spec)
+    repository = _repository(spec, repositories)
     with store.building(spec.digest) as staging:
         done = store.get(spec.digest)  # built by another process while this one waited
         if done is not None:
             return done
         started = time.monotonic()
-        installed = _pip_install(spec, staging / SITE_PACKAGES, progress) if spec.python else []
-        wheels = _pip_download(spec, staging / WHEELS, progress) if spec.wheels else []
+        if interpreter is not None:
+            progress(f"environment {spec.short}: a virtual environment of Python {interpreter.version}")
+            try:
+                built = build_virtualenv(spec, interpreter, staging, repository, store.root / PIP_CACHE, progress)
+            except SetupError as e:
+                raise BuildError(f"environment {spec.short}: {e}") from None
+            installed = [line.split("==")[0] for line in built["locked"] if "==" in line and line[0] not in "#-"]
+            wheels = []
+        else:
+            built = {}
+            installed = _pip_install(spec, staging / SITE_PACKAGES, progress) if spec.python else []
+            wheels = _pip_download(spec, staging / WHEELS, progress) if spec.wheels else []
         for name, text in spec.files.items():
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_text(text)
         record = {"digest": spec.digest, "spec": spec.model_dump(mode="json"), "installed": installed,
-                  "wheels": wheels, "built_at": time.time(),
+                  "wheels": wheels, "built_at": time.time(), **built,
                   "build_s": round(time.monotonic() - started, 1)}
         progress(f"environment {spec.short}: built in {record['build_s']} s ({len(installed)} Python packages)")
         return store.publish(staging, spec.digest, record)
+
+
+def _interpreter(spec: EnvironmentSpec) -> interpreters.Interpreter | None:
+    if not spec.python_version:
+        return None
+    try:
+        return interpreters.find(spec.python_version)
+    except interpreters.NoInterpreter as e:
+        raise BuildError(f"environment {spec.short} {e}") from None
+
+
+def _repository(spec: EnvironmentSpec, repositories: Repositories) -> Mapping[str, str | bytes]:
+    if not spec.repository:
+        return {}
+    if spec.repository not in repositories:
+        raise BuildError(f"environment {spec.short} runs its setup in {spec.repository}, whose files the build was "
+                         "not given (build it through its task set: crucible env build SET)")
+    return repositories[spec.repository]
 
 
 def _pip_install(spec: EnvironmentSpec, target: Path, progress: Callable[[str], None]) -> list[str]:
@@ -142,7 +183,9 @@ def _ensure_image(spec: EnvironmentSpec, built: Built, store: EnvironmentStore, 
         pass
     base = _task_image(client, spec, progress) if spec.dockerfile else _sandbox_base(client)
     progress(f"environment {spec.short}: docker build {tag}")
-    return _docker_build(client, spec, _context(_dockerfile(base, spec), {"tree": built.path}),
+    prefix = built.record.get("interpreter", {}).get("prefix", "")
+    entries = {"tree": built.path, **({"python": Path(prefix)} if prefix else {})}
+    return _docker_build(client, spec, _context(_dockerfile(base, spec, prefix), entries),
                          labels={LABEL: spec.digest, STORE_LABEL: str(store.root)}, tag=tag)
 
 
@@ -197,8 +240,11 @@ def _docker_build(client, spec: EnvironmentSpec, context: io.BytesIO, **options)
     return image.id
 
 
-def _dockerfile(base: str, spec: EnvironmentSpec) -> str:
+def _dockerfile(base: str, spec: EnvironmentSpec, interpreter_prefix: str = "") -> str:
     lines = [f"FROM {base}", f"COPY tree {ENVIRONMENT_ROOT}"]  # modes as published: readable by all
+    if interpreter_prefix:  # the virtual environment's interpreter, at the path its links and RUNPATH name
+        parents = [str(p) for p in PurePosixPath(interpreter_prefix).parents[:-1]]
+        lines += [f"COPY python {interpreter_prefix}", f"RUN chmod o+rx {' '.join(parents)}"]
     if spec.debian:
         lines.append("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
                      f"--no-install-recommends {' '.join(spec.debian)} && rm -rf /var/lib/apt/lists/*")
@@ -207,12 +253,13 @@ def _dockerfile(base: str, spec: EnvironmentSpec) -> str:
 
 def _context(dockerfile: str, entries: dict[str, Path | str]) -> io.BytesIO:
     """A build context, as a tar in memory: the Dockerfile, and each entry a directory (a Path)
-    or a file's text."""
+    or a file's text. An interpreter's own tests and site-packages stay out: a virtual
+    environment uses neither."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, content in {"Dockerfile": dockerfile, **entries}.items():
             if isinstance(content, Path):
-                tar.add(content, arcname=name)
+                tar.add(content, arcname=name, filter=_without_interpreter_extras)
                 continue
             data = content.encode()
             info = tarfile.TarInfo(name)
@@ -220,6 +267,13 @@ def _context(dockerfile: str, entries: dict[str, Path | str]) -> io.BytesIO:
             tar.addfile(info, io.BytesIO(data))
     buffer.seek(0)
     return buffer
+
+
+def _without_interpreter_extras(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = PurePosixPath(member.name).parts
+    if parts[0] == "python" and len(parts) > 3 and parts[1] == "lib" and parts[3] in ("test", "site-packages"):
+        return None
+    return member
 
 
 def remove_image(digest: str) -> bool:

@@ -3,6 +3,9 @@
     $CRUCIBLE_ENVIRONMENTS (default ./.crucible/environments)/
         <digest>/environment.json   what was built: the spec, when, what pip installed, the image
         <digest>/site-packages/     Python packages (pip --target, for the sandbox's python3)
+        <digest>/venv/              or a virtual environment of the spec's Python (environments/virtualenv.py)
+        <digest>/workspace/         files the repository's setup made, laid under every workspace
+        <digest>/requirements.lock  what the virtual environment holds (pip freeze --all)
         <digest>/<files>            the spec's extra files
         <digest>.lock               held while one process builds it; others wait, then reuse it
 
@@ -20,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from environments.spec import WORKSPACE_LAYER
 
 STORE_ENV = "CRUCIBLE_ENVIRONMENTS"
 RECORD = "environment.json"
@@ -41,6 +46,17 @@ class Built:
     digest: str
     path: Path
     record: dict
+
+    @property
+    def interpreter_prefix(self) -> str:
+        """The host interpreter a virtual environment runs ('' for the sandbox's python3)."""
+        return self.record.get("interpreter", {}).get("prefix", "")
+
+    def workspace_layer(self) -> dict[str, bytes]:
+        """The files the repository's setup made (egg-info, version files, built extensions),
+        by workspace path: every workspace of the task starts with them, under its own files."""
+        return {name: (self.path / WORKSPACE_LAYER / name).read_bytes()
+                for name in self.record.get("workspace_layer", ())}
 
     @property
     def size_bytes(self) -> int:

@@ -289,6 +289,10 @@ class LocalSession(SessionLifecycle):
             for parent in reversed(PurePosixPath(ENVIRONMENT_ROOT).parents[:-1]):
                 args += ["--perms", "0755", "--dir", str(parent)]  # else 0700: unreachable
             args += ["--ro-bind", self.spec.overlay, ENVIRONMENT_ROOT]
+        if self.spec.interpreter:  # the environment's Python, where its own build looks for its libraries
+            for parent in reversed(PurePosixPath(self.spec.interpreter).parents[:-1]):
+                args += ["--perms", "0755", "--dir", str(parent)]
+            args += ["--ro-bind", self.spec.interpreter, self.spec.interpreter]
         args += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable
         for name in _ETC_BASE + (_ETC_NETWORK if self.spec.network else ()):
             if os.path.lexists(f"/etc/{name}"):

@@ -29,11 +29,14 @@ class SandboxSpec:
     `image` names the root filesystem; the local backend uses the host's read-only system
     directories and records "host" here (Docker images are referred to by digest). A task's
     built environment (environments/) is its own image on Docker, and on the local backend
-    `overlay`: a host directory shown read-only at ENVIRONMENT_ROOT.
+    `overlay`: a host directory shown read-only at ENVIRONMENT_ROOT. An environment of another
+    Python names that interpreter's prefix in `interpreter`: the local backend shows it at its
+    own path, and the environment's Docker image holds it there.
     """
 
     image: str = "host"
     overlay: str = ""
+    interpreter: str = ""  # the prefix of a host interpreter the environment runs (local: shown read-only at its path)
     workspace_alias: str = ""  # another path the workspace is seen at (a Harbor task's /app), a symlink
     limits: Limits = field(default_factory=Limits)
     network: bool = False

@@ -42,9 +42,12 @@ def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSp
     limits = task.limits
     environment = task.environment
     defaults = SandboxSpec()
+    store = store or EnvironmentStore()
+    built = store.get(environment.digest) if environment else None
     return SandboxSpec(
         image=image_tag(environment.digest) if environment else task.image,
-        overlay=str((store or EnvironmentStore()).path(environment.digest)) if environment else "",
+        overlay=str(store.path(environment.digest)) if environment else "",
+        interpreter=built.interpreter_prefix if built else "",
         env=_with_environment(defaults.env, environment),
         workspace_alias=_workspace_alias(task),
         network=task.network,
@@ -56,6 +59,14 @@ def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSp
             disk_mb=limits.disk_mb,
         ),
     )
+
+
+def repository_files(task: RepositoryTask, spec: SandboxSpec) -> dict[str, str | bytes]:
+    """What a repository task's workspace starts with in the sandbox `spec` runs: the files its
+    environment's setup made (an editable install's metadata, generated version files), then
+    the repository's own files over them."""
+    built = EnvironmentStore(Path(spec.overlay).parent).get(Path(spec.overlay).name) if spec.overlay else None
+    return {**(built.workspace_layer() if built else {}), **task.binary_contents(), **task.files}
 
 
 def _environment_modules(spec: SandboxSpec) -> list[str]:
@@ -122,7 +133,7 @@ def _grade_repository(
                     _environment_modules(sandbox.spec))
     changed = changed_paths(task.files, submitted)
     graded = grade_test_command(
-        sandbox, {**task.binary_contents(), **guarded.files}, task.expected_tests, task.test_command, grader_files=task.grader_files,
+        sandbox, {**repository_files(task, sandbox.spec), **guarded.files}, task.expected_tests, task.test_command, grader_files=task.grader_files,
         verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags, sealed=guarded.sealed,
         changed=changed, repository=task.files.keys(), pytest_sessions=task.pytest_sessions,
     )

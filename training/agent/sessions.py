@@ -17,7 +17,7 @@ from typing import Protocol
 from sandbox.backends import open_sandbox
 from sandbox.base import SandboxUnavailable, Session, WorkspacePathError
 from task_sets.schema import RepositoryTask, Task
-from task_sets.submission import SOLUTION_FILE, sandbox_spec
+from task_sets.submission import SOLUTION_FILE, repository_files, sandbox_spec
 
 
 class OpenSession(Protocol):
@@ -29,10 +29,10 @@ class OpenSession(Protocol):
 
 def starting_files(task: Task) -> dict[str, str | bytes]:
     """What an episode's workspace holds at the start: the task's files (a repository's binary
-    files included; for a function task, solution.py with the task's prefix unless the files
-    hold the solution.py to start from)."""
+    files and its environment's workspace layer included; for a function task, solution.py with
+    the task's prefix unless the files hold the solution.py to start from)."""
     if isinstance(task, RepositoryTask):
-        return {**task.binary_contents(), **task.files}
+        return repository_files(task, sandbox_spec(task))
     return {SOLUTION_FILE: task.solution_prefix, **task.files}
 
 
