@@ -12,6 +12,12 @@ Then optional penalties, subtracted and clipped at 0:
   process  `turns`      per turn after the first, `tokens` per 1000 tokens the policy wrote.
 Both tools parse the code; neither runs it. They run only when their weight is not 0.
 
+A repository task (a SWE-bench instance, say) is judged on its fail-to-pass tests: a diff that
+makes none of them pass resolves nothing and earns 0 whatever the tiers, however many of the
+pass-to-pass tests it keeps (keeping them is what an empty diff does). Once something is resolved
+the partial credit is `tests_passed`: the fail-to-pass fraction scaled by the pass-to-pass fraction
+(task_sets/submission.py), with `compiles` and `all_passed` as for any task.
+
 A grade the rules of sandbox/verdict.py zeroed (tampering, a kill, no report) stays 0 whatever
 the weights, and an unscored grade (invalid, infra_error) stays None. The function's version,
 a hash of its name and weights, is stored beside every reward it produced.
@@ -110,7 +116,8 @@ class RewardFunction(BaseModel):
         if self.turns or self.tokens:
             measures |= {"turns": float(process.turns), "tokens": float(process.tokens)}
         components = {**grade.reward_components, **measures}
-        reward = 0.0 if grade.gated else self._combine(components)
+        resolves_nothing = components.get("fail_to_pass_fraction") == 0.0  # a repository task's: see above
+        reward = 0.0 if grade.gated or resolves_nothing else self._combine(components)
         return dataclasses.replace(grade, reward=reward, reward_components=components, reward_version=self.version)
 
     def _combine(self, c: dict[str, float]) -> float:

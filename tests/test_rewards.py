@@ -10,6 +10,7 @@ import pytest
 
 from task_sets.loader import BUILTIN_DIR, TaskSetError, load_task_set
 from task_sets.rewards import DEFAULT, ONE_TURN, Process, RewardFunction
+from task_sets.schema import parse_task
 from task_sets.submission import grade_solution
 
 TASK = load_task_set("default").by_id["default/add_k/0000"]  # add(x) returns x + 17
@@ -94,3 +95,31 @@ def test_a_task_set_loads_its_reward_toml():
 def test_a_bad_reward_toml_names_the_file_and_field(tmp_path, toml, message):
     with pytest.raises(TaskSetError, match=message):
         load_task_set(copy_of_shopcart(tmp_path, toml))
+
+
+CALC = parse_task({
+    "id": "rewards/calc", "kind": "repository", "prompt": "Fix add and sub.", "difficulty": "easy", "family": "calc",
+    "split": "train", "test_command": "python3 -m pytest -q tests", "protected_paths": ["tests/*"],
+    "files": {"calc.py": "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a + b\n\n\n"
+                         "def mul(a, b):\n    return a * b\n",
+              "tests/test_calc.py": "from calc import add, mul, sub\n\n\ndef test_add():\n    assert add(2, 1) == 3\n\n\n"
+                                    "def test_sub():\n    assert sub(2, 1) == 1\n\n\n"
+                                    "def test_mul():\n    assert mul(2, 3) == 6\n"},
+    "fail_to_pass": ["tests/test_calc.py::test_add", "tests/test_calc.py::test_sub"],
+    "pass_to_pass": ["tests/test_calc.py::test_mul"],
+    "reference_solution": "--- a/calc.py\n+++ b/calc.py\n@@ -1,6 +1,6 @@\n def add(a, b):\n-    return a - b\n"
+                          "+    return a + b\n \n \n def sub(a, b):\n-    return a + b\n+    return a - b\n"})
+RENAME_ONLY = "--- a/calc.py\n+++ b/calc.py\n@@ -8,2 +8,2 @@\n-def mul(a, b):\n-    return a * b\n+def mul(x, y):\n+    return x * y\n"
+ADD_ONLY = "--- a/calc.py\n+++ b/calc.py\n@@ -1,3 +1,3 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n \n"
+
+
+def test_a_repository_diff_that_resolves_no_fail_to_pass_test_earns_nothing_whatever_it_keeps():
+    graded = grade_solution(CALC, RENAME_ONLY, reward=TIERED)
+    assert graded.reward_components["compiles"] == 1.0 and graded.reward_components["pass_to_pass_fraction"] == 1.0
+    assert graded.reward == 0.0
+
+
+def test_a_repository_diff_that_resolves_some_earns_the_documented_partial_credit():
+    graded = grade_solution(CALC, ADD_ONLY, reward=TIERED)
+    assert graded.reward_components["tests_passed_fraction"] == 0.5  # 1 of 2 fail-to-pass x all pass-to-pass
+    assert graded.reward == pytest.approx(0.2 + 0.5 * 0.5)
