@@ -42,7 +42,9 @@ from assets.train_process import STEP_MESSAGE
 from assets.training_step import TrainingStepClient
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
-from environments.build import BuildError, build_all
+from sandbox.verdict import RewardStatus
+from task_sets.gradability import build_environments, needs_proof, prove, unproven
+from task_sets.loader import TaskSet
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
 from training.agent.trajectory import VerifiedRollout, trajectory_row
@@ -95,20 +97,22 @@ def task_set(
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
-    tasks = iteration.sample_tasks()
+    backend = crucible.sandbox_backend
+    proven = _prove_unproven(context, crucible, iteration.loaded_task_set)
     # Every environment the set declares (the held-out tasks' too), built once for this backend.
-    try:
-        environments = build_all([t.environment for t in iteration.task_set.tasks if t.environment],
-                                 crucible.sandbox_backend, progress=context.log.info)
-    except BuildError as e:
-        raise Failure(str(e)) from None
+    failed = build_environments(iteration.loaded_task_set, backend, progress=context.log.info)
+    if failed and not needs_proof(iteration.loaded_task_set):
+        raise Failure(next(iter(failed.values())))
+    tasks = iteration.sample_tasks()
     store, name, number = crucible.store(), iteration.experiment.name, iteration.number
     store.write_partition("tasks", name, number, rows_to_table("tasks", iteration.task_rows(tasks)))
     report_stored(context, store, "tasks", name, number)
     by_difficulty = Counter(task.difficulty for task in tasks)
-    yield Output(tasks, metadata={"tasks": len(tasks), "environments": ", ".join(e.digest[:16] for e in environments)
+    digests = sorted({t.environment.digest[:16] for t in iteration.loaded_task_set if t.environment})
+    yield Output(tasks, metadata={"tasks": len(tasks), "environments": ", ".join(digests)
                                   or "none (the sandbox image as it is)",
-                                  **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")}})
+                                  **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")},
+                                  **_gradability_metadata(iteration.task_set, proven)})
     split, sampled = separation(iteration.task_set), {task.id for task in tasks}
     not_train = sorted(task.id for task in tasks if task.split != "train")
     leaked = sorted({train_id for train_id, _ in split.exact_duplicates} & sampled)
@@ -119,6 +123,27 @@ def task_set(
                   "copies_of_eval_prompts_sampled": ", ".join(leaked) or "none",
                   "near_duplicate_pairs_in_set": len(split.near_duplicates)},
     )
+
+
+def _prove_unproven(context: AssetExecutionContext, crucible: CrucibleResource, task_set: TaskSet) -> int:
+    """Prove what the set has not proven on this backend yet (task_sets/gradability.py); how many."""
+    pending = unproven(task_set, crucible.sandbox_backend)
+    if pending:
+        context.log.info(f"proving {len(pending)} task(s) of {task_set.name!r} gradable on the "
+                         f"{crucible.sandbox_backend} backend: reference and empty submissions")
+        with crucible.sandbox_pool(is_infra_failure=lambda grade: grade.reward_status is RewardStatus.INFRA_ERROR
+                                   ) as pool:
+            prove(pending, crucible.sandbox_backend, pool, progress=context.log.info)
+    return len(pending)
+
+
+def _gradability_metadata(task_set: TaskSet, proven_now: int) -> dict:
+    """How many tasks may be sampled and evaluated, and why the others may not."""
+    if not needs_proof(task_set):
+        return {"tasks/gradable": "all (a built-in set, proven by the test suite)"}
+    rows = [{"task": task_id, "why it is left out": reason} for task_id, reason in sorted(task_set.unusable.items())]
+    return {"tasks/usable": len(task_set) - len(rows), "tasks/unusable": len(rows), "tasks/proven_this_run": proven_now,
+            "unusable_tasks": MetadataValue.md(markdown_table(rows, ("task", "why it is left out")) if rows else "none")}
 
 
 @asset(**ITERATION, kinds={"parquet"})

@@ -18,6 +18,7 @@ A failed build names what failed and the log line that says why, and leaves noth
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import subprocess
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 from environments import interpreters
-from environments.spec import SITE_PACKAGES, WHEELS, EnvironmentSpec
+from environments.spec import RECIPE_VERSION, SITE_PACKAGES, WHEELS, EnvironmentSpec
 from environments.store import Built, EnvironmentStore, image_tag
 from environments.virtualenv import SetupError, build_virtualenv
 from sandbox.bwrap_exec import SANDBOX_PYTHON
@@ -37,6 +38,7 @@ from sandbox.spec import ENVIRONMENT_ROOT
 PIP_TIMEOUT_S = 1800
 DOCKER_BUILD_TIMEOUT_S = 1800
 LABEL = "crucible.environment"
+INTERPRETER_REPOSITORY = "crucible-python"
 STORE_LABEL = "crucible.environment.store"  # prune removes only the images its own store built
 PIP_CACHE = ".pip-cache"  # under the store's root: wheels built once for every build of the store
 Repositories = Mapping[str, Mapping[str, str | bytes]]  # EnvironmentSpec.repository -> its files
@@ -182,11 +184,29 @@ def _ensure_image(spec: EnvironmentSpec, built: Built, store: EnvironmentStore, 
     except docker.errors.ImageNotFound:
         pass
     base = _task_image(client, spec, progress) if spec.dockerfile else _sandbox_base(client)
+    prefix = built.interpreter_prefix
+    if prefix:
+        base = _interpreter_image(client, spec, base, prefix, progress)
     progress(f"environment {spec.short}: docker build {tag}")
-    prefix = built.record.get("interpreter", {}).get("prefix", "")
-    entries = {"tree": built.path, **({"python": Path(prefix)} if prefix else {})}
-    return _docker_build(client, spec, _context(_dockerfile(base, spec, prefix), entries),
+    return _docker_build(client, spec, _context(_dockerfile(base, spec), {"tree": built.path}),
                          labels={LABEL: spec.digest, STORE_LABEL: str(store.root)}, tag=tag)
+
+
+def _interpreter_image(client, spec: EnvironmentSpec, base: str, prefix: str, progress: Callable[[str], None]) -> str:
+    """`base` with this host's interpreter at `prefix`, the path a virtual environment's links
+    and the interpreter's RUNPATH name; built once per base and interpreter, shared by every
+    environment of that Python (its ~200 MB are sent to the daemon once)."""
+    import docker
+
+    tag = f"{INTERPRETER_REPOSITORY}:{hashlib.sha256(f'{base} {prefix} {RECIPE_VERSION}'.encode()).hexdigest()[:16]}"
+    try:
+        return client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        pass
+    parents = " ".join(str(p) for p in PurePosixPath(prefix).parents[:-1])
+    dockerfile = f"FROM {base}\nCOPY python {prefix}\nRUN chmod o+rx {parents}\n"  # /root is 0700 in the base
+    progress(f"environment {spec.short}: docker build {tag} (the interpreter at {prefix})")
+    return _docker_build(client, spec, _context(dockerfile, {"python": Path(prefix)}), tag=tag)
 
 
 def _sandbox_base(client) -> str:
@@ -240,11 +260,8 @@ def _docker_build(client, spec: EnvironmentSpec, context: io.BytesIO, **options)
     return image.id
 
 
-def _dockerfile(base: str, spec: EnvironmentSpec, interpreter_prefix: str = "") -> str:
+def _dockerfile(base: str, spec: EnvironmentSpec) -> str:
     lines = [f"FROM {base}", f"COPY tree {ENVIRONMENT_ROOT}"]  # modes as published: readable by all
-    if interpreter_prefix:  # the virtual environment's interpreter, at the path its links and RUNPATH name
-        parents = [str(p) for p in PurePosixPath(interpreter_prefix).parents[:-1]]
-        lines += [f"COPY python {interpreter_prefix}", f"RUN chmod o+rx {' '.join(parents)}"]
     if spec.debian:
         lines.append("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
                      f"--no-install-recommends {' '.join(spec.debian)} && rm -rf /var/lib/apt/lists/*")

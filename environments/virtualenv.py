@@ -63,7 +63,7 @@ def build_virtualenv(spec: EnvironmentSpec, interpreter: Interpreter, staging: P
         Path(inputs).chmod(0o755)
         mounts = [Mount(staging, ENVIRONMENT_ROOT, writable=True), Mount(Path(inputs), BUILD_DIR),
                   Mount(cache, PIP_CACHE, writable=True)]
-        sandbox = LocalSandbox(_build_spec(interpreter))
+        sandbox = LocalSandbox(_build_spec(spec, interpreter))
         with sandbox.session(repository, mounts, supervised=False) as session:
             result = session.exec(["/bin/sh", f"{BUILD_DIR}/build.sh"],
                                   on_output=lambda stream, data: _show(data, progress))
@@ -81,9 +81,9 @@ def build_virtualenv(spec: EnvironmentSpec, interpreter: Interpreter, staging: P
             "workspace_layer": sorted(layer), "locked": (staging / LOCK).read_text().splitlines()}
 
 
-def _build_spec(interpreter: Interpreter) -> SandboxSpec:
+def _build_spec(spec: EnvironmentSpec, interpreter: Interpreter) -> SandboxSpec:
     defaults = dict(SandboxSpec().env)
-    env = {**defaults, "HOME": "/tmp", "PIP_CACHE_DIR": PIP_CACHE, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    env = {**defaults, **spec.env, "HOME": "/tmp", "PIP_CACHE_DIR": PIP_CACHE, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_NO_INPUT": "1", "PIP_PROGRESS_BAR": "off"}
     env.pop("PYTHONDONTWRITEBYTECODE")  # the environment is read-only later: compile it now
     if os.path.isfile(SYSTEM_CA_BUNDLE):  # pip and downloads trust the host's authorities, not only certifi's
@@ -100,9 +100,10 @@ def _script(spec: EnvironmentSpec, interpreter: Interpreter) -> str:
     venv = f"{ENVIRONMENT_ROOT}/{VENV}"
     lines = ["set -eu", f"{shlex.quote(str(interpreter.executable))} -m venv {venv}", f". {venv}/bin/activate",
              "set -x",
-             # The venv's own pip is as old as its Python (pip 18 on 3.6): the newest that runs there; its
-             # setuptools stays the one the Python came with unless the requirements pin one.
-             "python -m pip install --upgrade pip"]
+             # The venv's own pip is as old as its Python (pip 18 on 3.6); pip 25 dropped the
+             # `setup.py develop` fall-back that repositories of their time rely on for `pip install
+             # -e .` (a build backend without PEP 660's hook). The newest pip below 25 that runs there.
+             "python -m pip install --upgrade 'pip<25'"]
     if spec.python:
         lines.append(f"python -m pip install -r {BUILD_DIR}/requirements.txt")
     if spec.wheels:

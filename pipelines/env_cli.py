@@ -16,6 +16,7 @@ from environments.store import EnvironmentStore, image_tag
 from pipelines import environment
 from pipelines.errors import UserError
 from sandbox.backends import BACKENDS
+from task_sets.gradability import repositories_of
 from task_sets.loader import TaskSetError, builtin_task_set_names, library_task_set_names, load_task_set
 from task_sets.schema import Task
 
@@ -53,7 +54,8 @@ def ensure_built(tasks: list[Task] | tuple[Task, ...], backend: str) -> None:
     """Build what the tasks' environments lack for `backend` (nothing when all are built)."""
     specs = [spec for spec, _ in environments_of(tasks).values()]
     try:
-        build_all(specs, backend, progress=lambda line: errors.print(line, highlight=False))
+        build_all(specs, backend, progress=lambda line: errors.print(line, highlight=False),
+                  repositories=repositories_of(tasks))
     except BuildError as e:
         raise UserError(str(e)) from None
 
@@ -70,12 +72,13 @@ def command_build(args: argparse.Namespace) -> int:
         return 0
     ensure_built(task_set.tasks, args.backend)
     table = Table(title=f"task set {task_set.name!r}: {len(found)} environment(s) built for {args.backend}")
-    for column in ("environment", "tasks", "python", "debian", "packages installed", "build s"):
+    for column in ("environment", "tasks", "interpreter", "requirements", "debian", "packages installed", "build s"):
         table.add_column(column)
     store = EnvironmentStore()
     for digest, (spec, count) in found.items():
         record = store.get(digest).record
-        table.add_row(digest[:16], str(count), str(len(spec.python)), " ".join(spec.debian) or "-",
+        interpreter = record.get("interpreter", {}).get("version", "the sandbox's python3")
+        table.add_row(digest[:16], str(count), interpreter, str(len(spec.python)), " ".join(spec.debian) or "-",
                       str(len(record["installed"])), str(record["build_s"]))
     console.print(table)
     return 0

@@ -37,6 +37,7 @@ from task_sets.loader import (
     library_task_set_names,
     load_task_set,
 )
+from task_sets.gradability import ProofLedger, needs_proof, prove
 from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
 from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
@@ -60,12 +61,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     importer.add_argument("--repos", type=Path, help="swebench: the folder holding each instance's repository "
                           "as a git clone named OWNER__NAME, or snapshots OWNER__NAME-<commit>.tar.xz (default: "
                           "PATH's folder/repos)")
-    importer.add_argument("--recipes", type=Path, help="swebench: install recipes per repository and version, "
-                          "over Crucible's own (task_sets/importers/swebench_recipes.toml shows the shape)")
+    importer.add_argument("--specs", type=Path, help="swebench: environment specifications per repository and "
+                          "version over SWE-bench's published ones, as JSON in their shape: {\"OWNER/NAME\": "
+                          "{\"VERSION\": {\"python\": \"3.9\", \"install\": \"...\", ...}}}")
+    importer.add_argument("--no-proof", action="store_true",
+                          help="skip building the environments and proving each task gradable (reference passes, "
+                          "empty fails) now; the first iteration's task_set, or crucible tasks validate, does it")
+    importer.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend(),
+                          help="the backend the tasks are proven gradable on")
+    importer.add_argument("--workers", type=int, default=2)
     importer.set_defaults(handler=command_import)
 
     listing = tasks.add_parser("list", help="task sets, or the tasks of one set")
     listing.add_argument("--task-set", help="list this set's tasks")
+    listing.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend(),
+                         help="whose proofs of gradability to show")
     listing.set_defaults(handler=command_list)
 
     show = tasks.add_parser("show", help="one task in full")
@@ -92,7 +102,7 @@ def command_import(args: argparse.Namespace) -> int:
     if args.name in builtin_task_set_names():
         raise UserError(f"--name {args.name!r} is a built-in task set; choose another name")
     try:
-        imported = import_tasks(args.format, args.path, ImportOptions(args.name, args.split, args.repos, args.recipes))
+        imported = import_tasks(args.format, args.path, ImportOptions(args.name, args.split, args.repos, args.specs))
     except ImportError_ as e:
         raise UserError(str(e)) from None
     for rejection in imported.rejected[:MAX_REJECTIONS_SHOWN]:
@@ -107,7 +117,21 @@ def command_import(args: argparse.Namespace) -> int:
     splits = Counter(task.split for task in imported.tasks)
     console.print(f"imported {len(imported.tasks)} tasks ({splits['train']} train, {splits['eval']} eval), "
                   f"rejected {len(imported.rejected)}: task set {args.name!r} in {target}", highlight=False)
+    if not args.no_proof:
+        task_set = load(args.name)
+        with grading_pool(args.backend, args.workers) as pool:
+            report = prove(task_set, args.backend, pool, progress=lambda line: errors.print(line, highlight=False),
+                           task_set=task_set.name)
+        _print_proofs(report, args.backend)
     return 0
+
+
+def _print_proofs(report: ValidationReport, backend: str) -> None:
+    usable = report.count("ok")
+    console.print(f"proven gradable on the {backend} backend: {usable} of {len(report.tasks)} tasks usable; the "
+                  f"{len(report.tasks) - usable} others are left out of sampling and evaluation", highlight=False)
+    if report.problems:
+        console.print(_validation_table(report))
 
 
 # -- tasks list / show ---------------------------------------------------------------------
@@ -115,7 +139,7 @@ def command_import(args: argparse.Namespace) -> int:
 
 def command_list(args: argparse.Namespace) -> int:
     if args.task_set:
-        console.print(_tasks_table(load(args.task_set)))
+        console.print(_tasks_table(load(args.task_set), args.backend))
         return 0
     table = Table(title="task sets")
     for column in ("name", "source", "tasks", "train", "eval", "difficulty (easy/medium/hard)", "version", "reward"):
@@ -131,13 +155,16 @@ def command_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tasks_table(task_set: TaskSet) -> Table:
+def _tasks_table(task_set: TaskSet, backend: str) -> Table:
     table = Table(title=f"task set {task_set.name!r} ({len(task_set)} tasks, version {task_set.version}, "
                         f"reward {task_set.reward.version})")
-    for column in ("id", "kind", "split", "difficulty", "family", "what is graded", "version"):
+    for column in ("id", "kind", "split", "difficulty", "family", "what is graded", "version", f"gradable ({backend})"):
         table.add_column(column)
+    ledger = ProofLedger()
     for task in task_set:
-        table.add_row(task.id, task.kind, task.split, task.difficulty, task.family, _graded(task), task.version)
+        status, reason = ledger.status(task_set, task, backend)
+        table.add_row(task.id, task.kind, task.split, task.difficulty, task.family, _graded(task), task.version,
+                      f"{status.value}: {reason}" if reason else status.value)
     return table
 
 
@@ -201,9 +228,14 @@ def load(name: str) -> TaskSet:
 def command_validate(args: argparse.Namespace) -> int:
     """Exit 0 when every task is fit to judge with and no eval prompt is copied into train, else 1."""
     task_set = load(args.task_set)
-    ensure_built(task_set.tasks, args.backend)
+    if not needs_proof(task_set):
+        ensure_built(task_set.tasks, args.backend)
     with grading_pool(args.backend, args.workers) as pool:
-        report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
+        if needs_proof(task_set):  # what it finds is recorded: unusable tasks are left out of sampling
+            report = prove(task_set, args.backend, pool, repeats=args.repeats,
+                           progress=lambda line: errors.print(line, highlight=False), task_set=task_set.name)
+        else:
+            report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
     if report.problems:
         console.print(_validation_table(report))
     else:

@@ -18,7 +18,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -53,6 +53,9 @@ class TaskSet:
     tasks: tuple[Task, ...]
     reward: RewardFunction = DEFAULT  # configured by the set's reward.toml
     system_message: str | None = None  # the set's system.md: what every prompt of the set starts with
+    built_in: bool = False  # one of Crucible's own sets, proven gradable by its test suite
+    # Tasks left out of the splits, with why: not proven gradable where they are graded (task_sets/gradability.py).
+    unusable: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def version(self) -> str:
@@ -73,7 +76,7 @@ class TaskSet:
         return self._split("eval")
 
     def _split(self, split: Split) -> list[Task]:
-        return [task for task in self.tasks if task.split == split]
+        return [task for task in self.tasks if task.split == split and task.id not in self.unusable]
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -114,7 +117,8 @@ def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
         raise TaskSetError(str(e)) from None
     system = root / SYSTEM_MESSAGE_FILE if root.is_dir() else None
     system_message = system.read_text(encoding="utf-8").strip() if system and system.is_file() else None
-    return TaskSet(name=name, tasks=tuple(tasks), reward=reward, system_message=system_message or None)
+    return TaskSet(name=name, tasks=tuple(tasks), reward=reward, system_message=system_message or None,
+                   built_in=root.is_relative_to(BUILTIN_DIR))
 
 
 def _set_environment(root: Path) -> dict | None:

@@ -1,34 +1,39 @@
-"""SWE-bench as its users have it: five real instances of SWE-bench Lite (three repositories,
-records unchanged in tests/data/swebench/instances.jsonl), each repository at its base commit
-as `git archive` wrote it (tests/data/swebench/repos/), environments from the install recipes,
-and the ids SWE-bench's log parser cut at whitespace matched as its grader does."""
+"""SWE-bench as its users have it: twelve real instances of SWE-bench Lite and its dev split from
+nine repositories (records unchanged in tests/data/swebench/instances.jsonl and published.jsonl,
+where from in SOURCES.md), each repository at its base commit as `git archive` wrote it
+(tests/data/swebench/repos/), environments derived from SWE-bench's published specifications,
+every instance proven gradable or refused with its reason on both backends, and the ids SWE-bench's
+log parser cut at whitespace matched as its grader does."""
 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from environments.build import build_all, images, remove_image
+from environments import interpreters
+from environments.build import images, remove_image
 from environments.store import EnvironmentStore
 from sandbox.backends import open_sandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from sandbox.test_report import Outcome
+from task_sets.gradability import ProofLedger, build_environments, prove
 from task_sets.importers import ImportError_, ImportOptions, import_tasks
 from task_sets.schema import parse_task
 from task_sets.submission import grade_solution
-from task_sets.validation import validate
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 DATA = Path(__file__).parent / "data" / "swebench"
-INSTANCES, REPOS = DATA / "instances.jsonl", DATA / "repos"
+INSTANCES, PUBLISHED, REPOS = DATA / "instances.jsonl", DATA / "published.jsonl", DATA / "repos"
 
 
 @pytest.fixture(scope="module")
 def tasks():
-    return import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS)).tasks
+    return [task for path in (INSTANCES, PUBLISHED) for task in import_tasks(
+        "swebench", path, ImportOptions("swe", repos=REPOS)).tasks]
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +49,15 @@ def environments(tmp_path_factory):
 
 
 def test_the_instances_import_as_published_with_binary_files_and_environments(tasks):
-    records = [json.loads(line) for line in INSTANCES.read_text().splitlines()]
+    records = [json.loads(line) for path in (INSTANCES, PUBLISHED) for line in path.read_text().splitlines()]
     assert [t.id for t in tasks] == [f"swe/{r['instance_id']}" for r in records]
-    assert {t.family for t in tasks} == {"pallets/flask", "marshmallow-code/marshmallow", "pylint-dev/astroid"}
+    assert len({t.family for t in tasks}) == 9
     flask = tasks[0]
     assert "artwork/logo-full.svg" in flask.files and "docs/_static/flask-icon.png" in flask.binary_files
-    assert flask.environment.python_path == ("/workspace/src",) and "Werkzeug==2.3.7" in flask.environment.python
+    # SWE-bench's specification of flask 2.3: Python 3.11, requirements/dev.txt, then its pins; installed editable.
+    assert flask.environment.python_version == "3.11" and "Werkzeug==2.3.7" in flask.environment.python
+    assert flask.environment.setup == ("python -m pip install -e .",)
+    assert flask.environment.repository == f"pallets/flask@{records[0]['base_commit']}"
     # The test patch's data file is a hidden test, never an argument to pytest.
     assert "tests/static/config.toml" in flask.hidden_tests and flask.test_command.endswith(" tests/test_config.py")
     assert all(t.pass_to_pass == tuple(json.loads(r["PASS_TO_PASS"])) for t, r in zip(tasks, records))
@@ -64,15 +72,35 @@ def test_the_cut_ids_are_kept_as_published(tasks):
         "tests/unittest_brain_builtin.py::TestStringNodes::test_string_format_uninferable[\\n",)
 
 
-def test_gold_patches_pass_and_empty_patches_fail_on_every_backend(tasks, environments, backend_name):
-    build_all([t.environment for t in tasks], backend_name, environments)
+# What proving each instance finds here: usable, or the reason it is left out (a gold patch that
+# does not pass in an environment built as published is never scored).
+EXPECTED = {
+    "pallets__flask-4992": "ok", "pallets__flask-5063": "ok", "marshmallow-code__marshmallow-1359": "ok",
+    "pylint-dev__astroid-1978": "ok", "pylint-dev__astroid-1866": "ok",
+    "pytest-dev__pytest-5413": "ok", "pytest-dev__pytest-7432": "ok", "sqlfluff__sqlfluff-1625": "ok",
+    "pylint-dev__pylint-5859": "ok", "mwaskom__seaborn-2848": "ok",
+    # Two of its pass-to-pass tests connect to 10.255.255.1 and expect a timeout: no network here.
+    "psf__requests-3362": "reference fails .*TestTimeout",
+    # The specification installs pytest unpinned: pytest 8 no longer runs nose-style setup().
+    "pydicom__pydicom-1139": "reference fails",
+}
+
+
+def test_every_instance_is_proven_gradable_or_left_out_with_its_reason_on_every_backend(tasks, environments,
+                                                                                         backend_name):
     with SandboxPool(lambda spec: open_sandbox(backend_name, spec), PoolConfig(cpu_slots=2)) as pool:
-        report = validate(tasks, pool, repeats=1, task_set="swe")
-    assert [(t.task_id, t.verdict, t.reasons) for t in report.problems] == []
+        report = prove(tasks, backend_name, pool, task_set="swe")
+    found = {t.task_id.removeprefix("swe/"): "; ".join(t.reasons) or t.verdict for t in report.tasks}
+    assert sorted(found) == sorted(EXPECTED)
+    for instance, expected in EXPECTED.items():
+        assert re.search(expected, found[instance]), (instance, found[instance])
+    ledger = ProofLedger(environments)
+    assert {t.id.removeprefix("swe/"): ledger.get(t, backend_name).usable for t in tasks} == \
+        {instance: expected == "ok" for instance, expected in EXPECTED.items()}
 
 
 def test_an_empty_patch_says_which_test_failed(tasks, environments):
-    build_all([tasks[0].environment], "local", environments)
+    assert build_environments([tasks[0]], "local", environments) == {}
     graded = grade_solution(tasks[0], "")
     assert (graded.reward, graded.failure.reason.value) == (0.0, "tests_failed")
     assert "tests/test_config.py::test_config_from_file_toml" in graded.failure.detail
@@ -109,24 +137,36 @@ def test_a_cut_id_passes_only_when_every_test_it_stands_for_passes(check, passes
     assert graded.tests_collected == 2
 
 
-def test_a_users_recipe_replaces_crucibles_and_an_unknown_field_is_refused(tmp_path):
-    recipes = tmp_path / "recipes.toml"
-    recipes.write_text('["pallets/flask"."2.3"]\npython = ["Werkzeug==2.3.8"]\npython_path = ["/workspace/src"]\n')
-    mine = import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS, recipes=recipes)).tasks[0]
+def flask_record(**changes) -> dict:
+    return {**json.loads(INSTANCES.read_text().splitlines()[0]), **changes}
+
+
+def test_a_users_specification_replaces_the_published_one_and_a_malformed_file_is_refused(tmp_path):
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps({"pallets/flask": {"2.3": {"python": "3.11", "pip_packages": ["Werkzeug==2.3.8"],
+                                                           "install": "python -m pip install -e .",
+                                                           "test_cmd": "pytest -rA"}}}))
+    mine = import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS, specs=specs)).tasks[0]
     assert mine.environment.python == ("Werkzeug==2.3.8",)
-    recipes.write_text('["pallets/flask"."2.3"]\npip = ["Werkzeug==2.3.8"]\n')
-    with pytest.raises(ImportError_, match="unknown field.*pip; a recipe has"):
-        import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS, recipes=recipes))
+    specs.write_text("{not json")
+    with pytest.raises(ImportError_, match="specs.json: malformed JSON"):
+        import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS, specs=specs))
 
 
-def test_an_instance_without_a_recipe_imports_and_the_import_says_so(tmp_path):
-    record = json.loads(INSTANCES.read_text().splitlines()[0])
+def test_an_instance_the_specifications_do_not_cover_is_refused_in_one_sentence(tmp_path):
     instances = tmp_path / "instances.jsonl"
-    instances.write_text(json.dumps({**record, "version": "9.9"}) + "\n")
+    instances.write_text(json.dumps(flask_record(version="9.9")) + "\n")
     imported = import_tasks("swebench", instances, ImportOptions("swe", repos=REPOS))
-    assert imported.tasks[0].environment is None
-    assert imported.warnings == ["no install recipe for pallets/flask 9.9: those instances run in the sandbox image "
-                                 "as it is (add recipes with --recipes FILE)"]
+    assert imported.tasks == [] and imported.rejected == [
+        "instances.jsonl:1: instance 'pallets__flask-4992': no published SWE-bench specification for pallets/flask 9.9"]
+
+
+def test_an_instance_whose_python_this_host_lacks_is_refused_in_one_sentence(tmp_path):
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps({"pallets/flask": {"2.3": {"python": "3.4", "test_cmd": "pytest -rA"}}}))
+    imported = import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS, specs=specs))
+    have = ", ".join(sorted(interpreters.available(), key=lambda v: tuple(map(int, v.split(".")))))
+    assert imported.rejected[0] == f"instances.jsonl:1: instance 'pallets__flask-4992': needs Python 3.4; available: {have}"
 
 
 def test_a_missing_repository_names_the_clone_and_the_snapshot_it_looked_for(tmp_path):
@@ -135,12 +175,11 @@ def test_a_missing_repository_names_the_clone_and_the_snapshot_it_looked_for(tmp
     assert "no snapshot pallets__flask-4c288bc97ea371817199908d0d9b12de9dae327e.tar.xz" in imported.rejected[0]
 
 
-def test_a_module_in_src_shadowing_the_standard_library_is_flagged(tasks, environments):
-    """flask's environment puts /workspace/src on PYTHONPATH, before the standard library: a
-    src/argparse.py would run before pytest's plugin takes its token."""
+def test_a_module_in_src_named_like_the_standard_librarys_shadows_nothing(tasks, environments):
+    """flask's package is installed editable, after the standard library on the path: a
+    src/argparse.py the submission adds is never imported in place of the real one."""
     flask = tasks[0]
-    build_all([flask.environment], "local", environments)
+    assert build_environments([flask], "local", environments) == {}
     shadow = "--- /dev/null\n+++ b/src/argparse.py\n@@ -0,0 +1,2 @@\n+import os\n+os._exit(0)\n"
     graded = grade_solution(flask, flask.reference_solution + shadow)
-    assert graded.tamper_flags == ("shadows_runner_module",) and graded.reward == 0.0
-    assert graded.passed is False and graded.suite_ran  # graded without it: the gold patch's tests ran
+    assert (graded.passed, graded.tamper_flags) == (True, ())

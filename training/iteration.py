@@ -44,6 +44,7 @@ from datastore.store import DatasetStore, rows_to_table
 from sandbox.base import Session
 from sandbox.pool import SandboxPool
 from sandbox.verdict import GradeResult, RewardStatus
+from task_sets.gradability import with_proofs
 from task_sets.loader import TaskSet, load_task_set
 from task_sets.reproducibility import Agreement, agreement, regrade_sample
 from task_sets.rewards import Process
@@ -80,6 +81,7 @@ class Environment(Protocol):
     `crucible` resource is one)."""
 
     storage_root: str
+    sandbox_backend: str  # where tasks are graded: what their proofs of gradability are for
 
     def store(self) -> DatasetStore: ...
     def sandbox_pool(self, is_infra_failure: Callable[[object], bool], shares: int = 1) -> SandboxPool: ...
@@ -143,8 +145,15 @@ class Iteration:
         return f"{self.experiment.name}-{self.number:04d}"
 
     @cached_property
-    def task_set(self) -> TaskSet:
+    def loaded_task_set(self) -> TaskSet:
+        """The experiment's set as its files have it, every task included."""
         return load_task_set(self.experiment.task_set)
+
+    @cached_property
+    def task_set(self) -> TaskSet:
+        """The set iterations sample and evaluate: its tasks not proven gradable on this
+        backend are left out of its splits (task_sets/gradability.py)."""
+        return with_proofs(self.loaded_task_set, self.env.sandbox_backend)
 
     def sample_tasks(self) -> list[TaskBase]:
         """The train tasks this iteration samples: a seeded subset when the experiment asks for one."""

@@ -40,7 +40,7 @@ class ImportOptions:
     name: str  # the new task set's name, the first part of every task id
     split: str = "eval"  # one of SPLITS
     repos: Path | None = None  # swebench: where the repositories are (default: PATH's folder/repos)
-    recipes: Path | None = None  # swebench: install recipes over Crucible's own
+    specs: Path | None = None  # swebench: specifications over the published ones (JSON, the table's shape)
 
 
 def collect(records: Iterable[tuple[str, Callable[[], dict]]], task_type: type[TaskBase], split: str) -> Imported:

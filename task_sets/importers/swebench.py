@@ -10,13 +10,15 @@ Each instance becomes a repository task:
   images) are kept as the task's `binary_files`, symlinks are left out;
 - the hidden tests are the files `test_patch` creates or changes, as it leaves them;
 - the reference solution is the gold `patch`, checked to apply at import;
-- the environment comes from the install recipe of the instance's repository and `version`
-  (swebench_recipes.toml, or a user's file given as --recipes, which adds or replaces entries):
-  the Python packages the tests need, and where the repository's own package is importable
-  from; an instance without a recipe runs in the sandbox image as it is, and the import says so;
-- the test command is the recipe's (else the instance's `test_command` or `test_cmd`, else
-  `python3 -m pytest -rA`), followed by the Python files of the test patch, as SWE-bench's
-  harness runs them (its data files, a config.toml say, are hidden tests too, never arguments).
+- the environment is derived from SWE-bench's published specification of the instance's
+  repository and `version` (swebench_specs.py: its Python, requirements, pre-install steps and
+  the repository's own install, run once at build time), with a user's specifications given as
+  --specs over the published ones; an instance the specification does not cover, or whose Python
+  this host does not have ("needs Python 3.5; available: 3.9, 3.11"), is refused with that
+  sentence, never run in an environment it was not made for;
+- the test command is the specification's, followed by the Python files of the test patch, as
+  SWE-bench's harness runs them (its data files, a config.toml say, are hidden tests too, never
+  arguments).
 FAIL_TO_PASS and PASS_TO_PASS are kept as published, including the ids SWE-bench's log parser
 cut at their first whitespace (`test_make_error[required-Missing`): the grader matches those as
 SWE-bench effectively does (sandbox/verdict.py, rule 4). Only pytest node ids ("path.py::test")
@@ -26,6 +28,7 @@ are understood; instances of other runners (Django's) are rejected with that rea
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import json
 import lzma
@@ -33,13 +36,11 @@ import re
 import shlex
 import subprocess
 import tarfile
-import tomllib
 from functools import cache, partial
 from pathlib import Path
 
-from pydantic import ValidationError
 
-from environments.spec import EnvironmentSpec
+from environments import interpreters
 from task_sets.importers.records import (
     Imported,
     ImportError_,
@@ -48,6 +49,7 @@ from task_sets.importers.records import (
     collect,
     json_records,
 )
+from task_sets.importers.swebench_specs import SpecRefused, Table, derive, load_specs
 from task_sets.patches import (
     PatchError,
     apply_patch,
@@ -58,9 +60,6 @@ from task_sets.schema import Difficulty, RepositoryTask, TaskLimits
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement")
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
-DEFAULT_TEST_COMMAND = "python3 -m pytest -rA"
-RECIPES = Path(__file__).with_name("swebench_recipes.toml")
-RECIPE_FIELDS = {"python", "debian", "python_path", "test_command"}
 SNAPSHOT_SUFFIXES = (".tar.xz", ".tar.gz", ".tar")
 MAX_REPOSITORY_BYTES = 64 << 20
 # SWE-bench Verified's annotated time to fix, where the instance has one.
@@ -77,37 +76,35 @@ def import_swebench(path: Path, options: ImportOptions) -> Imported:
     if not repos.is_dir():
         raise ImportError_(f"{repos}: no such folder of repositories (give --repos DIR, holding a git clone "
                            "per repository named OWNER__NAME, or snapshots OWNER__NAME-<commit>.tar.xz)")
-    recipes, without = load_recipes(options.recipes), set()
-    imported = collect(((where, partial(_fields, record, repos, options.name, recipes, without))
+    table, notes = specifications(options.specs), set()
+    imported = collect(((where, partial(_fields, record, repos, options.name, table, notes))
                         for where, record in json_records(path)), RepositoryTask, options.split)
-    if without:
-        imported.warnings.append(f"no install recipe for {', '.join(sorted(without))}: those instances run in the "
-                                 "sandbox image as it is (add recipes with --recipes FILE)")
+    imported.warnings += sorted(notes)
     return imported
 
 
-def load_recipes(extra: Path | None) -> dict[tuple[str, str], dict]:
-    """(repository, version) -> recipe: Crucible's, then the user's file over them."""
-    recipes = {}
-    for path in filter(None, (RECIPES, extra)):
-        try:
-            document = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ImportError_(f"--recipes {path}: no such file") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ImportError_(f"{path}: malformed TOML: {e}") from None
-        for repository, versions in document.items():
-            for version, recipe in (versions.items() if isinstance(versions, dict) else ()):
-                unknown = set(recipe) - RECIPE_FIELDS if isinstance(recipe, dict) else {"(not a table)"}
-                if unknown:
-                    raise ImportError_(f"{path}: [{repository!r}.{version!r}]: unknown field(s) {', '.join(sorted(unknown))}"
-                                       f"; a recipe has {', '.join(sorted(RECIPE_FIELDS))}")
-                recipes[(repository, str(version))] = recipe
-    return recipes
+def specifications(extra: Path | None) -> Table:
+    """SWE-bench's published table, with a user's file of specifications over it: JSON in the
+    table's own shape, {"OWNER/NAME": {"VERSION": {"python": "3.9", "install": ..., ...}}}."""
+    table = load_specs()
+    if extra is None:
+        return table
+    try:
+        document = json.loads(extra.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ImportError_(f"--specs {extra}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ImportError_(f"{extra}: malformed JSON: {e}") from None
+    if not isinstance(document, dict) or not all(isinstance(v, dict) and all(isinstance(s, dict) for s in v.values())
+                                                 for v in document.values()):
+        raise ImportError_(f"{extra}: expected {{\"OWNER/NAME\": {{\"VERSION\": {{specification}}}}}}")
+    specs = {repo: dict(versions) for repo, versions in table.specs.items()}
+    for repo, versions in document.items():
+        specs.setdefault(repo, {}).update(versions)
+    return dataclasses.replace(table, specs=specs)
 
 
-
-def _fields(record: object, repos: Path, name: str, recipes: dict[tuple[str, str], dict], without: set[str]) -> dict:
+def _fields(record: object, repos: Path, name: str, table: Table, notes: set[str]) -> dict:
     """The RepositoryTask fields of one instance (all but the split)."""
     if not isinstance(record, dict):
         raise RecordError(record if isinstance(record, str) else "expected a JSON object")
@@ -119,19 +116,13 @@ def _fields(record: object, repos: Path, name: str, recipes: dict[tuple[str, str
         raise RecordError(f"instance {instance!r}: repo {record['repo']!r} is not OWNER/NAME")
     if not COMMIT.fullmatch(record["base_commit"]):
         raise RecordError(f"instance {instance!r}: base_commit {record['base_commit']!r} is not a commit hash")
-    recipe = recipes.get((record["repo"], str(record.get("version", ""))))
-    if recipe is None:
-        without.add(f"{record['repo']} {record.get('version', '(no version)')}")
-    command = (recipe or {}).get("test_command") or record.get("test_command") or record.get("test_cmd") \
-        or DEFAULT_TEST_COMMAND
-    if not isinstance(command, str):
-        raise RecordError(f"instance {instance!r}: test_command must be a string")
     if not isinstance(record.get("difficulty", ""), str):
         raise RecordError(f"instance {instance!r}: difficulty must be a string")
     fail_to_pass, pass_to_pass = (_test_ids(record, key) for key in TEST_LISTS)
     if not fail_to_pass:
         raise RecordError(f"instance {instance!r}: FAIL_TO_PASS is empty")
     files, binary = _snapshot(repos, record["repo"].replace("/", "__"), record["base_commit"])
+    environment, command = _environment(record, files, table, notes)
     try:
         apply_patch(files, record["patch"])
         with_tests = apply_patch(files, record["test_patch"])
@@ -145,17 +136,26 @@ def _fields(record: object, repos: Path, name: str, recipes: dict[tuple[str, str
         "protected_paths": tuple(hidden), "difficulty": _difficulty(record), "family": record["repo"],
         "base_commit": record["base_commit"], "limits": LIMITS,
         "binary_files": {path: base64.b64encode(data).decode() for path, data in sorted(binary.items())},
-        "environment": _environment(recipe, instance),
+        "environment": environment,
     }
 
 
-def _environment(recipe: dict | None, instance: str) -> dict | None:
-    if recipe is None:
-        return None
+def _environment(record: dict, files: dict[str, str], table: Table, notes: set[str]) -> tuple[dict, str]:
+    """The instance's environment, derived from its repository's published specification and
+    set up in the repository at its base commit, and the test command; refused where the
+    specification does not cover it or this host lacks its Python."""
+    instance, version = record["instance_id"], str(record.get("version", ""))
     try:
-        return EnvironmentSpec(**{k: v for k, v in recipe.items() if k != "test_command"}).model_dump(mode="json")
-    except ValidationError as e:
-        raise RecordError(f"instance {instance!r}: its install recipe: {e.errors()[0]['msg']}") from None
+        derived = derive(record["repo"], version, files, table)
+        interpreters.find(derived.environment["python_version"])
+    except (SpecRefused, interpreters.NoInterpreter) as e:
+        raise RecordError(f"instance {instance!r}: {e}") from None
+    notes.update(f"{record['repo']} {version}: {note}" for note in derived.notes)
+    repository = f"{record['repo']}@{record['base_commit']}"
+    # The repository comes without its git history: setuptools-scm, which reads the version from
+    # git tags (pytest's, say), is told the instance's version instead.
+    env = {"SETUPTOOLS_SCM_PRETEND_VERSION": version, **derived.environment["env"]}
+    return {**derived.environment, "env": env, "repository": repository}, derived.test_command
 
 
 def _test_ids(record: dict, key: str) -> tuple[str, ...]:

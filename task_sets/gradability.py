@@ -1,0 +1,155 @@
+"""No task is trained on or evaluated until it is proven gradable where it will be graded.
+
+A task of a set that came from outside (an imported set in the library, or a set given by path)
+is proven by grading its reference submission and its wrong ones (an empty diff for a
+repository) in its built environment, on the backend that will grade it (task_sets/validation.py):
+usable when the reference passes and every wrong submission fails, unusable otherwise, with the
+reason (the reference's failure, "an empty diff passes every test", the environment's build
+error). Built-in sets are proven by the test suite and need no proof here.
+
+Proofs are kept in the environment store (`<store>/proofs/<backend>/<task version>.json`): a
+task's version covers its environment's spec, so an edited task or environment is proven anew,
+and two processes proving the same task write the same file (atomically). Sampling and
+evaluation see only usable tasks: a task without a proof is left out like an unusable one
+(TaskSet.unusable), so an unproven task is never trained on by accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from environments.build import BuildError, build
+from environments.store import EnvironmentStore
+from sandbox.closed_set import ClosedSet
+from sandbox.pool import SandboxPool
+from task_sets.loader import TaskSet
+from task_sets.schema import RepositoryTask, Task
+from task_sets.validation import TaskReport, ValidationReport, validate
+
+PROOFS = "proofs"  # under the environment store's root
+
+
+class Gradability(ClosedSet):
+    """Whether a task may be sampled and evaluated on a backend."""
+
+    USABLE = "usable", "the reference passed and every wrong submission failed in the built environment"
+    UNUSABLE = "unusable", "the reference failed, a wrong submission passed, or the environment does not build"
+    UNPROVEN = "unproven", "not yet graded on this backend: left out until it is"
+    BUILT_IN = "built_in", "a built-in set's task, proven by the test suite"
+
+
+@dataclass(frozen=True)
+class Proof:
+    task_id: str
+    task_version: str
+    backend: str
+    usable: bool
+    reason: str = ""  # why not, one line
+
+    @property
+    def status(self) -> Gradability:
+        return Gradability.USABLE if self.usable else Gradability.UNUSABLE
+
+
+class ProofLedger:
+    """The proofs of one environment store, per backend and task version."""
+
+    def __init__(self, store: EnvironmentStore | None = None):
+        self.root = (store or EnvironmentStore()).root / PROOFS
+
+    def get(self, task: Task, backend: str) -> Proof | None:
+        try:
+            return Proof(**json.loads(self._path(task.version, backend).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def put(self, proof: Proof) -> None:
+        path = self._path(proof.task_version, proof.backend)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(dataclasses.asdict(proof), f)
+        os.replace(f.name, path)
+
+    def status(self, task_set: TaskSet, task: Task, backend: str) -> tuple[Gradability, str]:
+        if not needs_proof(task_set):
+            return Gradability.BUILT_IN, ""
+        proof = self.get(task, backend)
+        return (Gradability.UNPROVEN, "") if proof is None else (proof.status, proof.reason)
+
+    def _path(self, version: str, backend: str) -> Path:
+        return self.root / backend / f"{version}.json"
+
+
+def needs_proof(task_set: TaskSet) -> bool:
+    return not task_set.built_in
+
+
+def with_proofs(task_set: TaskSet, backend: str, ledger: ProofLedger | None = None) -> TaskSet:
+    """`task_set` with every task that is not proven usable on `backend` left out of its splits."""
+    if not needs_proof(task_set):
+        return task_set
+    ledger = ledger or ProofLedger()
+    unusable = {}
+    for task in task_set:
+        status, reason = ledger.status(task_set, task, backend)
+        if status is not Gradability.USABLE:
+            unusable[task.id] = reason or f"not yet proven gradable on the {backend} backend (crucible tasks validate)"
+    return dataclasses.replace(task_set, unusable=unusable)
+
+
+def unproven(task_set: TaskSet, backend: str, ledger: ProofLedger | None = None) -> list[Task]:
+    ledger = ledger or ProofLedger()
+    if not needs_proof(task_set):
+        return []
+    return [task for task in task_set if ledger.get(task, backend) is None]
+
+
+def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofLedger | None = None,
+          repeats: int = 1, progress: Callable[[str], None] = lambda line: None, task_set: str = "") -> ValidationReport:
+    """Build each task's environment, grade its reference `repeats` times and its wrong
+    submissions once (task_sets/validation.py), and record a proof per task: usable when the
+    validation's verdict is "ok". A task whose environment does not build is broken for that
+    reason; the others are graded through `pool`."""
+    ledger = ledger or ProofLedger()
+    tasks = list(tasks)
+    failed = build_environments(tasks, backend, EnvironmentStore(ledger.root.parent), progress)
+    unbuilt = [t for t in tasks if t.environment and t.environment.digest in failed]
+    report = validate([t for t in tasks if not (t.environment and t.environment.digest in failed)], pool, repeats,
+                      task_set, progress=lambda done, total: progress(f"graded {done}/{total} tasks' reference and wrong "
+                                                            "submissions"))
+    report.tasks += [TaskReport(t.id, "broken", (f"its environment does not build: {failed[t.environment.digest]}",))
+                     for t in unbuilt]
+    versions = {t.id: t.version for t in tasks}
+    for checked in report.tasks:
+        ledger.put(Proof(checked.task_id, versions[checked.task_id], backend, checked.verdict == "ok",
+                         "; ".join(checked.reasons)))
+    return report
+
+
+def build_environments(tasks: Iterable[Task], backend: str, store: EnvironmentStore | None = None,
+                       progress: Callable[[str], None] = lambda line: None) -> dict[str, str]:
+    """Build every distinct environment of `tasks` for `backend`; the ones that failed, by digest,
+    with the sentence that says why (the others are built)."""
+    store = store or EnvironmentStore()
+    tasks = list(tasks)
+    repositories = repositories_of(tasks)
+    failed = {}
+    for spec in {t.environment.digest: t.environment for t in tasks if t.environment}.values():
+        try:
+            build(spec, store, backend, progress, repositories)
+        except BuildError as e:
+            failed[spec.digest] = str(e)
+    return failed
+
+
+def repositories_of(tasks: Iterable[Task]) -> Mapping[str, Mapping[str, str | bytes]]:
+    """The starting files of each repository an environment's setup runs in."""
+    return {t.environment.repository: {**t.binary_contents(), **t.files} for t in tasks
+            if isinstance(t, RepositoryTask) and t.environment and t.environment.repository}
+
