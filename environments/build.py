@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from environments import interpreters
 from environments.spec import RECIPE_VERSION, SITE_PACKAGES, WHEELS, EnvironmentSpec
 from environments.store import Built, EnvironmentStore, image_tag
-from environments.virtualenv import SetupError, build_virtualenv
+from environments.virtualenv import SetupError, build_virtualenv, pins
 from sandbox.bwrap_exec import SANDBOX_PYTHON
 from sandbox.spec import ENVIRONMENT_ROOT
 
@@ -40,6 +41,7 @@ DOCKER_BUILD_TIMEOUT_S = 1800
 LABEL = "crucible.environment"
 INTERPRETER_REPOSITORY = "crucible-python"
 STORE_LABEL = "crucible.environment.store"  # prune removes only the images its own store built
+RESOLUTIONS = "resolutions"  # under the store's root: each unlocked spec's locked spec
 PIP_CACHE = ".pip-cache"  # under the store's root: wheels built once for every build of the store
 Repositories = Mapping[str, Mapping[str, str | bytes]]  # EnvironmentSpec.repository -> its files
 _PIP_ERROR = re.compile(r"^ERROR: (.*)$", re.M)
@@ -89,20 +91,58 @@ def _build_tree(spec: EnvironmentSpec, store: EnvironmentStore, progress: Callab
                 built = build_virtualenv(spec, interpreter, staging, repository, store.root / PIP_CACHE, progress)
             except SetupError as e:
                 raise BuildError(f"environment {spec.short}: {e}") from None
-            installed = [line.split("==")[0] for line in built["locked"] if "==" in line and line[0] not in "#-"]
-            wheels = []
+            installed, wheels = [line.split("==")[0] for line in pins(built["locked"])], []
         else:
             built = {}
             installed = _pip_install(spec, staging / SITE_PACKAGES, progress) if spec.python else []
             wheels = _pip_download(spec, staging / WHEELS, progress) if spec.wheels else []
-        for name, text in spec.files.items():
-            (staging / name).parent.mkdir(parents=True, exist_ok=True)
-            (staging / name).write_text(text)
+        _write_files(spec, staging)
         record = {"digest": spec.digest, "spec": spec.model_dump(mode="json"), "installed": installed,
                   "wheels": wheels, "built_at": time.time(), **built,
                   "build_s": round(time.monotonic() - started, 1)}
         progress(f"environment {spec.short}: built in {record['build_s']} s ({len(installed)} Python packages)")
         return store.publish(staging, spec.digest, record)
+
+
+def locked(spec: EnvironmentSpec, store: EnvironmentStore, progress: Callable[[str], None] = lambda line: None,
+           repositories: Repositories | None = None) -> EnvironmentSpec:
+    """`spec` with `lock`: the exact pins its requirements and setup resolve to today, resolved
+    once per spec and kept (<store>/resolutions/); the build that resolved them is the locked
+    spec's build, so nothing is built twice. A spec without python_version, or locked already,
+    is returned as it is."""
+    if spec.lock or not spec.python_version:
+        return spec
+    resolution = store.root / RESOLUTIONS / f"{spec.digest}.json"
+    if resolution.is_file():
+        return EnvironmentSpec.model_validate_json(resolution.read_text())
+    interpreter, repository = _interpreter(spec), _repository(spec, repositories or {})
+    with store.building(spec.digest) as staging:
+        if resolution.is_file():  # resolved by another process while this one waited
+            return EnvironmentSpec.model_validate_json(resolution.read_text())
+        started = time.monotonic()
+        progress(f"environment {spec.short}: resolving its requirements in Python {interpreter.version}")
+        try:
+            built = build_virtualenv(spec, interpreter, staging, repository, store.root / PIP_CACHE, progress)
+        except SetupError as e:
+            raise BuildError(f"environment {spec.short}: {e}") from None
+        result = spec.model_copy(update={"lock": pins(built["locked"])})
+        _write_files(spec, staging)
+        record = {"digest": result.digest, "spec": result.model_dump(mode="json"), "resolved_from": spec.digest,
+                  "installed": [line.split("==")[0] for line in result.lock], "wheels": [], "built_at": time.time(),
+                  **built, "build_s": round(time.monotonic() - started, 1)}
+        store.publish(staging, result.digest, record)
+        resolution.parent.mkdir(parents=True, exist_ok=True)
+        written = resolution.with_name(f"{resolution.name}.{os.getpid()}.tmp")
+        written.write_text(result.model_dump_json())
+        written.replace(resolution)
+    progress(f"environment {spec.short}: locked to {len(result.lock)} pins as {result.short}")
+    return result
+
+
+def _write_files(spec: EnvironmentSpec, staging: Path) -> None:
+    for name, text in spec.files.items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_text(text)
 
 
 def _interpreter(spec: EnvironmentSpec) -> interpreters.Interpreter | None:

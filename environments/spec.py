@@ -27,7 +27,10 @@ A task (or its set, in `environment.toml` beside the task files) declares:
   before it, and downloads its tests would otherwise make at run time (prefetch). Files the
   setup creates in the repository (egg-info, generated version files, built extensions) are
   kept under WORKSPACE_LAYER and laid into every workspace of the task, under the repository's
-  own files; its edits to the repository's own files shape the build only.
+  own files; its edits to the repository's own files shape the build only;
+- `lock` (with `python_version`): the exact pins the requirements and the setup resolved to
+  once (environments/build.py, `locked`): a build installs exactly these, without resolving
+  again, so a build next month is the same build; `python` stays as declared, for the reader.
 The digest is the SHA-256 of that declaration and of the build recipe's version: the same
 spec always names the same built environment, and a changed spec (or recipe) a new one.
 """
@@ -52,7 +55,7 @@ LOCK = "requirements.lock"  # under the root: `pip freeze --all` of the virtual 
 BUILT = (SITE_PACKAGES, WHEELS, VENV, WORKSPACE_LAYER, LOCK)  # what a build writes under the root
 # Fields added after digests were first published: left out of the digest while unset, so an
 # environment declared before them keeps its digest (and its build).
-LATER_FIELDS = ("python_version", "repository", "setup")
+LATER_FIELDS = ("python_version", "repository", "setup", "lock")
 RESERVED_ENV = ("PATH", "PYTHONPATH", "HOME", "CRUCIBLE_ENV", "VIRTUAL_ENV")
 
 
@@ -70,6 +73,7 @@ class EnvironmentSpec(BaseModel):
     python_version: str = Field("", description="a virtual environment of this Python (3.9); '': the sandbox's python3")
     repository: str = Field("", description="the repository `setup` runs in, as OWNER/NAME@commit")
     setup: tuple[str, ...] = Field((), description="shell commands run at build time in the repository, with the network")
+    lock: tuple[str, ...] = Field((), description="exact pins (name==version) installed instead of resolving `python`")
 
     @field_validator("python_version")
     @classmethod
@@ -80,6 +84,8 @@ class EnvironmentSpec(BaseModel):
     def _setup_in_a_virtual_environment(self) -> EnvironmentSpec:
         if self.setup and not self.python_version:
             raise ValueError("setup runs in a virtual environment: give python_version")
+        if self.lock and not self.python_version:
+            raise ValueError("a lock is installed into a virtual environment: give python_version")
         if self.repository and not self.setup:
             raise ValueError("a repository is only given for setup to run in")
         return self

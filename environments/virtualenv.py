@@ -58,6 +58,7 @@ def build_virtualenv(spec: EnvironmentSpec, interpreter: Interpreter, staging: P
         os.chown(path, sandbox_user, sandbox_user)
     with tempfile.TemporaryDirectory(prefix="crucible-build-") as inputs:
         (Path(inputs) / "requirements.txt").write_text("".join(f"{line}\n" for line in spec.python))
+        (Path(inputs) / "lock.txt").write_text("".join(f"{line}\n" for line in spec.lock))
         (Path(inputs) / "wheels.txt").write_text("".join(f"{line}\n" for line in spec.wheels))
         (Path(inputs) / "build.sh").write_text(_script(spec, interpreter))
         Path(inputs).chmod(0o755)
@@ -79,6 +80,12 @@ def build_virtualenv(spec: EnvironmentSpec, interpreter: Interpreter, staging: P
     return {"interpreter": {"version": interpreter.version, "executable": str(interpreter.executable),
                             "prefix": str(interpreter.prefix)},
             "workspace_layer": sorted(layer), "locked": (staging / LOCK).read_text().splitlines()}
+
+
+def pins(locked: list[str]) -> tuple[str, ...]:
+    """The exact pins of a `pip freeze --all`: its name==version lines, without the repository's
+    own editable install (a comment and `-e /workspace`) or anything installed from a path."""
+    return tuple(line for line in locked if "==" in line and not line.startswith(("#", "-")) and " @ " not in line)
 
 
 def _build_spec(spec: EnvironmentSpec, interpreter: Interpreter) -> SandboxSpec:
@@ -104,7 +111,9 @@ def _script(spec: EnvironmentSpec, interpreter: Interpreter) -> str:
              # `setup.py develop` fall-back that repositories of their time rely on for `pip install
              # -e .` (a build backend without PEP 660's hook). The newest pip below 25 that runs there.
              "python -m pip install --upgrade 'pip<25'"]
-    if spec.python:
+    if spec.lock:  # resolved once: exactly these, nothing resolved again
+        lines.append(f"python -m pip install --no-deps -r {BUILD_DIR}/lock.txt")
+    elif spec.python:
         lines.append(f"python -m pip install -r {BUILD_DIR}/requirements.txt")
     if spec.wheels:
         lines.append(f"python -m pip download --only-binary=:all: --dest {ENVIRONMENT_ROOT}/{WHEELS} "

@@ -37,7 +37,7 @@ from task_sets.loader import (
     library_task_set_names,
     load_task_set,
 )
-from task_sets.gradability import ProofLedger, needs_proof, prove
+from task_sets.gradability import ProofLedger, lock_environments, needs_proof, prove
 from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
 from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
@@ -113,17 +113,21 @@ def command_import(args: argparse.Namespace) -> int:
         errors.print(f"[yellow]note[/yellow] {warning}", highlight=False, markup=True)
     if not imported.tasks:
         raise UserError(f"{args.path}: no valid {args.format} records; nothing imported")
-    target = write_task_set(imported.tasks, library_dir() / args.name)
-    splits = Counter(task.split for task in imported.tasks)
-    console.print(f"imported {len(imported.tasks)} tasks ({splits['train']} train, {splits['eval']} eval), "
+    tasks = imported.tasks if args.no_proof else lock_environments(imported.tasks, progress=_note)
+    target = write_task_set(tasks, library_dir() / args.name)
+    splits = Counter(task.split for task in tasks)
+    console.print(f"imported {len(tasks)} tasks ({splits['train']} train, {splits['eval']} eval), "
                   f"rejected {len(imported.rejected)}: task set {args.name!r} in {target}", highlight=False)
     if not args.no_proof:
         task_set = load(args.name)
         with grading_pool(args.backend, args.workers) as pool:
-            report = prove(task_set, args.backend, pool, progress=lambda line: errors.print(line, highlight=False),
-                           task_set=task_set.name)
+            report = prove(task_set, args.backend, pool, progress=_note, task_set=task_set.name)
         _print_proofs(report, args.backend)
     return 0
+
+
+def _note(line: str) -> None:
+    errors.print(line, highlight=False)
 
 
 def _print_proofs(report: ValidationReport, backend: str) -> None:
@@ -232,8 +236,7 @@ def command_validate(args: argparse.Namespace) -> int:
         ensure_built(task_set.tasks, args.backend)
     with grading_pool(args.backend, args.workers) as pool:
         if needs_proof(task_set):  # what it finds is recorded: unusable tasks are left out of sampling
-            report = prove(task_set, args.backend, pool, repeats=args.repeats,
-                           progress=lambda line: errors.print(line, highlight=False), task_set=task_set.name)
+            report = prove(task_set, args.backend, pool, repeats=args.repeats, progress=_note, task_set=task_set.name)
         else:
             report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
     if report.problems:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from environments.build import BuildError, build
+from environments.build import BuildError, build, locked
 from environments.store import EnvironmentStore
 from sandbox.closed_set import ClosedSet
 from sandbox.pool import SandboxPool
@@ -121,8 +121,7 @@ def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofL
     failed = build_environments(tasks, backend, EnvironmentStore(ledger.root.parent), progress)
     unbuilt = [t for t in tasks if t.environment and t.environment.digest in failed]
     report = validate([t for t in tasks if not (t.environment and t.environment.digest in failed)], pool, repeats,
-                      task_set, progress=lambda done, total: progress(f"graded {done}/{total} tasks' reference and wrong "
-                                                            "submissions"))
+                      task_set, progress=lambda done, total: _every(25, done, total, progress))
     report.tasks += [TaskReport(t.id, "broken", (f"its environment does not build: {failed[t.environment.digest]}",))
                      for t in unbuilt]
     versions = {t.id: t.version for t in tasks}
@@ -130,6 +129,11 @@ def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofL
         ledger.put(Proof(checked.task_id, versions[checked.task_id], backend, checked.verdict == "ok",
                          "; ".join(checked.reasons)))
     return report
+
+
+def _every(step: int, done: int, total: int, progress: Callable[[str], None]) -> None:
+    if done % step == 0 or done == total:
+        progress(f"graded {done}/{total} tasks' reference and wrong submissions")
 
 
 def build_environments(tasks: Iterable[Task], backend: str, store: EnvironmentStore | None = None,
@@ -146,6 +150,24 @@ def build_environments(tasks: Iterable[Task], backend: str, store: EnvironmentSt
         except BuildError as e:
             failed[spec.digest] = str(e)
     return failed
+
+
+def lock_environments(tasks: Iterable[Task], store: EnvironmentStore | None = None,
+                      progress: Callable[[str], None] = lambda line: None) -> list[Task]:
+    """`tasks` with each environment of a named Python locked to the exact pins it resolves to
+    today (environments/build.py, `locked`), so that the set, once written, builds the same next
+    month. An environment that does not build stays as declared: its proof says why."""
+    store = store or EnvironmentStore()
+    tasks = list(tasks)
+    repositories = repositories_of(tasks)
+    pinned = {}
+    for spec in {t.environment.digest: t.environment for t in tasks if t.environment}.values():
+        try:
+            pinned[spec.digest] = locked(spec, store, progress, repositories)
+        except BuildError as e:
+            progress(str(e))
+    return [t.model_copy(update={"environment": pinned[t.environment.digest]})
+            if t.environment and t.environment.digest in pinned else t for t in tasks]
 
 
 def repositories_of(tasks: Iterable[Task]) -> Mapping[str, Mapping[str, str | bytes]]:

@@ -67,6 +67,9 @@ class TaskLimits(BaseModel):
     memory_mb: int = Field(512, gt=0)
     pids: int = Field(64, gt=0)
     disk_mb: int = Field(64, gt=0)
+    # Output beyond this kills a run (None: the sandbox's 1 MiB). A real repository's suite run
+    # with -rA reports every passing test's captured logs: megabytes.
+    output_mb: int | None = Field(None, gt=0)
 
 
 class TaskBase(BaseModel):
@@ -105,7 +108,10 @@ class TaskBase(BaseModel):
         """Content hash: changes whenever anything the model or grader sees changes."""
         # Fields added later count only when set, so versions computed before them still hold.
         unset = {name for name, absent in LATER_FIELDS.items() if getattr(self, name, absent) == absent}
-        body = self.model_dump(exclude={"version", *unset}, mode="json")
+        excluded: dict = {name: True for name in {"version", *unset}}
+        if self.limits.output_mb is None:
+            excluded["limits"] = {"output_mb": True}
+        body = self.model_dump(exclude=excluded, mode="json")
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

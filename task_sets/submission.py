@@ -57,6 +57,7 @@ def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSp
             memory_mb=limits.memory_mb,
             pids=limits.pids,
             disk_mb=limits.disk_mb,
+            **({"output_bytes": limits.output_mb << 20} if limits.output_mb else {}),
         ),
     )
 
@@ -132,8 +133,11 @@ def _grade_repository(
     guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests, _import_roots(task),
                     _environment_modules(sandbox.spec))
     changed = changed_paths(task.files, submitted)
+    # Under the submitted tree: what the environment's setup made and the binary files, never the
+    # repository's text files again (a file the submission deleted stays deleted).
+    beneath = {path: content for path, content in repository_files(task, sandbox.spec).items() if path not in task.files}
     graded = grade_test_command(
-        sandbox, {**repository_files(task, sandbox.spec), **guarded.files}, task.expected_tests, task.test_command, grader_files=task.grader_files,
+        sandbox, {**beneath, **guarded.files}, task.expected_tests, task.test_command, grader_files=task.grader_files,
         verdict_file=task.verdict_file, tamper_flags=guarded.tamper_flags, sealed=guarded.sealed,
         changed=changed, repository=task.files.keys(), pytest_sessions=task.pytest_sessions,
     )

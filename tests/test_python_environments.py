@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from environments import interpreters
-from environments.build import BuildError, build, images, remove_image
+from environments.build import BuildError, build, images, locked, remove_image
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore
+from environments.virtualenv import pins
 from sandbox.backends import open_sandbox
 from task_sets.schema import parse_task
 from task_sets.submission import grade_solution, sandbox_spec
@@ -101,3 +102,14 @@ def test_a_setup_step_that_fails_is_named_with_the_line_that_says_why(store):
 def test_a_python_version_that_is_not_one_is_refused(bad):
     with pytest.raises(ValueError, match="is not a Python version"):
         EnvironmentSpec(python_version=bad)
+
+
+def test_a_spec_is_locked_once_to_what_it_resolved_and_the_lock_builds_the_same(spec, store, tmp_path):
+    pinned = locked(spec, store, repositories={REPOSITORY: FILES})
+    assert "pytest==7.4.4" in pinned.lock and any(line.startswith("pluggy==") for line in pinned.lock)
+    assert not any("greeter" in line or line.startswith("-e") for line in pinned.lock)  # the repository is set up
+    assert store.get(pinned.digest).record["resolved_from"] == spec.digest  # the resolving build is the lock's
+    assert locked(spec, store) == pinned  # resolved once: no build, no repository needed
+    elsewhere = EnvironmentStore(tmp_path / "elsewhere")
+    rebuilt = build(pinned, elsewhere, repositories={REPOSITORY: FILES})
+    assert pins(rebuilt.record["locked"]) == pinned.lock

@@ -65,7 +65,7 @@ MAX_REPOSITORY_BYTES = 64 << 20
 # SWE-bench Verified's annotated time to fix, where the instance has one.
 VERIFIED_DIFFICULTY: dict[str, Difficulty] = {"<15 min fix": "easy", "15 min - 1 hour": "medium"}
 EASY_MAX_CHANGED_LINES, MEDIUM_MAX_CHANGED_LINES = 6, 30
-LIMITS = TaskLimits(wall_s=300, cpu_s=300, memory_mb=2048, pids=256, disk_mb=1024)
+LIMITS = TaskLimits(wall_s=300, cpu_s=300, memory_mb=2048, pids=256, disk_mb=1024, output_mb=64)
 REPOSITORY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*")
 COMMIT = re.compile(r"[0-9a-f]{7,40}")  # never an option: git archive takes it as an argument
 GIT_TIMEOUT_S = 120

@@ -1,0 +1,118 @@
+"""No task of a set from outside is sampled or evaluated until it is proven gradable on the
+backend that grades it: the reference passes, the wrong submissions fail, the environment
+builds. Proofs are kept per task version and backend; the task_set asset proves what is
+unproven and counts the rest in its metadata; a built-in set needs no proof."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from dagster import AssetKey, DagsterInstance, materialize
+
+from assets.io_manager import DatasetIOManager
+from assets.iteration import task_set as task_set_asset
+from assets.partitions import add_iteration
+from assets.resources import CrucibleResource
+from environments.store import EnvironmentStore
+from sandbox.backends import open_sandbox
+from sandbox.pool import PoolConfig, SandboxPool
+from task_sets.gradability import Gradability, ProofLedger, prove, unproven, with_proofs
+from task_sets.importers.records import write_task_set
+from task_sets.loader import load_task_set
+from task_sets.schema import parse_task
+from training.experiment import ExperimentConfig
+
+pytestmark = pytest.mark.usefixtures("local_backend")
+SQUARE_TESTS = "from solution import square\n\ndef test_square():\n    assert square(3) == 9\n"
+
+
+def function_task(name: str, split: str, tests: str = SQUARE_TESTS, **fields):
+    return parse_task({"id": f"outside/{name}", "prompt": f"Write square(x) ({name}).", "entry_point": "square",
+                       "reference_solution": "def square(x):\n    return x * x\n", "tests": tests,
+                       "difficulty": "easy", "family": "square", "split": split, **fields})
+
+
+TASKS = [
+    function_task("good-train", "train"),
+    function_task("good-eval", "eval"),
+    # Tests that a function returning None passes: they cannot tell right from wrong.
+    function_task("lax", "train", tests="from solution import square\n\ndef test_square():\n    square(3)\n"),
+    function_task("no-python", "train", environment={"python_version": "3.4", "python": ["attrs==23.1.0"]}),
+]
+
+
+@pytest.fixture
+def outside(tmp_path, monkeypatch):
+    """The set as a user's folder, and an environment store of the test's own."""
+    monkeypatch.setenv("CRUCIBLE_ENVIRONMENTS", str(tmp_path / "environments"))
+    write_task_set(TASKS, tmp_path / "outside")
+    return load_task_set(tmp_path / "outside")
+
+
+def prove_on(backend: str, tasks) -> None:
+    with SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=2)) as pool:
+        prove(tasks, backend, pool)
+
+
+def test_an_unproven_task_is_left_out_of_sampling_and_evaluation(outside):
+    unproven_set = with_proofs(outside, "local")
+    assert unproven_set.train() == [] and unproven_set.eval() == []
+    assert "not yet proven gradable on the local backend" in unproven_set.unusable["outside/good-train"]
+    assert len(unproven(outside, "local")) == len(TASKS)
+
+
+def test_proven_tasks_are_sampled_and_the_others_left_out_with_their_reason(outside):
+    prove_on("local", outside)
+    proven = with_proofs(outside, "local")
+    assert [t.id for t in proven.train()] == ["outside/good-train"] and [t.id for t in proven.eval()] == ["outside/good-eval"]
+    assert proven.unusable["outside/lax"] == "the entry point returning None passes every test"
+    assert "needs Python 3.4; available:" in proven.unusable["outside/no-python"]
+    assert len(proven) == len(TASKS) and proven.version == outside.version  # nothing removed from the set itself
+    assert unproven(outside, "local") == []
+
+
+def test_a_proof_holds_for_its_backend_and_its_task_version_only(outside):
+    prove_on("local", [outside.by_id["outside/good-train"]])
+    ledger = ProofLedger()
+    good = outside.by_id["outside/good-train"]
+    assert ledger.status(outside, good, "local") == (Gradability.USABLE, "")
+    assert ledger.status(outside, good, "docker") == (Gradability.UNPROVEN, "")
+    edited = good.model_copy(update={"tests": SQUARE_TESTS + "\ndef test_zero():\n    assert square(0) == 0\n"})
+    assert ledger.get(edited, "local") is None
+
+
+def test_a_built_in_set_needs_no_proof():
+    shopcart = load_task_set("shopcart")
+    assert with_proofs(shopcart, "local") is shopcart and unproven(shopcart, "local") == []
+    assert ProofLedger().status(shopcart, shopcart.tasks[0], "local") == (Gradability.BUILT_IN, "")
+
+
+def test_tasks_list_shows_each_tasks_gradability(outside, tmp_path):
+    prove_on("local", outside)
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "list", "--task-set", str(tmp_path / "outside"),
+                           "--backend", "local"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "250"})
+    rows = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in done.stdout.splitlines()
+            if line.startswith("│ outside/")}
+    assert rows["outside/good-train"] == "usable"
+    assert rows["outside/lax"].startswith("unusable: the entry point returning None passes")
+
+
+def test_the_task_set_asset_proves_what_is_unproven_and_counts_what_it_leaves_out(outside, tmp_path):
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    crucible.save_experiment(ExperimentConfig(name="exp", task_set=str(tmp_path / "outside"), samples_per_task=2))
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([task_set_asset], partition_key=add_iteration(instance, "exp", 1), instance=instance,
+                             resources={"crucible": crucible,
+                                        "io_manager": DatasetIOManager(storage_root=crucible.storage_root)})
+        assert result.success
+        [materialization] = [m for m in result.asset_materializations_for_node("task_set")
+                             if m.asset_key == AssetKey("task_set")]
+    metadata = {key: value.value for key, value in materialization.metadata.items()}
+    assert (metadata["tasks"], metadata["tasks/usable"], metadata["tasks/unusable"],
+            metadata["tasks/proven_this_run"]) == (1, 2, 2, 4)
+    assert "outside/lax" in metadata["unusable_tasks"] and "needs Python 3.4" in metadata["unusable_tasks"]
+    assert ProofLedger(EnvironmentStore()).get(outside.by_id["outside/good-eval"], "local").usable
