@@ -17,6 +17,7 @@ from environments.build import build_all, images, remove_image
 from environments.store import EnvironmentStore
 from sandbox.backends import open_sandbox
 from sandbox.docker import DEFAULT_IMAGE
+from task_sets.gradability import build_environments
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.loader import load_task_set
 from task_sets.schema import RepositoryTask
@@ -68,7 +69,7 @@ def write(root: Path, files: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def swebench(tmp_path_factory) -> Path:
+def swebench(tmp_path_factory) -> Iterator[Path]:
     """A folder holding repos/acme__calc (a git clone) and instances.jsonl: one good instance,
     then one bad instance per way an instance can be wrong."""
     root = tmp_path_factory.mktemp("swebench")
@@ -91,7 +92,7 @@ def swebench(tmp_path_factory) -> Path:
         "test_patch": test_patch, "problem_statement": "divide(1, 0) should raise ValueError, not ZeroDivisionError.",
         "FAIL_TO_PASS": json.dumps(["tests/test_ops.py::test_divide_by_zero_raises_value_error"]),
         "PASS_TO_PASS": ["tests/test_ops.py::test_add", "tests/test_ops.py::test_divide"],
-        "difficulty": "<15 min fix",
+        "difficulty": "<15 min fix", "version": "1.0",
     }
     bad = [
         {k: v for k, v in good.items() if k != "patch"},
@@ -102,23 +103,36 @@ def swebench(tmp_path_factory) -> Path:
     ]
     lines = [json.dumps(good), *map(json.dumps, bad), "{not json"]
     (root / "instances.jsonl").write_text("\n".join(lines) + "\n")
-    return root
+    # Its specification, in the shape SWE-bench publishes them (acme/calc is not in the table).
+    (root / "specs.json").write_text(json.dumps(SPECS))
+    patch = pytest.MonkeyPatch()  # its environment built in a store of its own
+    patch.setenv("CRUCIBLE_ENVIRONMENTS", str(root / ".environments"))
+    yield root
+    patch.undo()
+
+
+SPECS = {"acme/calc": {"1.0": {"python": "3.11", "pip_packages": ["pytest==7.4.4"], "test_cmd": "python -m pytest -rA"}}}
+
+
+def options(swebench: Path) -> ImportOptions:
+    return ImportOptions("swe", specs=swebench / "specs.json")
 
 
 def test_a_swebench_instance_becomes_a_repository_task(swebench):
-    imported = import_tasks("swebench", swebench / "instances.jsonl", ImportOptions("swe"))
+    imported = import_tasks("swebench", swebench / "instances.jsonl", options(swebench))
     [task] = imported.tasks
     assert isinstance(task, RepositoryTask) and task.id == "swe/acme__calc-1"
     assert set(task.files) == {"calc/__init__.py", "calc/ops.py", "tests/test_ops.py"}
     assert list(task.binary_files) == ["logo.png"] and task.binary_contents()["logo.png"].startswith(b"\x89PNG")
     assert task.files["tests/test_ops.py"] == TESTS and task.hidden_tests == {"tests/test_ops.py": TESTS_NEW}
-    assert task.test_command == "python3 -m pytest -rA tests/test_ops.py"
+    assert task.test_command == "python -m pytest -rA tests/test_ops.py"
+    assert task.environment.python_version == "3.11" and task.environment.python == ("pytest==7.4.4",)
     assert (task.difficulty, task.split, task.family) == ("easy", "eval", "acme/calc")
     assert task.fail_to_pass == ("tests/test_ops.py::test_divide_by_zero_raises_value_error",)
 
 
 def test_bad_swebench_instances_are_rejected_with_position_and_reason(swebench):
-    rejected = import_tasks("swebench", swebench / "instances.jsonl", ImportOptions("swe")).rejected
+    rejected = import_tasks("swebench", swebench / "instances.jsonl", options(swebench)).rejected
     assert len(rejected) == 6
     for position, reason in zip(rejected, [
         "instances.jsonl:2: missing or empty field(s): patch",
@@ -132,7 +146,8 @@ def test_bad_swebench_instances_are_rejected_with_position_and_reason(swebench):
 
 
 def test_the_imported_gold_patch_passes_in_the_sandbox_and_nothing_fails(swebench):
-    [task] = import_tasks("swebench", swebench / "instances.jsonl", ImportOptions("swe")).tasks
+    [task] = import_tasks("swebench", swebench / "instances.jsonl", options(swebench)).tasks
+    assert build_environments([task], "local") == {}
     gold, empty = grade_solution(task, task.reference_solution), grade_solution(task, "")
     assert (gold.reward, gold.tamper_flags, set(gold.outcomes.values())) == (1.0, (), {"passed"})
     assert empty.outcomes == {"tests/test_ops.py::test_divide_by_zero_raises_value_error": "failed",
@@ -143,10 +158,14 @@ def test_the_imported_gold_patch_passes_in_the_sandbox_and_nothing_fails(swebenc
 def test_the_import_command_reports_rejections_and_writes_a_loadable_set(swebench, tmp_path):
     env = {**os.environ, "CRUCIBLE_TASK_SETS": str(tmp_path / "library")}
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "import", "--format", "swebench",
-                           str(swebench / "instances.jsonl"), "--name", "swe", "--split", "train"],
+                           str(swebench / "instances.jsonl"), "--name", "swe", "--split", "train",
+                           "--specs", str(swebench / "specs.json")],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "imported 1 tasks (1 train, 0 eval), rejected 6" in done.stdout
+    assert "proven gradable on the local backend: 1 of 1 tasks usable" in done.stdout
+    [task] = load_task_set(tmp_path / "library" / "swe").tasks
+    assert "pytest==7.4.4" in task.environment.lock  # resolved once, at import
     assert "rejected instances.jsonl:5: FAIL_TO_PASS" in " ".join(done.stderr.split())
     assert load_task_set(tmp_path / "library" / "swe").by_id["swe/acme__calc-1"].kind == "repository"
 
@@ -281,7 +300,6 @@ def test_hostile_or_odd_swebench_fields_are_rejected_not_obeyed(swebench, tmp_pa
     odd = [
         good | {"base_commit": f"--output={planted}"},
         good | {"repo": ".."},
-        good | {"test_command": 5},
         good | {"difficulty": ["hard"]},
     ]
     instances = tmp_path / "odd.jsonl"
@@ -290,7 +308,7 @@ def test_hostile_or_odd_swebench_fields_are_rejected_not_obeyed(swebench, tmp_pa
     assert not planted.exists()
     assert [r.split(": ", 2)[-1][:40] for r in imported.rejected] == [
         f"base_commit '--output={planted}' is not a"[:40], "repo '..' is not OWNER/NAME",
-        "test_command must be a string", "difficulty must be a string",
+        "difficulty must be a string",
     ]
 
 

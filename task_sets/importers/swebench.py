@@ -151,11 +151,13 @@ def _environment(record: dict, files: dict[str, str], table: Table, notes: set[s
     except (SpecRefused, interpreters.NoInterpreter) as e:
         raise RecordError(f"instance {instance!r}: {e}") from None
     notes.update(f"{record['repo']} {version}: {note}" for note in derived.notes)
-    repository = f"{record['repo']}@{record['base_commit']}"
     # The repository comes without its git history: setuptools-scm, which reads the version from
     # git tags (pytest's, say), is told the instance's version instead.
     env = {"SETUPTOOLS_SCM_PRETEND_VERSION": version, **derived.environment["env"]}
-    return {**derived.environment, "env": env, "repository": repository}, derived.test_command
+    environment = {**derived.environment, "env": env}
+    if environment["setup"]:  # run in the repository at its base commit
+        environment["repository"] = f"{record['repo']}@{record['base_commit']}"
+    return environment, derived.test_command
 
 
 def _test_ids(record: dict, key: str) -> tuple[str, ...]:
