@@ -113,3 +113,22 @@ def test_a_spec_is_locked_once_to_what_it_resolved_and_the_lock_builds_the_same(
     elsewhere = EnvironmentStore(tmp_path / "elsewhere")
     rebuilt = build(pinned, elsewhere, repositories={REPOSITORY: FILES})
     assert pins(rebuilt.record["locked"]) == pinned.lock
+
+
+def test_what_a_setup_step_downloads_into_the_repository_is_there_offline_at_test_time(store):
+    """A prefetch: the build has the network, the tests do not; the file it fetched is laid
+    into every workspace with the install's own files."""
+    prefetch = EnvironmentSpec(python_version=other_python(), python=("pytest==7.4.4",), repository=REPOSITORY,
+                               setup=("python -m pip download --no-deps tomli_w==1.0.0 -d tests/data",
+                                      "python -m pip install -e ."))
+    offline = task(prefetch).model_copy(update={"hidden_tests": {"tests/test_data.py": (
+        "import pathlib, socket\n\nimport pytest\n\n"
+        "def test_the_fetched_wheel_is_here():\n"
+        "    assert [p.name for p in pathlib.Path('tests/data').iterdir()] == ['tomli_w-1.0.0-py3-none-any.whl']\n\n"
+        "def test_there_is_no_network():\n"
+        "    with pytest.raises(OSError):\n"
+        "        socket.create_connection(('pypi.org', 443), timeout=5)\n")},
+        "pass_to_pass": ("tests/test_data.py::test_the_fetched_wheel_is_here", "tests/test_data.py::test_there_is_no_network")})
+    build(prefetch, store, repositories={REPOSITORY: FILES})
+    graded = grade_solution(offline, FIX, open_sandbox("local", sandbox_spec(offline)))
+    assert (graded.passed, graded.failure) == (True, None), graded.exec.stdout[-2000:]
