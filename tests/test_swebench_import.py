@@ -32,8 +32,11 @@ INSTANCES, PUBLISHED, REPOS = DATA / "instances.jsonl", DATA / "published.jsonl"
 
 @pytest.fixture(scope="module")
 def tasks():
-    return [task for path in (INSTANCES, PUBLISHED) for task in import_tasks(
-        "swebench", path, ImportOptions("swe", repos=REPOS)).tasks]
+    """Every instance; this machine has each one's Python (pyenv's 3.8 to 3.11), else the
+    refusal says which it lacks."""
+    imported = [import_tasks("swebench", path, ImportOptions("swe", repos=REPOS)) for path in (INSTANCES, PUBLISHED)]
+    assert [r for i in imported for r in i.rejected] == []
+    return [task for i in imported for task in i.tasks]
 
 
 @pytest.fixture(scope="module")
