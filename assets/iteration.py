@@ -42,8 +42,7 @@ from assets.train_process import STEP_MESSAGE
 from assets.training_step import TrainingStepClient
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
-from sandbox.verdict import RewardStatus
-from task_sets.gradability import build_environments, needs_proof, prove, unproven
+from task_sets.gradability import build_environments, needs_proof
 from task_sets.loader import TaskSet
 from task_sets.schema import TaskBase
 from task_sets.separation import separation
@@ -98,7 +97,7 @@ def task_set(
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
     backend = crucible.sandbox_backend
-    proven = _prove_unproven(context, crucible, iteration.loaded_task_set)
+    proven = iteration.prove_unproven()
     # Every environment the set declares (the held-out tasks' too), built once for this backend.
     failed = build_environments(iteration.loaded_task_set, backend, progress=context.log.info)
     if failed and not needs_proof(iteration.loaded_task_set):
@@ -123,18 +122,6 @@ def task_set(
                   "copies_of_eval_prompts_sampled": ", ".join(leaked) or "none",
                   "near_duplicate_pairs_in_set": len(split.near_duplicates)},
     )
-
-
-def _prove_unproven(context: AssetExecutionContext, crucible: CrucibleResource, task_set: TaskSet) -> int:
-    """Prove what the set has not proven on this backend yet (task_sets/gradability.py); how many."""
-    pending = unproven(task_set, crucible.sandbox_backend)
-    if pending:
-        context.log.info(f"proving {len(pending)} task(s) of {task_set.name!r} gradable on the "
-                         f"{crucible.sandbox_backend} backend: reference and empty submissions")
-        with crucible.sandbox_pool(is_infra_failure=lambda grade: grade.reward_status is RewardStatus.INFRA_ERROR
-                                   ) as pool:
-            prove(pending, crucible.sandbox_backend, pool, progress=context.log.info)
-    return len(pending)
 
 
 def _gradability_metadata(task_set: TaskSet, proven_now: int) -> dict:

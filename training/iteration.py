@@ -44,7 +44,7 @@ from datastore.store import DatasetStore, rows_to_table
 from sandbox.base import Session
 from sandbox.pool import SandboxPool
 from sandbox.verdict import GradeResult, RewardStatus
-from task_sets.gradability import with_proofs
+from task_sets.gradability import prove, unproven, with_proofs
 from task_sets.loader import TaskSet, load_task_set
 from task_sets.reproducibility import Agreement, agreement, regrade_sample
 from task_sets.rewards import Process
@@ -152,8 +152,19 @@ class Iteration:
     @cached_property
     def task_set(self) -> TaskSet:
         """The set iterations sample and evaluate: its tasks not proven gradable on this
-        backend are left out of its splits (task_sets/gradability.py)."""
+        backend are left out of its splits (task_sets/gradability.py; `prove_unproven` first)."""
         return with_proofs(self.loaded_task_set, self.env.sandbox_backend)
+
+    def prove_unproven(self) -> int:
+        """Prove the set's tasks that have no proof on this backend yet: their reference and
+        wrong submissions graded in their built environments. How many there were."""
+        pending = unproven(self.loaded_task_set, self.env.sandbox_backend)
+        if pending:
+            self.log(f"proving {len(pending)} task(s) of {self.loaded_task_set.name!r} gradable on the "
+                     f"{self.env.sandbox_backend} backend: reference and wrong submissions")
+            with self.env.sandbox_pool(is_infra_failure=lambda g: g.reward_status is RewardStatus.INFRA_ERROR) as pool:
+                prove(pending, self.env.sandbox_backend, pool, progress=self.log)
+        return len(pending)
 
     def sample_tasks(self) -> list[TaskBase]:
         """The train tasks this iteration samples: a seeded subset when the experiment asks for one."""

@@ -26,6 +26,7 @@ def evaluate_model(env: Environment, experiment: ExperimentConfig, model: str, c
     answers to each of its first `eval_tasks` held-out tasks (greedy when that is 1), with
     `experiment`'s engine, turns and budgets; `chat_dir` holds the model's tokenizer (or is it)."""
     iteration = Iteration(env, experiment, number=0, log=log)
+    iteration.prove_unproven()  # an imported set's held-out tasks are evaluated only once proven gradable
     task_set = iteration.task_set
     engine = iteration.engine((chat_dir, model))
     tasks = task_set.eval()[: experiment.eval_tasks]
