@@ -173,6 +173,14 @@ def test_an_instance_whose_python_this_host_lacks_is_refused_in_one_sentence(tmp
     assert imported.rejected[0] == f"instances.jsonl:1: instance 'pallets__flask-4992': needs Python 3.4; available: {have}"
 
 
+def test_a_swe_smith_instance_is_refused_for_what_it_is():
+    imported = import_tasks("swebench", DATA / "swe-smith.jsonl", ImportOptions("swe", repos=REPOS))
+    assert imported.tasks == [] and imported.rejected == [
+        "swe-smith.jsonl:1: instance 'pandas-dev__pandas.95280573.pr_53652' is a SWE-smith instance (its patch "
+        "introduces the bug, its environment is the image swesmith.x86_64.pandas-dev__pandas.95280573), "
+        "which this importer does not read: it imports SWE-bench's format"]
+
+
 def test_a_missing_repository_names_the_clone_and_the_snapshot_it_looked_for(tmp_path):
     imported = import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=tmp_path))
     assert imported.tasks == [] and len(imported.rejected) == 5

@@ -108,6 +108,10 @@ def _fields(record: object, repos: Path, name: str, table: Table, notes: set[str
     """The RepositoryTask fields of one instance (all but the split)."""
     if not isinstance(record, dict):
         raise RecordError(record if isinstance(record, str) else "expected a JSON object")
+    if record.get("image_name") and not record.get("test_patch"):
+        raise RecordError(f"instance {record.get('instance_id')!r} is a SWE-smith instance (its patch introduces "
+                          f"the bug, its environment is the image {record['image_name']}), which this importer "
+                          "does not read: it imports SWE-bench's format")
     missing = [f for f in FIELDS if not isinstance(record.get(f), str) or not record[f].strip()]
     if missing:
         raise RecordError(f"missing or empty field(s): {', '.join(missing)}")
