@@ -24,6 +24,11 @@ verify, names another report or saw pytest patched is "forged_output". That stop
 exit, by writing or rewriting the report, and by patching the usual reporting functions; code
 written to read the key out of the plugin's memory, or to patch pytest deeper, could still
 forge a session: a known limit of running the code under test in the runner's process.
+A conftest.py that does not import ends pytest before its session (and before its JUnit plugin
+starts): the plugin then writes the report itself, that conftest.py's collection error, and a
+record vouching for it, so the import error is read like any other collection error. The plugin
+also leaves what it was collecting or running (and, on Python 3.7+, where its threads stood
+when they made no progress for a while), which a run killed at a limit names in its detail.
 
 Rules, in the order they apply:
  1. No expected test (or a test file that does not parse) -> "invalid", reward None: the task
@@ -71,7 +76,6 @@ sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import hmac
 import json
@@ -79,6 +83,7 @@ import math
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -87,13 +92,22 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
-from sandbox import python_ast
 from sandbox.base import WORKSPACE, Mount, Sandbox
 from sandbox.closed_set import ClosedSet
-from sandbox.diagnosis import Diagnosis, Evidence, FailureReason, diagnose, environment_problem, installed_modules
+from sandbox.diagnosis import (
+    Diagnosis,
+    Evidence,
+    FailureReason,
+    diagnose,
+    environment_problem,
+    installed_modules,
+    installed_roots,
+    top_level_imports,
+    what_it_was_doing,
+)
 from sandbox.harness.bundle import harness_files
 from sandbox.harness.run_tests import test_names
-from sandbox.harness.session_files import session_files
+from sandbox.harness.session_files import progress_files, session_files
 from sandbox.harness.session_signature import signature
 from sandbox.python_ast import AST_LOCK
 from sandbox.result import ExecResult, ExecStatus
@@ -117,6 +131,7 @@ PLUGIN_DIR = "/grader"
 PYTEST_OPTIONS = (f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider "
                   f"-p {PLUGIN.stem}")
 KILLED = (ExecStatus.TO, ExecStatus.ML, ExecStatus.OL)
+STACKS_TAIL_BYTES = 64 << 10  # of the plugin's stack dumps: the last one is what counts
 _SEVERITY = {Outcome.PASSED: 0, Outcome.SKIPPED: 1, Outcome.FAILED: 2, Outcome.ERROR: 3}
 
 
@@ -288,10 +303,13 @@ def grade_test_command(
     verdict_dir = str(PurePosixPath(verdict_file).parent) if verdict_file else None
     plugin = _plugin_files()
     tokens = [secrets.token_hex(16) for _ in range(pytest_sessions)]
+    # The plugin dumps its threads' stacks after this long without progress: ten times in a stalled run.
+    watchdog_s = min(30.0, max(1.0, sandbox.spec.limits.wall_s / 10))
     with _grading_dirs(sandbox, {"/tests": grader_files, PLUGIN_DIR: plugin}, verdict_dir) as dirs:
         sealed_sha256 = {f"{WORKSPACE}/{path}": hashlib.sha256(_bytes(workspace_files[path])).hexdigest()
                          for path in sealed}
-        secrets_ = [json.dumps({"token": token, "sealed": sealed_sha256}) for token in tokens]
+        secrets_ = [json.dumps({"token": token, "sealed": sealed_sha256, "watchdog_s": watchdog_s})
+                    for token in tokens]
         for number, secret in enumerate(secrets_):
             _write_private(dirs.report / PurePosixPath(session_files(number)[0]).name, secret, sandbox)
         result = sandbox.run(command, workspace_files, dirs.mounts, protected=sealed)
@@ -306,8 +324,12 @@ def grade_test_command(
     if result.status is ExecStatus.XX:
         return _unscored(RewardStatus.INFRA_ERROR, result, result.error or "", list(expected))
     session_flag = _sessions_problem(runs, tokens) if report is not None and result.status not in KILLED else None
-    evidence = Evidence(changed=changed, repository=repository, installed=installed_modules(sandbox.spec.overlay),
-                        grader_text="\n".join([test_command, *grader_files.values()]))
+    workspace = (WORKSPACE, *filter(None, [sandbox.spec.workspace_alias]))
+    # Sealed files (hidden tests, protected paths) are the grader's: as pristine as the repository's.
+    evidence = Evidence(changed=changed, repository={*repository, *sealed},
+                        installed=installed_modules(sandbox.spec.overlay),
+                        grader_text="\n".join([test_command, *grader_files.values()]), files=workspace_files,
+                        import_roots=_import_roots(sandbox, workspace), workspace=workspace)
     problem = environment_problem(report, result, pytest_started, evidence)
     # Only a run the submission did not flag, with reports its sessions vouch for, can blame the environment.
     if problem is not None and result.status not in KILLED and not tamper_flags and session_flag is None:
@@ -319,8 +341,10 @@ def grade_test_command(
     def node_id(t: TestOutcome) -> str | None:
         return by_junit_key.get((t.classname, t.name)) or by_junit_key.get((t.classname, _cut(t.name)))
 
-    return score(list(expected), report, result, node_id, runner_passed,
-                 ran_exactly_the_expected=False, flags=tamper_flags, wall_limit_s=sandbox.spec.limits.wall_s)
+    doing = next((what_it_was_doing(run.progress, run.stacks, workspace) for run in reversed(runs) if run.progress),
+                 "") if result.status in KILLED else ""
+    return score(list(expected), report, result, node_id, runner_passed, ran_exactly_the_expected=False,
+                 flags=tamper_flags, wall_limit_s=sandbox.spec.limits.wall_s, doing=doing)
 
 
 def score(
@@ -332,12 +356,14 @@ def score(
     ran_exactly_the_expected: bool,
     flags: Sequence[TamperFlag] = (),
     wall_limit_s: float = 0.0,
+    doing: str = "",
 ) -> GradeResult:
     """Rules 4-8 of the module docstring, for a run that happened (status is not XX).
 
     `runner_passed` is the runner's own verdict (None: it gave none). With
     `ran_exactly_the_expected` (our harness) it must equal "every expected test passed";
-    otherwise (a test command that may run more tests) "no collected test failed"."""
+    otherwise (a test command that may run more tests) "no collected test failed". `doing`:
+    what a killed run was doing, for its failure's detail."""
     outcomes, messages, details = _outcomes(expected, report or [], node_id)
     passed = sum(o is Outcome.PASSED for o in outcomes.values())
     all_passed = passed == len(expected)
@@ -357,7 +383,8 @@ def score(
         outcomes=outcomes, tests_expected=len(expected), tests_collected=len(report or []),
         suite_ran=report is not None, tamper_flags=tuple(flags), reward_components=components,
         reward=reward, reward_status=RewardStatus.SCORED, exec=result, messages=messages,
-        failure=diagnose(outcomes, messages, details, report, result, [flag.value for flag in flags], wall_limit_s),
+        failure=diagnose(outcomes, messages, details, report, result, [flag.value for flag in flags], wall_limit_s,
+                         doing),
     )
 
 
@@ -372,6 +399,8 @@ class _SessionRun:
     report_bytes: bytes | None
     report: list[TestOutcome] | None
     record: dict | None
+    progress: dict | None = None  # what the plugin said it was doing last (words only: the run can write it)
+    stacks: str = ""  # the end of the plugin's stack dumps
 
 
 def _sessions_problem(runs: list[_SessionRun], tokens: list[str]) -> TamperFlag | None:
@@ -389,26 +418,32 @@ def _sessions_problem(runs: list[_SessionRun], tokens: list[str]) -> TamperFlag 
 
 def _imports_of(tests: Mapping[str, str]) -> set[str]:
     """The top-level modules the hidden test files import (our harness's tests)."""
-    found = set()
-    for source in tests.values():
-        try:
-            tree = python_ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.Import):
-                found.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
-    return found
+    return {module for source in tests.values() for module in top_level_imports(source)}
+
+
+def _import_roots(sandbox: Sandbox, workspace: Sequence[str]) -> set[str]:
+    """Folders of the repository on sys.path before any of its code runs: its root, those on the
+    sandbox's PYTHONPATH (a task environment's python_path: src), those the environment's .pth
+    files name (an editable install)."""
+    roots = {"", *installed_roots(sandbox.spec.overlay, workspace)}
+    for key, value in sandbox.spec.env:
+        for folder in value.split(":") if key == "PYTHONPATH" else ():
+            for name in workspace:
+                if PurePosixPath(folder).is_relative_to(name):
+                    relative = str(PurePosixPath(folder).relative_to(name))
+                    roots.add("" if relative == "." else relative)
+    return roots
 
 
 def _session_run(report_dir: Path, number: int, secret: str) -> _SessionRun:
     token_file, record_file, report_file = (PurePosixPath(path).name for path in session_files(number))
+    progress_file, stacks_file = (PurePosixPath(path).name for path in progress_files(number))
     report_bytes = _read_small(report_dir / report_file, MAX_REPORT_BYTES)
     return _SessionRun(started=_read_small(report_dir / token_file, 4096) != secret.encode(), report_bytes=report_bytes,
                        report=_parse(report_bytes) if report_bytes is not None else None,
-                       record=_read_small_json(report_dir / record_file))
+                       record=_read_small_json(report_dir / record_file),
+                       progress=_read_small_json(report_dir / progress_file),
+                       stacks=_read_tail(report_dir / stacks_file, STACKS_TAIL_BYTES))
 
 
 def _bytes(content: str | bytes) -> bytes:
@@ -506,6 +541,20 @@ def _read_small_json(path: Path) -> dict | None:
     except ValueError:
         return None
     return document if isinstance(document, dict) else None
+
+
+def _read_tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a text file the sandbox wrote; "" if missing, a link or a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        f.seek(max(0, info.st_size - limit))
+        return f.read(limit).decode(errors="replace")
 
 
 def _read_small(path: Path, limit: int) -> bytes | None:

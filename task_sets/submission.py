@@ -17,12 +17,12 @@ import shlex
 import time
 from pathlib import Path, PurePosixPath
 
-from environments.spec import SITE_PACKAGES, EnvironmentSpec
+from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
 from sandbox import python_ast
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
-from sandbox.diagnosis import Diagnosis, FailureReason
+from sandbox.diagnosis import Diagnosis, FailureReason, site_packages
 from sandbox.result import ExecResult, ExecStatus
 from sandbox.spec import Limits, SandboxSpec
 from sandbox.test_report import Outcome
@@ -72,10 +72,8 @@ def repository_files(task: RepositoryTask, spec: SandboxSpec) -> dict[str, str |
 
 def _environment_modules(spec: SandboxSpec) -> list[str]:
     """The top-level modules of the built environment the sandbox runs (its site-packages)."""
-    site = Path(spec.overlay) / SITE_PACKAGES if spec.overlay else None
-    if site is None or not site.is_dir():
-        return []
-    return [path.name.split(".", 1)[0] for path in site.iterdir() if not path.name.endswith((".dist-info", ".pth"))]
+    return [path.name.split(".", 1)[0] for site in site_packages(spec.overlay) for path in site.iterdir()
+            if not path.name.endswith((".dist-info", ".pth"))]
 
 
 def _import_roots(task: RepositoryTask) -> tuple[str, ...]:

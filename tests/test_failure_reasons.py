@@ -205,3 +205,94 @@ def test_a_missing_program_named_by_the_submission_not_the_test_command_is_not_e
     runs_script = change("run.sh", None, "#!/bin/sh\nnot_a_program_xyz")
     grade = grade_solution(repository(test_command="sh run.sh && python3 -m pytest -q tests"), FIX + runs_script)
     assert grade.reward_status is RewardStatus.SCORED and grade.reward == 0.0
+
+
+# -- a conftest.py that does not import, a run killed while collecting, a test without the network ----------------
+
+SRC_FILES = {"src/calc/__init__.py": "", "src/calc/ops.py": REPOSITORY_FILES["calc/ops.py"],
+             "conftest.py": "import calc\n", "tests/test_ops.py": REPOSITORY_FILES["tests/test_ops.py"]}
+SRC_FIX = FIX.replace("calc/ops.py", "src/calc/ops.py")
+
+
+def test_a_pristine_conftest_importing_a_src_package_the_environment_does_not_install_is_an_environment_error():
+    """pytest loads the root conftest.py before its session and ends at once when it does not
+    import: the plugin reports that import error itself, and the package, which lies under src/
+    where nothing puts it on sys.path, is the environment's to install."""
+    grade = grade_solution(repository(files=SRC_FILES), SRC_FIX)
+    assert (grade.reward_status, grade.reward, grade.tamper_flags) == (RewardStatus.ENV_ERROR, None, ())
+    assert grade.failure.reason is FailureReason.MISSING_MODULE
+    assert "'calc'" in grade.failure.detail and "(conftest.py)" in grade.failure.detail
+
+
+def test_a_submission_deleting_the_src_package_a_pristine_conftest_imports_is_scored():
+    deleted = "".join(f"--- a/{path}\n+++ /dev/null\n@@ -1,{len(SRC_FILES[path].splitlines())} +0,0 @@\n"
+                      + "".join(f"-{line}\n" for line in SRC_FILES[path].splitlines())
+                      for path in ("src/calc/ops.py",))
+    grade, why = failure(repository(files=SRC_FILES), deleted)
+    assert (grade.reward_status, grade.reward, grade.tamper_flags) == (RewardStatus.SCORED, 0.0, ())
+    assert why.reason is FailureReason.MISSING_MODULE and "conftest could not be collected" in why.detail
+
+
+def test_a_submission_editing_the_conftest_that_does_not_import_is_scored_and_flagged():
+    edited = change("conftest.py", "import calc", "import calc_not_installed")
+    grade, _ = failure(repository(files=SRC_FILES), SRC_FIX + edited)
+    assert (grade.reward_status, grade.reward) == (RewardStatus.SCORED, 0.0)
+    assert grade.tamper_flags == ("protected_path_modified",)
+
+
+def test_a_conftest_the_submission_broke_by_deleting_a_root_package_is_its_own_collection_error():
+    """Not "no_report" and a tamper flag: pytest ended before its session, and the plugin said why."""
+    files = {**REPOSITORY_FILES, "conftest.py": "import calc.ops\n"}
+    deleted = "--- a/calc/ops.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-def add(a, b):\n-    return a - b\n"
+    grade, why = failure(repository(files=files), deleted)
+    assert (grade.reward_status, grade.reward, grade.tamper_flags) == (RewardStatus.SCORED, 0.0, ())
+    assert why.reason is FailureReason.MISSING_MODULE and "No module named 'calc.ops'" in why.detail
+
+
+RETRYING_DOWNLOAD = ("import time\n\nfor attempt in range(1000):\n    print('download failed, retrying', attempt)\n"
+                     "    time.sleep(0.2)\n\n\ndef test_data():\n    pass\n")
+
+
+def test_a_run_killed_while_collecting_names_the_module_and_the_line_it_was_at():
+    files = {**REPOSITORY_FILES, "tests/test_data.py": RETRYING_DOWNLOAD}
+    task = repository(files=files, limits={"wall_s": 4, "cpu_s": 20})
+    _, why = failure(task, FIX)
+    assert why.reason is FailureReason.TIMEOUT and "(limit 4 s)" in why.detail
+    assert "while collecting tests/test_data.py" in why.detail
+    assert "at tests/test_data.py:5 in <module>" in why.detail  # the sleep between attempts
+
+
+def test_a_run_killed_while_running_a_test_names_the_test():
+    forever = change("calc/ops.py", REPOSITORY_FILES["calc/ops.py"], "def add(a, b):\n    while True: pass")
+    _, why = failure(repository(limits={"wall_s": 4, "cpu_s": 20}), forever)
+    assert why.reason is FailureReason.TIMEOUT
+    assert "while running tests/test_ops.py::test_add (at calc/ops.py:2 in add)" in why.detail
+
+
+DOWNLOADING_TEST = ("import urllib.request\n\nfrom calc.ops import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+                    "\n\ndef test_remote_table():\n    urllib.request.urlopen('https://files.pythonhosted.org/x.csv', "
+                    "timeout=5)\n")
+
+
+def test_a_test_that_needed_the_network_is_network_unavailable_and_still_scored():
+    """The code under test may open sockets itself: nothing independent of the submission says
+    the download was the test's, so the grade stays scored, the reason says what happened."""
+    task = repository(files={**REPOSITORY_FILES, "tests/test_ops.py": DOWNLOADING_TEST},
+                      pass_to_pass=["tests/test_ops.py::test_remote_table"])
+    grade, why = failure(task, FIX)
+    assert (grade.reward_status, grade.tamper_flags) == (RewardStatus.SCORED, ())
+    assert grade.reward_components["fail_to_pass_fraction"] == 1.0 and grade.outcomes[
+        "tests/test_ops.py::test_remote_table"] == "failed"
+    assert why.reason is FailureReason.NETWORK_UNAVAILABLE
+    assert why.detail.startswith("tests/test_ops.py::test_remote_table needed the network")
+    assert "URLError" in why.detail and "name resolution" in why.detail
+
+
+def test_a_conftest_pytest_loads_while_collecting_that_imports_an_uninstalled_src_package_is_an_environment_error():
+    """pytest reports that import error as its session's own collection error, a testcase
+    without a name: read as such, not as an unreadable report."""
+    files = {**{path: text for path, text in SRC_FILES.items() if path != "conftest.py"},
+             "tests/sub/conftest.py": "import calc\n", "tests/sub/test_more.py": "def test_more():\n    pass\n"}
+    grade = grade_solution(repository(files=files), SRC_FIX)
+    assert (grade.reward_status, grade.tamper_flags) == (RewardStatus.ENV_ERROR, ())
+    assert grade.failure.reason is FailureReason.MISSING_MODULE and "(tests/sub/conftest.py)" in grade.failure.detail
