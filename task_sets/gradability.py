@@ -21,10 +21,12 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from environments.build import BuildError, build, locked
+from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore
 from sandbox.closed_set import ClosedSet
 from sandbox.pool import SandboxPool
@@ -33,6 +35,7 @@ from task_sets.schema import RepositoryTask, Task
 from task_sets.validation import TaskReport, ValidationReport, validate
 
 PROOFS = "proofs"  # under the environment store's root
+BUILDS_AT_ONCE = 2  # a build mostly waits on the package index (benchmarks/environment_builds.py)
 
 
 class Gradability(ClosedSet):
@@ -137,19 +140,24 @@ def _every(step: int, done: int, total: int, progress: Callable[[str], None]) ->
 
 
 def build_environments(tasks: Iterable[Task], backend: str, store: EnvironmentStore | None = None,
-                       progress: Callable[[str], None] = lambda line: None) -> dict[str, str]:
-    """Build every distinct environment of `tasks` for `backend`; the ones that failed, by digest,
-    with the sentence that says why (the others are built)."""
+                       progress: Callable[[str], None] = lambda line: None, at_once: int = BUILDS_AT_ONCE
+                       ) -> dict[str, str]:
+    """Build every distinct environment of `tasks` for `backend`, `at_once` at a time; the ones
+    that failed, by digest, with the sentence that says why (the others are built)."""
     store = store or EnvironmentStore()
     tasks = list(tasks)
     repositories = repositories_of(tasks)
-    failed = {}
-    for spec in {t.environment.digest: t.environment for t in tasks if t.environment}.values():
+
+    def failure(spec: EnvironmentSpec) -> str | None:
         try:
             build(spec, store, backend, progress, repositories)
         except BuildError as e:
-            failed[spec.digest] = str(e)
-    return failed
+            return str(e)
+        return None
+
+    specs = list({t.environment.digest: t.environment for t in tasks if t.environment}.values())
+    with ThreadPoolExecutor(at_once) as builds:
+        return {spec.digest: why for spec, why in zip(specs, builds.map(failure, specs)) if why is not None}
 
 
 def lock_environments(tasks: Iterable[Task], store: EnvironmentStore | None = None,
