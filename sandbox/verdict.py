@@ -45,8 +45,9 @@ Rules, in the order they apply:
     whitespace, as SWE-bench's log parser records them (`test_make_error[required-Missing`),
     stands for every test of the report whose name, cut the same way, is that id: it passes
     when all of them pass (SWE-bench keeps the last one its parser reads; the worst counts here,
-    as for duplicates). Tests in the report that are not
-    expected are ignored (but counted in tests_collected).
+    as for duplicates). Likewise an id whose path parameter SWE-bench's option-aware parser
+    shortened to its last component (`test_x[/data.txt]` for `test_x[/tmp/abc/data.txt]`).
+    Tests in the report that are not expected are ignored (but counted in tests_collected).
  5. The command ran but the report is missing or unparsable -> the suite did not run: every
     test "missing", reward 0, tamper flag "no_report" (unless a timeout/memory/output kill
     explains it). Why scored 0 and not dropped: the report is the only evidence that tests
@@ -81,6 +82,7 @@ import hmac
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -339,7 +341,8 @@ def grade_test_command(
     by_junit_key = {_junit_key(node_id): node_id for node_id in expected}
 
     def node_id(t: TestOutcome) -> str | None:
-        return by_junit_key.get((t.classname, t.name)) or by_junit_key.get((t.classname, _cut(t.name)))
+        return (by_junit_key.get((t.classname, t.name)) or by_junit_key.get((t.classname, _cut(t.name)))
+                or by_junit_key.get((t.classname, _shortened(t.name))))
 
     doing = next((what_it_was_doing(run.progress, run.stacks, workspace) for run in reversed(runs) if run.progress),
                  "") if result.status in KILLED else ""
@@ -480,6 +483,22 @@ def _cut(name: str) -> str:
     """A test's name up to its first whitespace: the id SWE-bench's log parser records for a
     test whose parameters hold a space (`test_make_error[required-Missing data for ...]`)."""
     return name.split(maxsplit=1)[0] if name.strip() else name
+
+
+_OPTION = re.compile(r"(.*?)\[(.*)\]")
+
+
+def _shortened(name: str) -> str:
+    """A test's name as SWE-bench's option-aware log parser records it (requests, pylint,
+    pydicom): a parameter that is an absolute path keeps only its last component
+    (`test_x[/tmp/abc/data.txt]` -> `test_x[/data.txt]`), so such ids in FAIL_TO_PASS match."""
+    found = _OPTION.fullmatch(name)
+    if not found:
+        return name
+    main, option = found.groups()
+    if option.startswith("/") and not option.startswith("//") and "*" not in option:
+        option = "/" + option.split("/")[-1]
+    return f"{main}[{option}]"
 
 
 def _junit_key(node_id: str) -> tuple[str, str]:

@@ -145,6 +145,31 @@ def flask_record(**changes) -> dict:
     return {**json.loads(INSTANCES.read_text().splitlines()[0]), **changes}
 
 
+PATHS = textwrap.dedent('''\
+    import pytest
+
+    from calc import check
+
+
+    @pytest.mark.parametrize("path", ["/tmp/build/data.txt", "relative/data.txt"])
+    def test_reads(path):
+        assert check(path)
+''')
+
+
+def test_an_id_whose_path_parameter_swebench_shortened_matches_the_test_it_stands_for():
+    task = parse_task({
+        "id": "cut/paths", "kind": "repository", "prompt": "p", "difficulty": "easy", "family": "cut",
+        "split": "eval", "files": {"calc.py": "x = 0\ndef check(path):\n    return path.startswith('/')\n",
+                                   "tests/test_calc.py": PATHS},
+        "reference_solution": "--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-x = 0\n+x = 1\n",
+        "fail_to_pass": ["tests/test_calc.py::test_reads[/data.txt]", "tests/test_calc.py::test_reads[relative/data.txt]"],
+        "test_command": "python3 -m pytest -rA tests"})
+    graded = grade_solution(task, "")
+    assert graded.outcomes == {"tests/test_calc.py::test_reads[/data.txt]": Outcome.PASSED,
+                               "tests/test_calc.py::test_reads[relative/data.txt]": Outcome.FAILED}
+
+
 def test_a_users_specification_replaces_the_published_one_and_a_malformed_file_is_refused(tmp_path):
     specs = tmp_path / "specs.json"
     specs.write_text(json.dumps({"pallets/flask": {"2.3": {"python": "3.11", "pip_packages": ["Werkzeug==2.3.8"],
