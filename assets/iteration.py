@@ -98,10 +98,15 @@ def task_set(
     iteration = this_iteration(context, crucible)
     backend = crucible.sandbox_backend
     proven = iteration.prove_unproven()
-    # Every environment the set declares (the held-out tasks' too), built once for this backend.
-    failed = build_environments(iteration.loaded_task_set, backend, progress=context.log.info)
-    if failed and not needs_proof(iteration.loaded_task_set):
+    usable = iteration.task_set
+    # Every environment the usable tasks declare (the held-out tasks' too), built once for this backend.
+    failed = build_environments([t for t in usable if t.id not in usable.unusable], backend, progress=context.log.info)
+    if failed:
         raise Failure(next(iter(failed.values())))
+    if needs_proof(usable) and not usable.train():
+        raise Failure(f"no train task of {usable.name!r} is proven gradable on the {backend} backend, so there is "
+                      f"nothing to sample: {len(usable.unusable)} left out (crucible tasks list --task-set "
+                      f"{usable.name} says why)")
     tasks = iteration.sample_tasks()
     store, name, number = crucible.store(), iteration.experiment.name, iteration.number
     store.write_partition("tasks", name, number, rows_to_table("tasks", iteration.task_rows(tasks)))

@@ -7,9 +7,9 @@ from assets.lineage_check import report_off_lineage
 from assets.partitions import experiments
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
-from task_sets.loader import load_task_set
 from training.base_policy import make_base_policy
 from training.experiment import ExperimentConfig, ExperimentFileError
+from training.iteration import Iteration
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError
 
@@ -43,7 +43,10 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     steps. Rebuilding one experiment's base policy never touches another's."""
     experiment = stored_experiment(crucible, context.partition_key)
     out_dir = crucible.base_policy_dir(experiment.name)
-    task_set = load_task_set(experiment.task_set)
+    # Warmed up on what the iterations may sample: an imported set's tasks proven gradable only.
+    iteration = Iteration(crucible, experiment, 0, log=context.log.info)
+    iteration.prove_unproven()
+    task_set = iteration.task_set
 
     def report(step: int, total: int, loss: float) -> None:
         if step == total or step % max(1, total // 10) == 0:

@@ -130,7 +130,8 @@ def locked(spec: EnvironmentSpec, store: EnvironmentStore, progress: Callable[[s
         record = {"digest": result.digest, "spec": result.model_dump(mode="json"), "resolved_from": spec.digest,
                   "installed": [line.split("==")[0] for line in result.lock], "wheels": [], "built_at": time.time(),
                   **built, "build_s": round(time.monotonic() - started, 1)}
-        store.publish(staging, result.digest, record)
+        with store.lock(result.digest):  # a build of the locked spec itself may be under way
+            store.publish(staging, result.digest, record)
         resolution.parent.mkdir(parents=True, exist_ok=True)
         written = resolution.with_name(f"{resolution.name}.{os.getpid()}.tmp")
         written.write_text(result.model_dump_json())
@@ -225,7 +226,7 @@ def _ensure_image(spec: EnvironmentSpec, built: Built, store: EnvironmentStore, 
         pass
     base = _task_image(client, spec, progress) if spec.dockerfile else _sandbox_base(client)
     prefix = built.interpreter_prefix
-    if prefix:
+    if prefix and prefix != "/usr":  # /usr: Debian's own python3, which the base image has at the same place
         base = _interpreter_image(client, spec, base, prefix, progress)
     progress(f"environment {spec.short}: docker build {tag}")
     return _docker_build(client, spec, _context(_dockerfile(base, spec), {"tree": built.path}),

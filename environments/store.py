@@ -93,7 +93,7 @@ class EnvironmentStore:
         """Hold `digest`'s lock and yield a fresh staging directory; the caller fills it and
         `publish`es it. Another process building the same digest waits here."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with self._lock(digest):
+        with self.lock(digest):
             for left in self.root.glob(f".staging-{digest}-*"):  # a build killed before it finished
                 shutil.rmtree(left, ignore_errors=True)
             staging = self.root / f".staging-{digest}-{os.getpid()}"
@@ -121,11 +121,12 @@ class EnvironmentStore:
     def remove(self, digest: str) -> None:
         """Remove a built environment, waiting for a build of it to finish (the lock file stays:
         a process waiting on it must keep the same lock)."""
-        with self._lock(digest):
+        with self.lock(digest):
             shutil.rmtree(self.path(digest), ignore_errors=True)
 
     @contextmanager
-    def _lock(self, digest: str) -> Iterator[None]:
+    def lock(self, digest: str) -> Iterator[None]:
+        """Held while `digest` is built, published or removed: one process at a time."""
         with open(self.root / f"{digest}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from environments.interpreters import Interpreter
 from environments.spec import LOCK, VENV, WHEELS, WORKSPACE_LAYER, EnvironmentSpec
-from sandbox.base import WORKSPACE, Mount
+from sandbox.base import WORKSPACE, Mount, SandboxUnavailable
 from sandbox.local import LocalSandbox
 from sandbox.result import ExecStatus
 from sandbox.spec import ENVIRONMENT_ROOT, Limits, SandboxSpec
@@ -51,7 +51,16 @@ class SetupError(RuntimeError):
 def build_virtualenv(spec: EnvironmentSpec, interpreter: Interpreter, staging: Path,
                      repository: Mapping[str, str | bytes], cache: Path, progress: Callable[[str], None]) -> dict:
     """Fill `staging` (the environment's root) and return what the record adds: the workspace
-    layer's files and the interpreter used."""
+    layer's files and the interpreter used. SetupError names what failed, the sandbox's own
+    failure (no bubblewrap, not root) included."""
+    try:
+        return _build(spec, interpreter, staging, repository, cache, progress)
+    except (OSError, SandboxUnavailable) as e:
+        raise SetupError(f"the build's sandbox failed: {e}") from None
+
+
+def _build(spec: EnvironmentSpec, interpreter: Interpreter, staging: Path, repository: Mapping[str, str | bytes],
+           cache: Path, progress: Callable[[str], None]) -> dict:
     sandbox_user = SandboxSpec().uid
     for path in (staging, cache):
         path.mkdir(parents=True, exist_ok=True)

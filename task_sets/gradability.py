@@ -7,6 +7,8 @@ usable when the reference passes and every wrong submission fails, unusable othe
 reason (the reference's failure, "an empty diff passes every test", the environment's build
 error). Built-in sets are proven by the test suite and need no proof here.
 
+An infrastructure error or an environment that does not build says nothing final about the
+task: its proof leaves it out meanwhile and it is proven again the next time proofs are sought.
 Proofs are kept in the environment store (`<store>/proofs/<backend>/<task version>.json`): a
 task's version covers its environment's spec, so an edited task or environment is proven anew,
 and two processes proving the same task write the same file (atomically). Sampling and
@@ -54,6 +56,9 @@ class Proof:
     backend: str
     usable: bool
     reason: str = ""  # why not, one line
+    # False where what it found may pass (an infrastructure error, an environment whose build
+    # failed: the package index down, say): left out meanwhile, and proven again next time.
+    final: bool = True
 
     @property
     def status(self) -> Gradability:
@@ -110,7 +115,7 @@ def unproven(task_set: TaskSet, backend: str, ledger: ProofLedger | None = None)
     ledger = ledger or ProofLedger()
     if not needs_proof(task_set):
         return []
-    return [task for task in task_set if ledger.get(task, backend) is None]
+    return [task for task in task_set if (proof := ledger.get(task, backend)) is None or not proof.final]
 
 
 def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofLedger | None = None,
@@ -127,10 +132,11 @@ def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofL
                       task_set, progress=lambda done, total: _every(25, done, total, progress))
     report.tasks += [TaskReport(t.id, "broken", (f"its environment does not build: {failed[t.environment.digest]}",))
                      for t in unbuilt]
-    versions = {t.id: t.version for t in tasks}
+    versions, unbuilt_ids = {t.id: t.version for t in tasks}, {t.id for t in unbuilt}
     for checked in report.tasks:
+        final = checked.verdict != "unjudgeable" and checked.task_id not in unbuilt_ids
         ledger.put(Proof(checked.task_id, versions[checked.task_id], backend, checked.verdict == "ok",
-                         "; ".join(checked.reasons)))
+                         "; ".join(checked.reasons), final))
     return report
 
 

@@ -20,7 +20,7 @@ the partial credit is `tests_passed`: the fail-to-pass fraction scaled by the pa
 
 A grade the rules of sandbox/verdict.py zeroed (tampering, a kill, no report) stays 0 whatever
 the weights, and an unscored grade (invalid, infra_error) stays None. The function's version,
-a hash of its name and weights, is stored beside every reward it produced.
+a hash of its name, weights and RULES, is stored beside every reward it produced.
 
 A task set configures its function in `reward.toml` beside its task files:
     name = "tiered"
@@ -56,6 +56,9 @@ from sandbox.verdict import GradeResult, RewardStatus
 
 CONFIG_FILE = "reward.toml"
 TIER_TOLERANCE = 1e-9
+# Bumped when a rule changes what the same weights pay (2: a repository diff that resolves no
+# fail-to-pass test earns 0), so a reward never shares its version with one computed otherwise.
+RULES = 2
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class RewardFunction(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def version(self) -> str:
-        body = json.dumps(self.model_dump(exclude={"version"}), sort_keys=True)
+        body = json.dumps({**self.model_dump(exclude={"version"}), "rules": RULES}, sort_keys=True)
         return f"{self.name}@{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 
     def apply(self, grade: GradeResult, compiles: bool, code: Iterable[str] = (),

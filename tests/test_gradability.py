@@ -24,6 +24,7 @@ from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
 from task_sets.schema import parse_task
 from training.experiment import ExperimentConfig
+from training.iteration import Iteration
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 SQUARE_TESTS = "from solution import square\n\ndef test_square():\n    assert square(3) == 9\n"
@@ -71,7 +72,13 @@ def test_proven_tasks_are_sampled_and_the_others_left_out_with_their_reason(outs
     assert proven.unusable["outside/lax"] == "the entry point returning None passes every test"
     assert "needs Python 3.4; available:" in proven.unusable["outside/no-python"]
     assert len(proven) == len(TASKS) and proven.version == outside.version  # nothing removed from the set itself
-    assert unproven(outside, "local") == []
+
+
+def test_a_task_whose_environment_did_not_build_is_proven_again_next_time_and_left_out_meanwhile(outside):
+    prove_on("local", outside)
+    # A build can fail for a while (the package index down): only that proof is sought again.
+    assert [t.id for t in unproven(outside, "local")] == ["outside/no-python"]
+    assert "outside/no-python" in with_proofs(outside, "local").unusable
 
 
 def test_a_proof_holds_for_its_backend_and_its_task_version_only(outside):
@@ -114,5 +121,22 @@ def test_the_task_set_asset_proves_what_is_unproven_and_counts_what_it_leaves_ou
     metadata = {key: value.value for key, value in materialization.metadata.items()}
     assert (metadata["tasks"], metadata["tasks/usable"], metadata["tasks/unusable"],
             metadata["tasks/proven_this_run"]) == (1, 2, 2, 4)
+    # The next iteration proves only what may pass now: the task whose environment did not build.
+    assert Iteration(crucible, crucible.experiment("exp"), 2, log=lambda line: None).prove_unproven() == 1
     assert "outside/lax" in metadata["unusable_tasks"] and "needs Python 3.4" in metadata["unusable_tasks"]
     assert ProofLedger(EnvironmentStore()).get(outside.by_id["outside/good-eval"], "local").usable
+
+
+def test_an_iteration_with_no_usable_train_task_fails_saying_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRUCIBLE_ENVIRONMENTS", str(tmp_path / "environments"))
+    write_task_set([TASKS[1], TASKS[2]], tmp_path / "lax-only")  # the only train task is lax
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    crucible.save_experiment(ExperimentConfig(name="exp", task_set=str(tmp_path / "lax-only"), samples_per_task=2))
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([task_set_asset], partition_key=add_iteration(instance, "exp", 1), instance=instance,
+                             resources={"crucible": crucible,
+                                        "io_manager": DatasetIOManager(storage_root=crucible.storage_root)},
+                             raise_on_error=False)
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    assert "no train task of 'lax-only' is proven gradable on the local backend" in \
+        failure.step_failure_data.error.message

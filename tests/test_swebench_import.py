@@ -180,6 +180,9 @@ def test_a_users_specification_replaces_the_published_one_and_a_malformed_file_i
     specs.write_text("{not json")
     with pytest.raises(ImportError_, match="specs.json: malformed JSON"):
         import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS, specs=specs))
+    specs.write_text(json.dumps({"pallets/flask": {"2.3": {"python": "3.11", "packages": ["pytest"]}}}))
+    with pytest.raises(ImportError_, match=r"specs.json: \['pallets/flask'\]\['2.3'\]: 'packages' must be a string"):
+        import_tasks("swebench", INSTANCES, ImportOptions("swe", repos=REPOS, specs=specs))
 
 
 def test_an_instance_the_specifications_do_not_cover_is_refused_in_one_sentence(tmp_path):

@@ -98,10 +98,33 @@ def specifications(extra: Path | None) -> Table:
     if not isinstance(document, dict) or not all(isinstance(v, dict) and all(isinstance(s, dict) for s in v.values())
                                                  for v in document.values()):
         raise ImportError_(f"{extra}: expected {{\"OWNER/NAME\": {{\"VERSION\": {{specification}}}}}}")
+    for repo, versions in document.items():
+        for version, spec in versions.items():
+            problem = _spec_problem(spec)
+            if problem:
+                raise ImportError_(f"{extra}: [{repo!r}][{version!r}]: {problem}")
     specs = {repo: dict(versions) for repo, versions in table.specs.items()}
     for repo, versions in document.items():
         specs.setdefault(repo, {}).update(versions)
     return dataclasses.replace(table, specs=specs)
+
+
+SPEC_STRINGS = ("python", "packages", "install", "test_cmd")
+SPEC_LISTS = ("pip_packages", "pre_install", "eval_commands")
+
+
+def _spec_problem(spec: dict) -> str | None:
+    """Why a user's specification cannot be read (None when it can): the fields SWE-bench's
+    table has, of the types it gives them."""
+    if not isinstance(spec.get("python"), str):
+        return "needs \"python\", the Python version as a string (\"3.9\")"
+    for name in SPEC_STRINGS:
+        if name in spec and not isinstance(spec[name], str):
+            return f"{name!r} must be a string"
+    for name in SPEC_LISTS:
+        if name in spec and not (isinstance(spec[name], list) and all(isinstance(v, str) for v in spec[name])):
+            return f"{name!r} must be a list of strings"
+    return None
 
 
 def _fields(record: object, repos: Path, name: str, table: Table, notes: set[str]) -> dict:
