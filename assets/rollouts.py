@@ -36,6 +36,7 @@ from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
 from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
+from datastore.schema import TRUNCATED
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
 
@@ -92,9 +93,9 @@ def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
         "policy_version": ordered[0].shard.policy[1],
         "samples": len(samples),
         "shards": len(ordered),
-        "generated_tokens": tokens,
-        "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
-        "truncated": sum(r.finish_reason == "length" for r in samples),
+        "sampled_tokens": tokens,
+        "sampled_tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+        "truncated": sum(r.finish_reason in TRUNCATED for r in samples),
         # A server that answers text alone gives no behaviour log-probs: graded, never trained on.
         "without_logprobs": sum(r.behaviour_logprobs is None for r in samples),
         "finish_reasons": MetadataValue.json(dict(Counter(r.finish_reason for r in samples))),

@@ -143,7 +143,8 @@ def trajectory_table(rows: int, seed: int) -> pa.Table:
         "timings": pa.StructArray.from_arrays(
             [pa.array(rng.exponential(s, rows)) for s in (0.2, 0.01, 0.1, 0.15)], fields=list(TIMINGS)),
         "prompt_tokens": pa.array(prompt_lengths.astype(np.int32)),
-        "response_tokens": pa.array(response_lengths.astype(np.int32)),
+        "sampled_tokens": pa.array(response_lengths.astype(np.int32)),  # single replies: all sampled
+        "observation_tokens": pa.array(np.zeros(rows, np.int32)),
         "finish_reason": pa.array(np.where(response_lengths > 95, "length", "stop").astype(object)),
         "error_class": pa.nulls(rows, pa.string()),
         "sandbox_backend": pa.array(["local"] * rows),

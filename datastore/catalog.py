@@ -56,7 +56,7 @@ DERIVED_VIEWS = {
                          'checkpoint_eval')
             USING sum(seconds) GROUP BY experiment, iteration
         )
-        SELECT experiment, iteration, r.tasks, r.samples, r.pass_rate, r.reward_mean, r.generated_tokens,
+        SELECT experiment, iteration, r.tasks, r.samples, r.pass_rate, r.reward_mean, r.sampled_tokens,
                r.infra_error_rate, h.pass_rate AS eval_pass_rate, h.stderr AS eval_stderr,
                h.improvement AS eval_improvement, h.improvement_stderr AS eval_improvement_stderr,
                f.blanked_pass_rate AS eval_blanked_pass_rate, f.feedback_gap, f.feedback_gap_stderr,

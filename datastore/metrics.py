@@ -33,13 +33,22 @@ Definitions:
   pass rates are means over tasks with that standard error, per task set and per domain and
   difficulty within it. Its stability is the agreement of a task's repeated samples: the share
   of pairs of its scored samples with the same verdict (1 when every run agrees), averaged over
-  the tasks scored at least twice. Its cost is per solution (a passing sample): the tokens
-  (prompt and reply) and sandbox seconds spent on every sample, over the samples that passed.
+  the tasks scored at least twice. Its cost is per solution (a passing sample): the prompt,
+  sampled and observation tokens and the sandbox seconds spent on every sample, over the samples
+  that passed.
+- Tokens are kept apart by who wrote them: `prompt_tokens` (the rendered prompt), `sampled_tokens`
+  (what the policy sampled: its generation, and all it is trained on) and `observation_tokens`
+  (what the environment answered between its replies). Per-sample means carry the bare names,
+  an iteration's sums `total_…`. `truncation_rate` is the share of samples a token budget cut
+  short (finish_reason length or max_tokens).
 """
 
 from __future__ import annotations
 
+from datastore.schema import TRUNCATED
+
 SCORED = "reward_status = 'scored'"
+TRUNCATED_SQL = ", ".join(f"'{reason}'" for reason in TRUNCATED)
 SHOWN = "coalesce(observations, 'shown') = 'shown'"  # evaluations stored before schema 9 were shown
 
 # Over samples carrying `flat_group` (SAMPLES_WITH_GROUP_FLAG). A sample's sandbox time is its
@@ -55,12 +64,13 @@ SAMPLE_MEASURES = f"""
     avg((reward_status = 'infra_error')::INT) AS infra_error_rate,
     avg((reward_status = 'env_error')::INT) AS env_error_rate,
     avg((reward_status = 'invalid')::INT) AS invalid_rate,
-    avg((finish_reason = 'length')::INT) AS truncation_rate,
+    avg((finish_reason IN ({TRUNCATED_SQL}))::INT) AS truncation_rate,
     avg((len(tamper_flags) > 0)::INT) AS tamper_rate,
     avg(timings.generate_s) AS generate_s,
     avg(timings.verify_s + coalesce(list_sum([t.exec_s FOR t IN turns]), 0)) AS sandbox_s,
-    avg(response_tokens) AS response_tokens,
-    avg(list_sum(loss_mask)) AS sampled_tokens
+    avg(prompt_tokens) AS prompt_tokens,
+    avg(sampled_tokens) AS sampled_tokens,
+    avg(observation_tokens) AS observation_tokens
 """
 # What a failed command printed, in one line: a traceback's last line, else the first.
 FAILURE_LINE = "CASE WHEN output[1] LIKE 'Traceback%' THEN output[-1] ELSE coalesce(output[1], '(no output)') END"
@@ -91,7 +101,8 @@ METRIC_VIEWS = {
                zero_variance_groups / groups AS zero_variance_fraction,
                quantile_cont(reward, 0.1) AS reward_p10, median(reward) AS reward_p50,
                quantile_cont(reward, 0.9) AS reward_p90,
-               sum(prompt_tokens)::BIGINT AS prompt_tokens, sum(response_tokens)::BIGINT AS generated_tokens
+               sum(prompt_tokens)::BIGINT AS total_prompt_tokens, sum(sampled_tokens)::BIGINT AS total_sampled_tokens,
+               sum(observation_tokens)::BIGINT AS total_observation_tokens
         FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration
     """,
     "held_out_tasks": f"""
@@ -220,9 +231,13 @@ METRIC_VIEWS = {
     """,
     "model_eval_cost": f"""
         SELECT experiment AS evaluation, count(*) AS samples, count(*) FILTER (WHERE {SCORED} AND passed) AS solutions,
-               sum(prompt_tokens + response_tokens)::BIGINT AS tokens,
+               sum(prompt_tokens)::BIGINT AS prompt_tokens, sum(sampled_tokens)::BIGINT AS sampled_tokens,
+               sum(observation_tokens)::BIGINT AS observation_tokens,
                sum(timings.verify_s + coalesce(list_sum([t.exec_s FOR t IN turns]), 0)) AS sandbox_s,
-               sum(prompt_tokens + response_tokens) / nullif(solutions, 0) AS tokens_per_solution,
+               -- sum() again, not the alias: DuckDB binds a name to the column before the alias
+               sum(prompt_tokens) / nullif(solutions, 0) AS prompt_tokens_per_solution,
+               sum(sampled_tokens) / nullif(solutions, 0) AS sampled_tokens_per_solution,
+               sum(observation_tokens) / nullif(solutions, 0) AS observation_tokens_per_solution,
                sandbox_s / nullif(solutions, 0) AS sandbox_s_per_solution
         FROM model_evaluations GROUP BY experiment
     """,

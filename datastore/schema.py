@@ -15,7 +15,7 @@ from sandbox.result import ExecStatus
 from sandbox.test_report import Outcome
 from sandbox.verdict import RewardStatus, TamperFlag
 
-SCHEMA_VERSION = 9  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
+SCHEMA_VERSION = 10  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;
 # 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl,
 # and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
@@ -23,7 +23,8 @@ SCHEMA_VERSION = 9  # 2: reward_version on trajectories and evaluations; 3: repl
 # 7: regrades and outputs (new datasets; the others are unchanged); 8: failure_reason and
 # failure_detail on trajectories, model evaluations and regrades (why a grading did not pass),
 # environment (the digest of the task's built environment) on trajectories and model evaluations;
-# 9: observations and turns on evaluations (held-out episodes, also evaluated blind)
+# 9: observations and turns on evaluations (held-out episodes, also evaluated blind); 10: sampled_tokens
+# and observation_tokens replace response_tokens (which counted both), finish_reason a closed set
 
 
 class Observations(ClosedSet):
@@ -32,6 +33,22 @@ class Observations(ClosedSet):
     SHOWN = "shown", "what each action answered (the normal evaluation)"
     BLANKED = "blanked", ("the same fixed text after every action: the commands ran, their output was hidden from "
                           "the policy (what execution feedback is worth is the difference)")
+
+
+class FinishReason(ClosedSet):
+    """How a sample ended: a single reply by its engine's word, an episode by what stopped it."""
+
+    STOP = "stop", "the reply ended at a stop token (a single-turn sample)"
+    LENGTH = "length", "the reply was cut at max_new_tokens (a single-turn sample; truncated)"
+    SUBMITTED = "submitted", "the episode's policy submitted its workspace"
+    MAX_TURNS = "max_turns", "the episode used its turns without submitting; its workspace was graded"
+    WALL_TIME = "wall_time", "the episode ran out of wall-clock time; its workspace was graded"
+    MAX_TOKENS = "max_tokens", ("the episode's context had no room for another reply (episode_max_tokens); "
+                                "its workspace was graded (truncated)")
+
+
+# What truncation_rate counts (datastore/metrics.py): samples a token budget cut short.
+TRUNCATED = (FinishReason.LENGTH, FinishReason.MAX_TOKENS)
 
 
 def _field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -103,9 +120,11 @@ TRAJECTORIES = pa.schema(
         _field("exec_status", pa.string(), "what the grading run's command did (ExecStatus)"),
         _field("timings", TIMINGS, "seconds per phase: generate_s (its share of the batch's generation), "
                "queue_s (waiting for a sandbox slot), exec_s (the grading command), verify_s (the whole grading)"),
-        _field("prompt_tokens", pa.int32(), "number of prompt tokens"),
-        _field("response_tokens", pa.int32(), "number of generated tokens"),
-        _field("finish_reason", pa.string(), "stop or length"),
+        _field("prompt_tokens", pa.int32(), "tokens of the rendered prompt (system message and task)"),
+        _field("sampled_tokens", pa.int32(), "tokens the policy sampled (the sum of loss_mask)"),
+        _field("observation_tokens", pa.int32(), "tokens of the response the policy did not sample: an episode's "
+               "observations and the chat template's turn markers between replies (0 for a single reply)"),
+        _field("finish_reason", pa.string(), "how the sample ended (FinishReason)"),
         _field("error_class", pa.string(), "exception class of an infrastructure error, else null"),
         _field("sandbox_backend", pa.string(), "sandbox backend that graded the sample"),
         _field("sandbox_spec_hash", pa.string(), "hash of the SandboxSpec used for grading"),
@@ -271,10 +290,12 @@ DATASETS: dict[str, pa.Schema] = {
 # any other value is refused (`unknown_value`).
 CLOSED_SETS: dict[str, dict[str, type[ClosedSet]]] = {
     "trajectories": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
-                     "test_results.outcome": Outcome, "failure_reason": FailureReason},
+                     "test_results.outcome": Outcome, "failure_reason": FailureReason,
+                     "finish_reason": FinishReason},
     "evaluations": {"reward_status": RewardStatus, "observations": Observations},
     "model_evaluations": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
-                          "test_results.outcome": Outcome, "failure_reason": FailureReason},
+                          "test_results.outcome": Outcome, "failure_reason": FailureReason,
+                          "finish_reason": FinishReason},
     "regrades": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
                  "test_results.outcome": Outcome, "failure_reason": FailureReason},
 }

@@ -101,9 +101,10 @@ REPORT = {
     "Failure modes": (
         "SELECT kind, value, samples FROM model_eval_failures WHERE evaluation = ?", ("kind", "value", "samples")),
     "Cost": (
-        "SELECT samples, solutions, tokens, sandbox_s, tokens_per_solution, sandbox_s_per_solution "
-        "FROM model_eval_cost WHERE evaluation = ?",
-        ("samples", "solutions (passed)", "tokens", "sandbox s", "tokens / solution", "sandbox s / solution")),
+        "SELECT samples, solutions, prompt_tokens_per_solution, sampled_tokens_per_solution, "
+        "observation_tokens_per_solution, sandbox_s_per_solution FROM model_eval_cost WHERE evaluation = ?",
+        ("samples", "solutions (passed)", "prompt tokens / solution", "sampled tokens / solution",
+         "observation tokens / solution", "sandbox s / solution")),
 }
 
 

@@ -52,7 +52,8 @@ def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 
         "exec_status": "OK",
         "timings": {"generate_s": 0.1, "queue_s": 0.0, "exec_s": 0.02, "verify_s": 0.03},
         "prompt_tokens": 3,
-        "response_tokens": 2,
+        "sampled_tokens": 2,
+        "observation_tokens": 0,
         "finish_reason": "stop",
         "error_class": None,
         "sandbox_backend": "local",
@@ -215,13 +216,13 @@ def test_iterations_view_summarises_rollouts_evaluation_and_stages(storage_root)
         store.write_partition("stages", "exp", 2, rows_to_table("stages", [row]), part=stage)
 
     rows = catalog.connect(str(storage_root)).execute(
-        "SELECT iteration, tasks, samples, pass_rate, reward_mean, generated_tokens, "
+        "SELECT iteration, tasks, samples, pass_rate, reward_mean, sampled_tokens, "
         "eval_pass_rate, eval_stderr, rollouts, checkpoint FROM iterations"
     ).fetchall()
     assert rows[0] == (0, None, None, None, None, None, 0.5, 0.0, None, None)  # one task: no spread
-    assert rows[1] == (1, 2, 2, 0.5, 0.5, 4, None, None, None, None)
+    assert rows[1] == (1, 2, 2, 0.5, 0.5, 2.0, None, None, None, None)
     # Task rates 0, 1, 0, 1: sample std sqrt(1/3) over sqrt(4) tasks.
-    assert rows[2][:7] == (2, 4, 4, 0.75, 0.875, 8, 0.5) and rows[2][8:] == (3.0, 5.0)
+    assert rows[2][:7] == (2, 4, 4, 0.75, 0.875, 2.0, 0.5) and rows[2][8:] == (3.0, 5.0)
     assert rows[2][7] == pytest.approx((1 / 3) ** 0.5 / 2)
 
 
@@ -271,7 +272,7 @@ def test_rows_without_behaviour_logprobs_are_stored_but_never_trained_on():
 
 @pytest.mark.parametrize(("column", "value"), [
     ("reward_status", "ok"), ("exec_status", "FAIL"), ("tamper_flags", ["wrote_outside_workspace"]),
-    ("test_results", [{"name": "test_a", "outcome": "xfail", "message": ""}]),
+    ("test_results", [{"name": "test_a", "outcome": "xfail", "message": ""}]), ("finish_reason", "max_steps"),
 ])
 def test_a_status_outside_its_closed_set_is_refused_and_nothing_is_written(tmp_path, column, value):
     store = DatasetStore(str(tmp_path))

@@ -198,7 +198,8 @@ def test_trajectories_are_stored_as_a_hive_partition(finished_run, store, enviro
     assert rounds in (0, 1) and (groups > 4) == (rounds == 1) == bool(refilled)
     assert table.num_rows == groups * 2 and len(set(table["group_id"].to_pylist())) == groups
     row = table.slice(0, 1).to_pylist()[0]
-    assert len(row["behaviour_logprobs"]) == len(row["response_token_ids"]) == row["response_tokens"]
+    assert len(row["behaviour_logprobs"]) == len(row["response_token_ids"]) == row["sampled_tokens"] + row["observation_tokens"]
+    assert row["sampled_tokens"] == sum(row["loss_mask"])
     assert row["reward_status"] == "scored" and row["sandbox_backend"] == "local"
 
 

@@ -118,6 +118,15 @@ def test_the_context_is_sampled_tokens_with_mask_1_and_observations_with_mask_0(
     assert len(episode.response_ids) == len(episode.loss_mask)
 
 
+def test_an_episodes_row_counts_sampled_and_observation_tokens_apart(chat):
+    _, [episode] = episodes_for(chat, ["<run>echo hello</run>", "<submit/>"])
+    graded = grade_solution(TASK, episode.submission, reward=SHOPCART.reward)
+    row = trajectory_row(VerifiedRollout(as_rollout(episode, chat), TASK, graded, verify_s=0.5))
+    assert row["sampled_tokens"] == sum(t.sampled_tokens for t in episode.turns) == sum(episode.loss_mask)
+    assert row["observation_tokens"] == episode.loss_mask.count(0) > 0
+    assert row["prompt_tokens"] == len(episode.prompt_ids)
+
+
 def test_each_limit_ends_episodes_and_is_recorded(chat):
     loose = EpisodeLimits(max_turns=3, max_tokens=60_000)
     _, [looping] = episodes_for(chat, ["<run>true</run>"] * 3, limits=loose)

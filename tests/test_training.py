@@ -625,7 +625,7 @@ def test_observation_tokens_are_context_and_never_trained_on(sft_result, tmp_pat
     config = one_pass(lr=1e-2, minibatch_size=2, micro_batch_tokens=64, keep_optimizer_state=False)
     clean = train_policy(sft_result[0], samples(0.0), tmp_path / "clean", config)
     junk = train_policy(sft_result[0], samples(123.0), tmp_path / "junk", config)
-    assert clean["response_tokens"] == junk["response_tokens"] == 2 * sum(mask)
+    assert clean["trained_tokens"] == junk["trained_tokens"] == 2 * sum(mask)
     a, _ = load_policy(tmp_path / "clean")
     b, _ = load_policy(tmp_path / "junk")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
@@ -841,4 +841,4 @@ def test_a_micro_batch_with_nothing_to_train_on_still_takes_its_step(sft_result,
     samples = [TrainSample([5, 6, 7], [40, 41], [0.0, 0.0], 1.0, "g", loss_mask=[0, 0]),
                TrainSample([5, 6, 7, 8], [42, 43], [-1.0, -1.0], 0.0, "g")]
     metrics = train_policy(sft_result[0], samples, tmp_path / "step", one_pass(minibatch_size=2, micro_batch_tokens=1))
-    assert metrics["optimizer_steps"] == 1 and metrics["response_tokens"] == 2
+    assert metrics["optimizer_steps"] == 1 and metrics["trained_tokens"] == 2

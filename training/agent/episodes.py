@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from datastore.schema import FinishReason
 from sandbox.base import Session, WorkspacePathError
 from task_sets.patches import make_patch, text_files_from_tar
 from task_sets.schema import RepositoryTask, Task
@@ -66,7 +67,7 @@ class Episode:
     loss_mask: list[int] = field(default_factory=list)
     behaviour_logprobs: list[float] | None = field(default_factory=list)  # 0.0 where the mask is 0
     turns: list[Turn] = field(default_factory=list)
-    finish_reason: str = ""
+    finish_reason: FinishReason | None = None  # set when the episode ends
     submission: str = ""
     started: float = field(default_factory=time.monotonic)
 
@@ -76,7 +77,7 @@ class Episode:
 
     @property
     def done(self) -> bool:
-        return bool(self.finish_reason)
+        return self.finish_reason is not None
 
 
 def run_episodes(
@@ -152,7 +153,7 @@ def _play(wave: list[Episode], engine: InferenceEngine, chat: ChatFormat, params
         after_turn()
     unfinished = [e for e in wave if not e.done]
     for episode in unfinished:
-        episode.finish_reason = "max_turns"
+        episode.finish_reason = FinishReason.MAX_TURNS
     if unfinished:
         after_turn()
 
@@ -170,9 +171,9 @@ def _open(episode: Episode, previous: Session | None, open_session: OpenSession)
 
 def _out_of_budget(episode: Episode, params: SamplingParams, limits: EpisodeLimits) -> bool:
     if time.monotonic() - episode.started > limits.wall_s:
-        episode.finish_reason = "wall_time"
+        episode.finish_reason = FinishReason.WALL_TIME
     elif len(episode.context) + params.max_new_tokens > limits.max_tokens:
-        episode.finish_reason = "max_tokens"
+        episode.finish_reason = FinishReason.MAX_TOKENS
     return episode.done
 
 
@@ -193,7 +194,7 @@ def _act(episode: Episode, completion: Completion, generate_s: float, chat: Chat
     episode.turns.append(Turn(reply, kind, detail, status, exit_code, observation, generate_s,
                               time.perf_counter() - began, len(completion.token_ids)))
     if isinstance(action, Submit):
-        episode.finish_reason = "submitted"
+        episode.finish_reason = FinishReason.SUBMITTED
         return
     shown = BLANKED_OBSERVATION if blanked else observation
     # Closed only by the template's own end of turn: a reply that stopped at another stop token,

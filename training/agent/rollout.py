@@ -40,7 +40,7 @@ class Rollout:
     prompt_ids: list[int]
     response_ids: list[int]  # everything after the prompt (an episode's observations included)
     behaviour_logprobs: list[float] | None  # None: the engine returned none (not trainable)
-    finish_reason: str
+    finish_reason: str  # a FinishReason (datastore/schema.py): the engine's stop or length, or how an episode ended
     response_text: str
     generate_s: float  # this sample's share of its batch's generation time
     solution: str  # what is graded: the reply's solution.py, or an episode's final workspace (diff or solution.py)

@@ -507,7 +507,7 @@ def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: t
         "optimizer_steps": int(totals.get("optimizer_steps", 0.0)),
         "samples": len(samples),
         "samples_trained": len(batch),
-        "response_tokens": sum(s.trained_tokens for s in batch),
+        "trained_tokens": sum(s.trained_tokens for s in batch),  # sampled tokens of the samples trained on
         "tokens": int(totals.get("tokens", 0.0)),  # positions through the decoder (padded; a shared prefix once)
         "seconds": seconds,
         "tokens_per_s": totals.get("tokens", 0.0) / max(seconds, 1e-9),
