@@ -88,7 +88,8 @@ def check_result(verdict: Verdict) -> AssetCheckResult:
 @asset(
     **ITERATION,
     check_specs=[AssetCheckSpec("eval_split_held_out", asset="task_set",
-                                description="no sampled task is from the eval split or an exact copy of one")],
+                                description="no sampled task is from the eval split or a copy of one (the same "
+                                            "prompt and workspace, or the same workspace and tests)")],
 )
 def task_set(
     context: AssetExecutionContext, crucible: CrucibleResource
@@ -117,14 +118,22 @@ def task_set(
                                   or "none (the sandbox image as it is)",
                                   **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")},
                                   **_gradability_metadata(iteration.task_set, proven)})
-    split, sampled = separation(iteration.task_set), {task.id for task in tasks}
-    not_train = sorted(task.id for task in tasks if task.split != "train")
-    leaked = sorted({train_id for train_id, _ in split.exact_duplicates} & sampled)
-    yield AssetCheckResult(
+    yield eval_split_held_out(iteration.task_set, tasks)
+
+
+def eval_split_held_out(task_set: TaskSet, sampled: list[TaskBase]) -> AssetCheckResult:
+    """Passed when no sampled task is an eval task or a copy of one: the same prompt and
+    workspace, or the same workspace and tests (task_sets/separation.py)."""
+    split, sampled_ids = separation(task_set), {task.id for task in sampled}
+    not_train = sorted(task.id for task in sampled if task.split != "train")
+    copies = [row for row in split.exact_duplicates if row[0] in sampled_ids]
+    return AssetCheckResult(
         check_name="eval_split_held_out",
-        passed=not not_train and not leaked,
+        passed=not not_train and not copies,
         metadata={"eval_tasks_sampled": ", ".join(not_train) or "none",
-                  "copies_of_eval_prompts_sampled": ", ".join(leaked) or "none",
+                  "copies_of_eval_tasks_sampled": MetadataValue.md(markdown_table(
+                      [{"train task": a, "eval task": b, "same": same} for a, b, same in copies],
+                      ("train task", "eval task", "same"))) if copies else "none",
                   "near_duplicate_pairs_in_set": len(split.near_duplicates)},
     )
 

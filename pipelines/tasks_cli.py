@@ -246,10 +246,11 @@ def command_validate(args: argparse.Namespace) -> int:
                       f"passed {report.repeats} of {report.repeats} times; every wrong submission failed)",
                       highlight=False)
     split = separation(task_set)
-    console.print(f"splits: {len(split.exact_duplicates)} eval prompts copied into train"
-                  + "".join(f"\n  {train_id} = {eval_id}" for train_id, eval_id in split.exact_duplicates)
-                  + f"; {len(split.near_duplicates)} train/eval pairs of near-duplicate prompts "
-                  f"(similarity >= {NEAR_DUPLICATE_THRESHOLD})", highlight=False)
+    console.print(f"splits: {len(split.exact_duplicates)} eval tasks copied into train"
+                  + "".join(f"\n  {train_id} = {eval_id} (the same {same})"
+                            for train_id, eval_id, same in split.exact_duplicates)
+                  + f"; {len(split.near_duplicates)} train/eval pairs of near-duplicates "
+                  f"(prompts and workspaces similarity >= {NEAR_DUPLICATE_THRESHOLD})", highlight=False)
     if args.out:
         document = {**dataclasses.asdict(report), "separation": dataclasses.asdict(split)}
         args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

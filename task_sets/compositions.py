@@ -27,7 +27,7 @@ from task_sets.generator import write_jsonl
 from task_sets.schema import Difficulty, FunctionTask, Task
 from task_sets.splits import hash_splits
 
-EVAL_FRACTION = 0.065  # ~56 held-out tasks: enough for a pass rate to +-0.06, cheap to evaluate each iteration
+EVAL_FRACTION = 0.065  # ~52 held-out tasks: enough for a pass rate to +-0.06, cheap to evaluate each iteration
 DEFAULT_OUTPUT = Path(__file__).parent / "builtin" / "compose" / "generated.jsonl"
 
 
@@ -108,15 +108,21 @@ def combinations(family: Family) -> Iterator[tuple[tuple[str, ...], str, str]]:
 
 
 def _family_tasks(family: Family) -> list[Task]:
-    pairs = [(prompt, solution) for _, prompt, solution in combinations(family)]
-    ids = [f"compose/{family.name}/{index:04d}" for index in range(len(pairs))]
-    splits = hash_splits(ids, EVAL_FRACTION)
     entry_point = family.signature.split("(")[0]
+    triples = [(prompt, solution, hidden_tests(entry_point, solution, family.calls))
+               for _, prompt, solution in combinations(family)]
+    ids = [f"compose/{family.name}/{index:04d}" for index in range(len(triples))]
+    # Combinations the tests cannot tell apart (sorted and reversed of a list the filter leaves
+    # sorted) share a split: one's answer earns the other's reward (task_sets/separation.py).
+    alike = {}
+    for task_id, (_, _, tests) in zip(ids, triples):
+        alike.setdefault(tests, task_id)
+    splits = hash_splits(sorted(set(alike.values())), EVAL_FRACTION)
     return [
-        FunctionTask(id=task_id, prompt=prompt, entry_point=entry_point, reference_solution=solution,
-                     tests=hidden_tests(entry_point, solution, family.calls), difficulty=family.difficulty,
-                     domain="python-functions", family=family.name, split=splits[task_id])
-        for task_id, (prompt, solution) in zip(ids, pairs)
+        FunctionTask(id=task_id, prompt=prompt, entry_point=entry_point, reference_solution=solution, tests=tests,
+                     difficulty=family.difficulty, domain="python-functions", family=family.name,
+                     split=splits[alike[tests]])
+        for task_id, (prompt, solution, tests) in zip(ids, triples)
     ]
 
 

@@ -67,7 +67,7 @@ def test_the_command_exits_1_and_writes_the_report(tmp_path):
                           env={**os.environ, "COLUMNS": "200"}, timeout=300)
     assert done.returncode == 1, done.stderr
     assert "1 ok, 1 broken, 1 flaky, 1 lax" in done.stdout
-    assert "splits: 0 eval prompts copied into train" in done.stdout
+    assert "splits: 0 eval tasks copied into train" in done.stdout
     report = json.loads(out.read_text())
     assert [t["verdict"] for t in report["tasks"]] == ["ok", "lax", "flaky", "broken"]
     assert report["separation"]["exact_duplicates"] == []
