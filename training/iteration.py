@@ -67,6 +67,7 @@ from training.inference.engine import InferenceEngine, SamplingParams
 from training.inference.engines import open_engine
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.lineage import lineage
+from training.progress import ProgressLines
 from training.rl.step import TrainJob
 
 SEED_STRIDE = 100_003  # a prime: experiments' seeds never collide for the first 100k iterations
@@ -267,12 +268,12 @@ class Iteration:
         experiment = self.experiment
         if experiment.max_turns == 1:
             return sample_rollouts(engine, engine.chat, tasks, params, group_prefix,
-                                   progress=lambda done, total: self.log(f"sampled {done}/{total} tasks"),
+                                   progress=ProgressLines(self.log, "sampled {done}/{total} tasks"),
                                    system=self.task_set.system_message)
         limits = EpisodeLimits(max_turns=experiment.max_turns, max_tokens=experiment.episode_max_tokens,
                                command_timeout_s=experiment.command_timeout_s)
         episodes = run_episodes(engine, engine.chat, tasks, params, limits, self.env.open_session, group_prefix,
-                                progress=lambda ended, total: self.log(f"episodes: {ended}/{total} ended"),
+                                progress=ProgressLines(self.log, "episodes: {done}/{total} ended"),
                                 system=self.task_set.system_message, blanked=blanked)
         return [as_rollout(episode, engine.chat) for episode in episodes]
 
@@ -317,13 +318,12 @@ class Iteration:
             grade = grade_solution(task, solution, sandbox, reward, process)
             return Graded(grade, verify_s=time.perf_counter() - started, queue_s=started - handed_over)
 
-        step, graded = max(1, len(work) // 5), []
+        graded, progress = [], ProgressLines(self.log, "graded {done}/{total}")
         with self.env.sandbox_pool(is_infra_failure=lambda g: g.grade.reward_status is RewardStatus.INFRA_ERROR,
                                    shares=shares) as pool:
             for done, result in enumerate(pool.map(lambda item: sandbox_spec(item[0]), verify, work), start=1):
                 graded.append(result)
-                if done % step == 0 or done == len(work):
-                    self.log(f"graded {done}/{len(work)}")
+                progress(done, len(work))
         if pool.retries or pool.quarantined:
             self.log(f"sandbox pool: {pool.retries} retries, quarantined: {pool.quarantined}")
         return graded
