@@ -60,11 +60,13 @@ DERIVED_VIEWS = {
                r.infra_error_rate, h.pass_rate AS eval_pass_rate, h.stderr AS eval_stderr,
                h.improvement AS eval_improvement, h.improvement_stderr AS eval_improvement_stderr,
                f.blanked_pass_rate AS eval_blanked_pass_rate, f.feedback_gap, f.feedback_gap_stderr,
-               e.turns_per_episode, timing.* EXCLUDE (experiment, iteration)
+               e.turns_per_episode, c.mean_step_kl, c.final_kl, c.entropy, c.grad_norm,
+               c.tokens_per_s AS train_tokens_per_s, timing.* EXCLUDE (experiment, iteration)
         FROM iteration_rewards r
         FULL JOIN held_out h USING (experiment, iteration)  -- iteration 0: the base policy's evaluation
         LEFT JOIN feedback_value f USING (experiment, iteration)
         LEFT JOIN turn_analytics e USING (experiment, iteration)
+        LEFT JOIN checkpoints c USING (experiment, iteration)
         LEFT JOIN timing USING (experiment, iteration)
         ORDER BY experiment, iteration
     """,
