@@ -40,16 +40,16 @@ from training.evaluation.monitors import SAMPLE_CHECKS, judge_samples
 
 ITERATION_MEASURES = ("tasks", "samples", "scored", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",
                       "reward_p90", "zero_variance_fraction", "infra_error_rate", "env_error_rate", "invalid_rate",
-                      "truncation_rate", "tamper_rate", "generate_s", "sandbox_s", "response_tokens", "sampled_tokens",
-                      "generated_tokens")
+                      "truncation_rate", "tamper_rate", "generate_s", "sandbox_s", "prompt_tokens", "sampled_tokens",
+                      "observation_tokens", "total_sampled_tokens")
 EPISODE_MEASURES = ("turns_per_episode", "runs_per_episode", "submitted_share", "ran_before_submitting_share",
                     "checked_last_edit_share", "wasted_turn_share", "malformed_turn_share", "repeated_command_share")
 TASK_COLUMNS = ("task_id", "family", "difficulty", "samples", "pass_rate", "reward_mean", "reward_std",
                 "zero_variance_groups", "infra_error_rate", "truncation_rate", "tamper_rate", "generate_s",
-                "sandbox_s", "response_tokens")
+                "sandbox_s", "sampled_tokens", "observation_tokens")
 SUMMARY_COLUMNS = ("experiment", "iteration", "samples", "pass_rate", "reward_mean", "reward_std",
                    "zero_variance_fraction", "infra_error_rate", "truncation_rate", "tamper_rate", "generate_s",
-                   "sandbox_s", "generated_tokens", "eval_pass_rate", "eval_stderr")
+                   "sandbox_s", "sampled_tokens", "eval_pass_rate", "eval_stderr")
 
 
 def _check_description(measure: str, limit: str, severity: str) -> str:
