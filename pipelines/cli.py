@@ -134,7 +134,7 @@ def command_continue(args: argparse.Namespace) -> int:
 
 
 SUMMARY_QUERY = """
-    SELECT iteration, tasks, samples, turns_per_episode, pass_rate, reward_mean, generated_tokens,
+    SELECT iteration, tasks, samples, turns_per_episode, pass_rate, reward_mean, sampled_tokens,
            rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval,
            eval_pass_rate, eval_stderr, eval_blanked_pass_rate
     FROM iterations WHERE experiment = ? ORDER BY iteration
@@ -149,7 +149,7 @@ def print_summary(storage_root: str, experiment: str) -> None:
     """One row per iteration, read back from the stored datasets."""
     rows = catalog.connect(storage_root).execute(SUMMARY_QUERY, [experiment]).fetchall()
     table = Table(title=f"experiment {experiment!r}")
-    for header in ("iter", "tasks", "samples", "turns", "pass rate", "mean reward", "gen tokens",
+    for header in ("iter", "tasks", "samples", "turns", "pass rate", "mean reward", "sampled tokens",
                    "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass ± se", "blanked"):
         table.add_column(header, justify="right")
     for (it, tasks, samples, turns, pass_rate, reward, tokens, *seconds, eval_rate, eval_se, blanked) in rows:
