@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -256,20 +257,34 @@ def test_running_again_skips_the_finished_iteration(finished_run, environment, s
     assert stored["tasks_per_iteration"] == 4
 
 
-def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environment, store, mini_set, tmp_path):
-    """An experiment allowing two turns (its own base policy, built by `crucible run`): each sample
-    is an episode in a sandbox session, stored turn by turn with its loss mask."""
+@pytest.fixture(scope="module")
+def repair_set(workdir) -> Path:
+    """Six tasks of `make run`'s set to learn, three held out."""
+    repair = load_task_set("repair")
+    write_task_set([*repair.train()[:6], *repair.eval()[:3]], workdir / "mini-repair")
+    return workdir / "mini-repair"
+
+
+@pytest.fixture(scope="module")
+def turns_run(finished_run, environment, repair_set) -> subprocess.CompletedProcess:
+    """An experiment of episodes on repair tasks, two turns each (its own base policy, warmed up
+    on demonstrated episodes and built by `crucible run`), evaluated shown and blind."""
     os.environ["DAGSTER_HOME"] = environment["DAGSTER_HOME"]
     try:
         CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
                          checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"]).save_experiment(
-            ExperimentConfig(name="turns", task_set=str(mini_set), base=TINY_BASE, tasks_per_iteration=2,
+            ExperimentConfig(name="turns", task_set=str(repair_set), base=TINY_BASE, tasks_per_iteration=2,
                              samples_per_task=2, max_new_tokens=24,
                              eval_tasks=2, eval_samples=2, eval_blanked_samples=1, refill_rounds=0, max_turns=2,
                              episode_max_tokens=1024))
     finally:
         del os.environ["DAGSTER_HOME"]
-    done = crucible_cli(environment, "run", "--experiment", "turns", "--iterations", "1")
+    return crucible_cli(environment, "run", "--experiment", "turns", "--iterations", "1")
+
+
+def test_an_experiment_with_turns_runs_multi_turn_episodes(turns_run, environment, store, tmp_path):
+    """Each sample is an episode in a sandbox session, stored turn by turn with its loss mask."""
+    done = turns_run
     assert done.returncode == 0, done.stderr[-3000:]
     rows = store.read_partition("trajectories", "turns", 1).to_pylist()
     assert len(rows) == 4 and all(1 <= len(row["turns"]) <= 2 for row in rows)
@@ -286,6 +301,23 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(finished_run, environ
     assert blind == [{"iteration": 0, "tasks": 2}, {"iteration": 1, "tasks": 2}]
     curve = crucible_cli(environment, "curve", "--experiment", "turns", "--out", str(tmp_path / "turns.png"))
     assert curve.returncode == 0 and "blanked" in curve.stdout, curve.stderr
+
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def documented_queries() -> list:
+    return [pytest.param(block, id=f"{path.name}:{number}") for path in sorted(DOCS.glob("*.md"))
+            for number, block in enumerate(re.findall(r"```sql\n(.*?)```", path.read_text(), re.S), start=1)]
+
+
+@pytest.mark.parametrize("query", documented_queries())
+def test_every_sql_block_of_the_docs_returns_rows_for_the_experiment_make_run_creates(turns_run, environment,
+                                                                                      query):
+    """Written for `make run`'s experiment (repair), answered here by the episodes on repair tasks."""
+    assert "experiment = 'repair'" in query
+    con = catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"])
+    assert con.execute(query.replace("'repair'", "'turns'")).fetchall()
 
 
 def test_curve_plots_the_held_out_pass_rate_against_the_base_policy(finished_run, environment, tmp_path):
