@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +29,7 @@ from datastore.results import write_result
 from datastore.store import DatasetStore, StorageUnavailable
 from pipelines import env_cli, environment, eval_cli, tasks_cli, verify_cli
 from pipelines.errors import RunFailed, UserError
+from pipelines.hints import crucible_command, storage_words
 from pipelines.instance import prepare_instance
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
@@ -96,14 +98,21 @@ def command_run(args: argparse.Namespace) -> int:
         raise UserError(f"{error}\n(stored by an older Crucible? start a new experiment, or `make clean`)") from None
     runner.run()
     print_summary(runner.crucible.storage_root, name)
-    storage = runner.crucible.storage_root
-    console.print(f"\n[bold]Data[/bold]: {storage}  (checkpoints: {runner.crucible.checkpoint_root})")
-    console.print(
-        "[bold]Query[/bold]: crucible sql \"SELECT iteration, avg(reward) FROM trajectories "
-        "GROUP BY 1 ORDER BY 1\""
-    )
-    console.print("[bold]UI[/bold]:    crucible ui   (then open http://127.0.0.1:3000)")
+    console.print(f"\n[bold]Data[/bold]:  {escape(runner.crucible.storage_root)}  "
+                  f"(checkpoints: {escape(runner.crucible.checkpoint_root)})")
+    for label, line in run_hints(name, args.storage):
+        console.print(f"[bold]{label}[/bold]{escape(line)}", soft_wrap=True, highlight=False)
     return 0
+
+
+def run_hints(experiment: str, storage: str | None) -> list[tuple[str, str]]:
+    """What to do next with the experiment just run, as commands to paste (pipelines/hints.py)."""
+    where = storage_words(storage)
+    rewards = (f"SELECT iteration, avg(reward) FROM trajectories WHERE experiment = '{experiment}' "
+               "GROUP BY 1 ORDER BY 1")
+    return [("Query", ": " + crucible_command("sql", *where, rewards)),
+            ("Curve", ": " + crucible_command("curve", *where, "--experiment", experiment)),
+            ("UI", ":    " + crucible_command("ui", *where) + "   (then open http://127.0.0.1:3000)")]
 
 
 def command_continue(args: argparse.Namespace) -> int:
@@ -115,8 +124,8 @@ def command_continue(args: argparse.Namespace) -> int:
 
     crucible = crucible_resource()
     if not crucible.experiment_exists(args.experiment):
-        raise UserError(f"experiment {args.experiment!r} has no stored settings: create it with `crucible run "
-                        "--config FILE` first")
+        raise UserError(f"experiment {args.experiment!r} has no stored settings: create it with "
+                        f"`{crucible_command('run', '--config', 'FILE', *storage_words(args.storage))}` first")
     try:
         stored = crucible.experiment(args.experiment)
     except ExperimentFileError as error:
@@ -355,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunFailed as error:
         errors.print(f"[red]run failed:[/red] {error}", highlight=False)
-        errors.print("The run's full event log is in the UI: crucible ui", highlight=False)
+        ui = crucible_command("ui", *storage_words(getattr(args, "storage", None)))
+        errors.print(f"The run's full event log is in the UI: {ui}", highlight=False, markup=False)
         return 1
 
 

@@ -15,6 +15,7 @@ from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
 from pipelines import environment
 from pipelines.errors import UserError
+from pipelines.hints import crucible_command
 from sandbox.backends import BACKENDS
 from task_sets.gradability import repositories_of
 from task_sets.loader import TaskSetError, builtin_task_set_names, library_task_set_names, load_task_set
@@ -104,7 +105,7 @@ def command_list(args: argparse.Namespace) -> int:
 def command_show(args: argparse.Namespace) -> int:
     found = EnvironmentStore().find(args.digest)
     if found is None:
-        raise UserError(f"no single built environment starts with {args.digest!r} (crucible env list)")
+        raise UserError(f"no single built environment starts with {args.digest!r} ({crucible_command('env', 'list')})")
     console.print_json(json.dumps({**found.record, "path": str(found.path),
                                    "docker_image": image_tag(found.digest) if found.digest in images(EnvironmentStore())
                                    else None}))

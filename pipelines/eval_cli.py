@@ -9,10 +9,12 @@ import shutil
 
 import requests
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pipelines import environment
 from pipelines.errors import UserError
+from pipelines.hints import crucible_command, storage_words
 
 # Piped output has no terminal width; the report's tables need ~100 columns.
 console = Console(width=shutil.get_terminal_size((120, 40)).columns)
@@ -73,8 +75,10 @@ def command_eval(args: argparse.Namespace) -> int:
         raise UserError(f"{chat_dir}: {error}") from None
     crucible.store().write_partition("model_evaluations", name, 0, rows_to_table("model_evaluations", rows))
     print_report(crucible.storage_root, name)
-    console.print(f"\n[bold]Data[/bold]: the model_evaluations dataset in {crucible.storage_root} (experiment = "
-                  f"{name!r}); e.g. crucible sql \"SELECT * FROM model_eval_pass_rates WHERE evaluation = '{name}'\"")
+    example = crucible_command("sql", *storage_words(args.storage),
+                               f"SELECT * FROM model_eval_pass_rates WHERE evaluation = '{name}'")
+    console.print(f"\n[bold]Data[/bold]: the model_evaluations dataset in {escape(crucible.storage_root)} "
+                  f"(experiment = {name!r}); e.g. {escape(example)}", soft_wrap=True, highlight=False)
     return 0
 
 

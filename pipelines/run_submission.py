@@ -22,6 +22,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunSta
 from dagster._daemon.controller import get_daemon_statuses
 
 from pipelines.errors import RunFailed, UserError
+from pipelines.hints import crucible_command
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEQUEUER = "QUEUED_RUN_COORDINATOR"  # the daemon that takes runs off the queue and launches them
@@ -37,7 +38,7 @@ def require_daemon(instance: DagsterInstance) -> None:
     if not get_daemon_statuses(instance, [DEQUEUER], ignore_errors=True)[DEQUEUER].healthy:
         raise UserError(f"the instance in {instance.root_directory} launches its runs from the daemon "
                         f"({type(instance.run_launcher).__name__}), and no daemon is running: start it with "
-                        "`crucible ui` (or `dagster-daemon run -w workspace.yaml` in the project folder)")
+                        f"`{crucible_command('ui')}` (or `dagster-daemon run -w workspace.yaml` in the project folder)")
 
 
 def unfinished_runs(instance: DagsterInstance, tags: dict[str, str]) -> list[RunRecord]:

@@ -16,6 +16,7 @@ from rich.table import Table
 from pipelines import environment
 from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
+from pipelines.hints import crucible_command
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.pool import PoolConfig, SandboxPool
@@ -182,8 +183,8 @@ def command_show(args: argparse.Namespace) -> int:
     task_set = load(args.task_set or args.task_id.split("/", 1)[0])
     task = task_set.by_id.get(args.task_id)
     if task is None:
-        raise UserError(f"no task {args.task_id!r} in task set {task_set.name!r} (crucible tasks list --task-set "
-                        f"{task_set.name})")
+        raise UserError(f"no task {args.task_id!r} in task set {task_set.name!r} "
+                        f"({crucible_command('tasks', 'list', '--task-set', task_set.name)})")
     sys.stdout.write(_describe(task) + "\n")  # plain text: prompts and code must not be re-wrapped
     return 0
 
