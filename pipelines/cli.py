@@ -36,7 +36,8 @@ from sandbox.base import SandboxUnavailable
 from sandbox.spec import Limits, SandboxSpec
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-# Piped output (CI logs, `| tee`) has no terminal width; the summary table needs ~130 columns.
+# Piped output (CI logs, `| tee`) has no terminal width: room for the run summary (100 columns) and
+# most `crucible sql` results.
 console = Console(width=shutil.get_terminal_size((140, 40)).columns)
 errors = Console(stderr=True, soft_wrap=True)  # an error stays one line, however long
 
@@ -97,7 +98,7 @@ def command_run(args: argparse.Namespace) -> int:
     except ExperimentFileError as error:  # the experiment's stored settings no longer validate
         raise UserError(f"{error}\n(stored by an older Crucible? start a new experiment, or `make clean`)") from None
     runner.run()
-    print_summary(runner.crucible.storage_root, name)
+    print_summary(runner.crucible.storage_root, name, args.storage)
     console.print(f"\n[bold]Data[/bold]:  {escape(runner.crucible.storage_root)}  "
                   f"(checkpoints: {escape(runner.crucible.checkpoint_root)})")
     for label, line in run_hints(name, args.storage):
@@ -143,30 +144,47 @@ def command_continue(args: argparse.Namespace) -> int:
 
 
 SUMMARY_QUERY = """
-    SELECT iteration, tasks, samples, turns_per_episode, pass_rate, reward_mean, sampled_tokens,
-           rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval,
-           eval_pass_rate, eval_stderr, eval_blanked_pass_rate
+    SELECT iteration, pass_rate, reward_mean, sampled_tokens, eval_pass_rate, eval_stderr, eval_blanked_pass_rate,
+           rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval
     FROM iterations WHERE experiment = ? ORDER BY iteration
 """
+# The iterations view's timing columns (one per stage, in the order they run), by what they do.
+STAGES = {"rollouts": "sampling", "verified_rollouts": "grading", "trajectories": "storing",
+          "checkpoint": "training", "checkpoint_eval": "eval"}
+SUMMARY_COLUMNS = ("iter", "train pass", "reward", "tokens/sample", "held-out ± se", "blanked", "seconds",
+                   "slowest stage")
 
 
 def _cell(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
-def print_summary(storage_root: str, experiment: str) -> None:
-    """One row per iteration, read back from the stored datasets."""
-    rows = catalog.connect(storage_root).execute(SUMMARY_QUERY, [experiment]).fetchall()
-    table = Table(title=f"experiment {experiment!r}")
-    for header in ("iter", "tasks", "samples", "turns", "pass rate", "mean reward", "sampled tokens",
-                   "rollout s", "verify s", "store s", "train s", "eval s", "held-out pass ± se", "blanked"):
-        table.add_column(header, justify="right")
-    for (it, tasks, samples, turns, pass_rate, reward, tokens, *seconds, eval_rate, eval_se, blanked) in rows:
-        held_out = "" if eval_rate is None else f"{eval_rate:.3f} ± {eval_se:.3f}"
-        table.add_row("0 (base)" if it == 0 else str(it), *(_cell(v, "") for v in (tasks, samples)),
-                      _cell(turns, ".2f"), *(_cell(v, ".3f") for v in (pass_rate, reward)), _cell(tokens, ""),
-                      *(_cell(s, ".1f") for s in seconds), held_out, _cell(blanked, ".3f"))
-    console.print(table)
+def print_summary(storage_root: str, experiment: str, storage: str | None) -> None:
+    """One row per iteration, read back from the stored datasets: what shows at a glance whether
+    training helps; the command that shows every column under it (`storage`: the --storage given)."""
+    rows = catalog.records(catalog.connect(storage_root), SUMMARY_QUERY, [experiment])
+    console.print(summary_table(experiment, rows))
+    every_column = f"SELECT * FROM iterations WHERE experiment = '{experiment}'"
+    console.print(f"every column: {escape(crucible_command('sql', *storage_words(storage), every_column))}",
+                  soft_wrap=True, highlight=False)
+
+
+def summary_table(experiment: str, rows: list[dict]) -> Table:
+    """The summary's rows (SUMMARY_QUERY's) in 100 columns: train and held-out pass rates, the
+    policy's tokens per sample, and where the time went."""
+    table = Table(title=f"experiment {experiment!r}", caption="iteration 0: the base policy; tokens/sample: the "
+                  "policy's own; seconds: its stages' sum")
+    for header in SUMMARY_COLUMNS:
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        held_out = "" if row["eval_pass_rate"] is None else f"{row['eval_pass_rate']:.3f} ± {row['eval_stderr']:.3f}"
+        seconds = {label: row[stage] for stage, label in STAGES.items() if row[stage] is not None}
+        slowest = max(seconds, key=seconds.get) if seconds else None
+        table.add_row(str(row["iteration"]), _cell(row["pass_rate"], ".3f"), _cell(row["reward_mean"], ".3f"),
+                      _cell(row["sampled_tokens"], ".0f"), held_out, _cell(row["eval_blanked_pass_rate"], ".3f"),
+                      _cell(sum(seconds.values()) if seconds else None, ".0f"),
+                      "" if slowest is None else f"{slowest} {seconds[slowest]:.0f}s")
+    return table
 
 
 def command_sql(args: argparse.Namespace) -> int:
