@@ -29,7 +29,7 @@ from datastore.results import write_result
 from datastore.store import DatasetStore, StorageUnavailable
 from pipelines import env_cli, environment, eval_cli, tasks_cli, verify_cli
 from pipelines.errors import RunFailed, UserError
-from pipelines.hints import crucible_command, storage_words
+from pipelines.hints import crucible_command, storage_words, this_crucible
 from pipelines.instance import prepare_instance
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
@@ -243,16 +243,36 @@ CURVE_QUERY = """
 """
 
 
+# Experiments in the store, the most recent first: by the start of their latest stage.
+STORED_EXPERIMENTS_QUERY = "SELECT experiment FROM stages GROUP BY experiment ORDER BY max(started_at) DESC"
+
+
+def stored_experiment(con: duckdb.DuckDBPyConnection, name: str | None) -> str:
+    """`name`, or the most recent experiment when None; refused when the store has no such one."""
+    stored = [experiment for (experiment,) in con.execute(STORED_EXPERIMENTS_QUERY).fetchall()]
+    if not stored:
+        raise UserError(f"no experiment has run under {environment.storage_root()}: run one first "
+                        f"({this_crucible()} run --help)")
+    if name is None:
+        return stored[0]
+    if name not in stored:
+        raise UserError(f"no experiment {name!r} under {environment.storage_root()}; stored, the most recent "
+                        f"first: {', '.join(stored)}")
+    return name
+
+
 def command_curve(args: argparse.Namespace) -> int:
     """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
     from assets.charts import eval_curve_png
 
     environment.use_storage(args.storage)
-    rows = catalog.records(catalog.connect(environment.storage_root()), CURVE_QUERY, [args.experiment])
+    con = catalog.connect(environment.storage_root())
+    experiment = stored_experiment(con, args.experiment)
+    rows = catalog.records(con, CURVE_QUERY, [experiment])
     if not rows or rows[0]["iteration"] != 0:
-        raise UserError(f"experiment {args.experiment!r} has no scored evaluation of its base policy (iteration 0) "
+        raise UserError(f"experiment {experiment!r} has no scored evaluation of its base policy (iteration 0) "
                         f"under {environment.storage_root()}: run it first")
-    table = Table(title=f"{args.experiment}: held-out pass rate (iteration 0 = base policy)")
+    table = Table(title=f"{experiment}: held-out pass rate (iteration 0 = base policy)")
     for header in ("iteration", "pass rate", "stderr", "vs base", "paired stderr", "in stderrs",
                    "blanked", "feedback gap ± paired se", "in stderrs"):
         table.add_column(header, justify="right")
@@ -268,8 +288,8 @@ def command_curve(args: argparse.Namespace) -> int:
     blanked = [(r["iteration"], r["blanked_pass_rate"], r["blanked_stderr"]) for r in rows
                if r["blanked_pass_rate"] is not None]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_bytes(eval_curve_png(args.experiment, [(r["iteration"], r["pass_rate"], r["stderr"])
-                                                                for r in rows], blanked))
+    Path(args.out).write_bytes(eval_curve_png(experiment, [(r["iteration"], r["pass_rate"], r["stderr"])
+                                                           for r in rows], blanked))
     console.print(table)
     console.print(f"curve written to {args.out}")
     return 0
@@ -344,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     sql.set_defaults(handler=command_sql)
 
     curve = commands.add_parser("curve", help="plot an experiment's held-out pass rate per iteration (PNG)")
-    curve.add_argument("--experiment", default="default", help="experiment name (default: default)")
+    curve.add_argument("--experiment", help="experiment name (default: the most recent, the one whose latest stage "
+                       "started last)")
     curve.add_argument("--out", default="learning-curve.png", help="PNG file to write (default learning-curve.png)")
     curve.add_argument("--storage", help="storage root (default ./.crucible/data)")
     curve.set_defaults(handler=command_curve)

@@ -1,10 +1,11 @@
 """`crucible sql`: results as CSV, JSON lines or Parquet, a DuckDB file of the views, and the
-errors a user can make, over a real store on disk and on the S3 server."""
+errors a user can make, over a real store on disk and on the S3 server; which experiment
+`crucible curve` plots."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import duckdb
 import pyarrow.parquet as pq
@@ -25,11 +26,12 @@ def storage(storage_root, monkeypatch) -> str:
     return storage_root
 
 
-def _write_stages(root: str, iteration: int, seconds: dict[str, float]) -> None:
+def _write_stages(root: str, iteration: int, seconds: dict[str, float], experiment: str = "exp",
+                  started_at: datetime = STARTED) -> None:
     store = DatasetStore(root)
     for stage, spent in seconds.items():
-        row = {"stage": stage, "seconds": spent, "started_at": STARTED}
-        store.write_partition("stages", "exp", iteration, rows_to_table("stages", [row]), part=stage)
+        row = {"stage": stage, "seconds": spent, "started_at": started_at}
+        store.write_partition("stages", experiment, iteration, rows_to_table("stages", [row]), part=stage)
 
 
 def sql(storage: str, *args: str) -> int:
@@ -113,3 +115,24 @@ def test_a_corrupt_manifest_or_an_unknown_protocol_is_named_in_one_line(storage,
     err = capfd.readouterr().err
     assert "stages/experiment=exp/iteration=1/rollouts.manifest.json: not a readable manifest" in err
     assert "storage s4://bucket/data: Protocol not known: s4" in err and "Traceback" not in err
+
+
+def curve(storage: str, *args: str) -> int:
+    return main(["curve", "--storage", storage, *args])
+
+
+def test_curve_plots_the_experiment_whose_latest_stage_started_last(storage, capfd):
+    _write_stages(storage, iteration=1, seconds={"rollouts": 1.0}, experiment="newer",
+                  started_at=STARTED + timedelta(hours=1))
+    _write_stages(storage, iteration=2, seconds={"rollouts": 1.0}, started_at=STARTED + timedelta(hours=2))
+    assert curve(storage) == 2  # none of them has evaluations: the error names the one it chose
+    assert "experiment 'exp' has no scored evaluation of its base policy" in capfd.readouterr().err
+
+
+def test_curve_of_an_unknown_experiment_lists_the_stored_ones_the_most_recent_first(storage, capfd):
+    _write_stages(storage, iteration=1, seconds={"rollouts": 1.0}, experiment="newer",
+                  started_at=STARTED + timedelta(hours=1))
+    assert curve(storage, "--experiment", "default") == 2
+    err = capfd.readouterr().err
+    assert f"no experiment 'default' under {storage}; stored, the most recent first: newer, exp" in err
+    assert "Traceback" not in err
