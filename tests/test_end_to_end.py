@@ -327,5 +327,11 @@ def test_curve_plots_the_held_out_pass_rate_against_the_base_policy(finished_run
     rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in done.stdout.splitlines() if "│" in line]
     assert [row[0] for row in rows] == ["0", "1"]  # the base policy, then iteration 1
     missing = crucible_cli(environment, "curve", "--experiment", "nope", "--out", str(tmp_path / "x.png"))
-    assert missing.returncode == 2 and "no scored evaluation of its base policy" in missing.stderr
+    assert missing.returncode == 2 and "no experiment 'nope' under" in missing.stderr and "tiny" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_curve_without_an_experiment_plots_the_most_recent_one(turns_run, environment, tmp_path):
+    done = crucible_cli(environment, "curve", "--out", str(tmp_path / "latest.png"))
+    assert done.returncode == 0, done.stderr
+    assert "turns" in done.stdout and (tmp_path / "latest.png").read_bytes().startswith(b"\x89PNG")
