@@ -38,6 +38,7 @@ def test_the_agentic_loop_is_described_by_its_own_file():
     loop = load_experiment_file(Path(__file__).parents[1] / "experiments" / "repair.toml")
     assert (loop.name, loop.task_set, loop.max_turns, loop.base.episode_demonstrations, loop.eval_blanked) == (
         "repair", "repair", 3, True, True)
+    assert loop.report_to == ["tensorboard", "mlflow"]  # a fresh clone's `make run` fills both
     assert (loop.base.sft_steps, loop.tasks_per_iteration, loop.grpo.minibatch_size, loop.grpo.epochs, loop.grpo.lr,
             loop.grpo.lr_warmup_steps, loop.temperature, loop.eval_samples, loop.eval_blanked_samples) == (
         300, 128, 128, 2, 3e-4, 0, 0.6, 8, 1)
@@ -64,6 +65,7 @@ def test_yaml_and_json_say_the_same(tmp_path):
     ('name = "x"\n[grpo]\nestimator = "ppo"\n', "field 'grpo.estimator': Input should be 'grpo', 'rloo' or"),
     ('name = "x"\n[grpo]\nlr_schedule = "cosine"\n', "field 'grpo': Value error, lr_schedule 'cosine' needs"),
     ('name = "x"\nsamples_per_tsk = 4\n', "field 'samples_per_tsk': Extra inputs are not permitted"),
+    ('name = "x"\nreport_to = ["wandb"]\n', "field 'report_to.0': Input should be 'tensorboard' or 'mlflow'"),
     ('name = "x\n', "not valid TOML"),
 ])
 def test_a_bad_file_names_the_file_field_and_reason(tmp_path, text, message):
@@ -89,6 +91,21 @@ def test_how_the_training_step_runs_may_change_once_an_experiment_ran():
         "device": "cuda", "parallel": "fsdp", "micro_batch_tokens": 16384, "gradient_checkpointing": True,
         "save_progress_every": 1, "threads": 8}})
     assert differing_settings(stored, moved) == []
+
+
+def test_where_the_numbers_are_reported_may_change_once_an_experiment_ran():
+    stored = ExperimentConfig(name="a")
+    assert differing_settings(stored, stored.model_copy(update={"report_to": ["tensorboard", "mlflow"]})) == []
+
+
+def test_an_experiment_reporting_nowhere_is_stored_and_hashed_as_before_report_to_existed():
+    """The settings' dump is what is stored and what the checkpoints' config_hash is taken over."""
+    assert "report_to" not in ExperimentConfig(name="a").model_dump(mode="json")
+
+
+def test_the_trackers_are_stored_with_the_experiment():
+    reporting = ExperimentConfig(name="a", report_to=["mlflow"])
+    assert ExperimentConfig.model_validate_json(reporting.model_dump_json()).report_to == ["mlflow"]
 
 
 def test_settings_stored_with_micro_batches_in_samples_still_load():

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from datastore.trackers import Tracker
 from task_sets.loader import TaskSet
 from task_sets.schema import Task
 from task_sets.splits import hash_share
@@ -123,6 +124,12 @@ class ExperimentConfig(BaseModel):
         "zero-variance groups unless grpo.zero_variance_groups is 'keep'). Off by default: on compose about half "
         "of 64 groups carry signal, so one round doubled sampling and grading (218 s an iteration instead of ~125)")
     seed: int = 0
+    # Left out of the stored settings (and so of the checkpoints' config_hash) while empty: an
+    # experiment that reports nowhere is stored, and hashed, as it was before the setting existed.
+    report_to: list[Tracker] = Field([], exclude_if=lambda trackers: not trackers, description="the experiment "
+                                     "trackers its numbers also go to, as in TRL: tensorboard, mlflow (docs/"
+                                     "trackers.md); where they are written, not what is trained, so it may change "
+                                     "once the experiment has run")
     base: BasePolicySettings = BasePolicySettings()
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
@@ -244,6 +251,8 @@ LIFE_SETTINGS = {"iterations", "continuous", "plateau_patience"}
 RUN_SETTINGS = {f"grpo.{name}" for name in ("device", "precision", "parallel", "micro_batch_tokens",
                                             "logprob_chunk_tokens", "gradient_checkpointing", "save_progress_every",
                                             "max_shard_size", "threads")}
+# Where the numbers are also reported, not what they are: it may change too.
+REPORT_SETTINGS = {"report_to"}
 
 
 def updated_settings(stored: ExperimentConfig | None, new: ExperimentConfig) -> ExperimentConfig:
@@ -254,17 +263,18 @@ def updated_settings(stored: ExperimentConfig | None, new: ExperimentConfig) -> 
         return new
     changed = differing_settings(stored, new)
     if changed:
+        may_change = ", ".join(sorted(LIFE_SETTINGS | REPORT_SETTINGS))
         raise ExperimentFileError(f"experiment {new.name!r} is stored with other settings ({', '.join(changed)} "
-                                  f"differ): give it a new `name`, or change only {', '.join(sorted(LIFE_SETTINGS))} "
+                                  f"differ): give it a new `name`, or change only {may_change} "
                                   "and how the training step runs (device, ranks, micro-batches)")
     return new.model_copy(update={"iterations": max(new.iterations, stored.iterations)})
 
 
 def differing_settings(stored: ExperimentConfig, new: ExperimentConfig) -> list[str]:
-    """Settings (dotted names) that differ, other than how long the experiment runs and how its
-    training step runs."""
+    """Settings (dotted names) that differ, other than how long the experiment runs, how its
+    training step runs and where its numbers are reported."""
     a, b = stored.model_dump(mode="json"), new.model_dump(mode="json")
-    return sorted(_differences(a, b, ignore=LIFE_SETTINGS | RUN_SETTINGS))
+    return sorted(_differences(a, b, ignore=LIFE_SETTINGS | RUN_SETTINGS | REPORT_SETTINGS))
 
 
 def _differences(a: dict, b: dict, ignore: set[str], prefix: str = "") -> set[str]:
