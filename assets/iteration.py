@@ -38,6 +38,7 @@ from assets.policy import stored_experiment
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
+from assets.trackers import report_to_trackers
 from assets.train_process import STEP_MESSAGE
 from assets.training_step import TrainingStepClient
 from datastore.schema import TRAINING_STEPS
@@ -226,7 +227,7 @@ def checkpoint(
 def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """Pass rate of the new checkpoint on the held-out split, with its standard error, against
     the base policy's on the same tasks (stored as iteration 0, evaluated again after a rebuild),
-    and the curve across iterations."""
+    and the curve across iterations; then the experiment's trackers (`report_to`) are told."""
     iteration = this_iteration(context, crucible)
     store, name, number = crucible.store(), iteration.experiment.name, iteration.number
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint_eval"):
@@ -242,6 +243,7 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     if blind:
         context.log.info(f"with observations blanked: {blind['blanked_pass_rate']:.3f}; what feedback is worth: "
                          f"{blind['feedback_gap']:+.3f} ± {blind['feedback_gap_stderr']:.3f}")
+    report_to_trackers(context, crucible, iteration.experiment)
     return MaterializeResult(
         metadata={
             "eval_pass_rate": now["pass_rate"], "eval_stderr": now["stderr"], "eval_tasks": now["tasks"],
