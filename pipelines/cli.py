@@ -300,6 +300,12 @@ def command_ui(args: argparse.Namespace) -> int:
     environment.use_storage(args.storage)
     _check_settings()
     environment.pin_locations()  # dagster dev runs from the project folder; the data is this folder's
+    from datastore.trackers import how_to_open, tracker_root
+
+    # The experiment trackers' own UIs, for what experiments reported to them (report_to).
+    trackers = tracker_root(environment.storage_root(), environment.checkpoint_root())
+    for tracker, command in how_to_open(trackers, Path(sys.executable).parent).items():
+        console.print(f"[bold]{tracker}[/bold]: {escape(command)}", soft_wrap=True)  # a command to copy whole
     # dagster dev started from a background shell would otherwise inherit ignored SIGINT/SIGTERM
     # and outlive its caller.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
