@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 # training/__init__.py's order: each subpackage may import those before it, never those after.
-TRAINING_ORDER = ("policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
+TRAINING_ORDER = ("progress", "policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
                   "model_eval", "continuation")
 NO_DAGSTER = ("sandbox", "environments", "task_sets", "training", "datastore")
 

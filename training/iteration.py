@@ -432,8 +432,9 @@ class Iteration:
             storage_root=self.env.storage_root, trajectory_files=trajectory_files, grpo=experiment.grpo,
             temperature=experiment.temperature,
             reference_dir=str(self.env.base_policy_dir(experiment.name)) if experiment.grpo.kl_coef else None,
+            # Where the experiment reports its numbers changes no weight: not part of the settings' hash.
             lineage=lineage(parent_dir, parent_hash, trajectory_files, self.task_set.version,
-                            experiment.model_dump(mode="json")),
+                            experiment.model_dump(mode="json", exclude={"report_to"})),
         )
 
     def judge_step(self, job: TrainJob) -> StepRecord:
