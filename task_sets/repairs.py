@@ -31,7 +31,7 @@ from task_sets.schema import FunctionTask, Task
 from task_sets.splits import hash_splits
 from task_sets.submission import SOLUTION_FILE
 
-EVAL_FRACTION = 0.065  # as compose: ~56 held-out tasks
+EVAL_FRACTION = 0.065  # ~56 held-out tasks
 VISIBLE_CASES = 2  # the calls check.py makes; the hidden tests make all of the family's
 CHECK_FILE = "check.py"
 CHECK_COMMAND = f"python3 {CHECK_FILE}"
