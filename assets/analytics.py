@@ -23,9 +23,13 @@ from dagster import (
 
 from assets.charts import (
     difficulty_curve_png,
+    figure_png,
+    markdown_table,
     png_markdown,
     reward_curve_png,
     reward_histogram_png,
+    significant,
+    training_figure,
 )
 from assets.iteration import (
     ITERATION,
@@ -101,12 +105,12 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     return MaterializeResult(
         metadata={
             # Plain numbers: the UI plots each across the iterations' partitions.
-            **{name: MetadataValue.null() if stats[name] is None else stats[name] for name in ITERATION_MEASURES},
+            **{name: MetadataValue.null() if stats[name] is None else _plain(stats[name]) for name in ITERATION_MEASURES},
             "tasks_table": table_metadata(tasks, TASK_COLUMNS),
             "reward_distribution": MetadataValue.md(png_markdown("reward distribution", reward_histogram_png(
                 rewards, f"{experiment.name} iteration {iteration.number}: reward per sample"))),
             "tamper_flags": table_metadata(flags, ("flag", "samples")),
-            **{f"episodes/{name}": MetadataValue.null() if episodes[name] is None else episodes[name]
+            **{f"episodes/{name}": MetadataValue.null() if episodes[name] is None else _plain(episodes[name])
                for name in EPISODE_MEASURES},
             "pass_rate_by_turns": table_metadata(by_turns, ("turns", "episodes", "pass_rate")),
             "failing_observations": table_metadata(failures, ("failure", "runs")),
@@ -130,8 +134,17 @@ def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource)
     by_difficulty = catalog.records(con, "SELECT experiment, iteration, difficulty, pass_rate FROM difficulty_rewards "
                                         "ORDER BY ALL")
     context.log.info(f"{len(rows)} iterations summarised")
+    every = catalog.records(con, "SELECT * FROM iterations ORDER BY experiment, iteration")
+    per_experiment = {}
+    for experiment in sorted({row["experiment"] for row in every}):
+        mine = [row for row in every if row["experiment"] == experiment]
+        # The summary is short enough for the UI to show inline; the figure opens from its button.
+        per_experiment[f"{experiment}/latest"] = MetadataValue.md(latest_summary(experiment, mine))
+        per_experiment[f"{experiment}/training"] = MetadataValue.md(
+            png_markdown(f"{experiment}: how training goes", figure_png(training_figure(experiment, mine))))
     return MaterializeResult(
         metadata={
+            **per_experiment,
             "iterations": len(rows),
             "summary": table_metadata(rows, SUMMARY_COLUMNS),
             "reward_curve": MetadataValue.md(png_markdown("reward curve", reward_curve_png(rows))),
@@ -139,6 +152,35 @@ def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource)
                 png_markdown("pass rate by difficulty", difficulty_curve_png(by_difficulty))),
         }
     )
+
+
+# (label, iterations-view column, how a value reads) of the latest-iteration summary.
+LATEST = (("held-out pass rate", "eval_pass_rate", ".3f"), ("train pass rate", "pass_rate", ".3f"), ("mean reward", "reward_mean", ".3f"),
+          ("KL, mean over the steps", "mean_step_kl", ".3g"), ("entropy", "entropy", ".3g"),
+          ("sampled tokens per sample", "sampled_tokens", ".1f"), ("held-out blanked", "eval_blanked_pass_rate", ".3f"))
+
+
+def latest_summary(experiment: str, rows: list[dict]) -> str:
+    """The experiment's latest iteration in a few lines of Markdown: held-out pass rate against
+    the base policy, and each measure beside its change since the iteration before."""
+    last = rows[-1]
+    before = rows[-2] if len(rows) > 1 else {}
+    lines = [f"**{experiment}**, iteration {last['iteration']}"]
+    if last["eval_pass_rate"] is not None:
+        lines.append(f"held-out {last['eval_pass_rate']:.3f} ± {last['eval_stderr']:.3f}"
+                     + ("" if last["eval_improvement"] is None else
+                        f", {last['eval_improvement']:+.3f} ± {last['eval_improvement_stderr']:.3f} over the base"))
+    table = [{"measure": label, "now": _reading(last.get(column), spec),
+              "change": _change(last.get(column), before.get(column), spec)} for label, column, spec in LATEST]
+    return "\n\n".join(lines) + "\n\n" + markdown_table(table, ("measure", "now", "change"))
+
+
+def _reading(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _change(now, before, spec: str) -> str:
+    return "" if now is None or before is None else format(now - before, "+" + spec)
 
 
 def table_metadata(rows: list[dict], columns: tuple[str, ...]) -> MetadataValue:
@@ -153,7 +195,7 @@ def table_metadata(rows: list[dict], columns: tuple[str, ...]) -> MetadataValue:
 
 
 def _plain(value):
-    """Table cells take str, int, float and bool: round floats for reading, drop nulls to ''."""
+    """Table cells take str, int, float and bool: floats to three significant digits, nulls to ''."""
     if value is None:
         return ""
-    return round(value, 4) if isinstance(value, float) else value
+    return significant(value) if isinstance(value, float) else value

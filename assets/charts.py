@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 
 import matplotlib
 
@@ -31,7 +32,7 @@ def reward_curve_png(rows: list[dict]) -> bytes:
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    return _png(figure)
+    return figure_png(figure)
 
 
 def reward_histogram_png(rewards: list[float], title: str) -> bytes:
@@ -40,7 +41,7 @@ def reward_histogram_png(rewards: list[float], title: str) -> bytes:
     axis.hist(rewards, bins=20, range=(min([0.0, *rewards]), max([1.0, *rewards])), color="tab:blue")
     axis.set(xlabel="reward", ylabel="samples", title=title)
     axis.grid(alpha=0.3)
-    return _png(figure)
+    return figure_png(figure)
 
 
 def difficulty_curve_png(rows: list[dict]) -> bytes:
@@ -56,12 +57,18 @@ def difficulty_curve_png(rows: list[dict]) -> bytes:
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    return _png(figure)
+    return figure_png(figure)
+
+
+def significant(value: float, digits: int = 3) -> float:
+    """`value` rounded to `digits` significant digits, for reading (a learning rate of 3e-4 and a
+    KL of 4.5e-4 keep their digits; 0.123456 reads 0.123). Infinities and NaN pass through."""
+    return value if not math.isfinite(value) else float(f"{value:.{digits}g}")
 
 
 def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
     def cell(value) -> str:
-        return f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
+        return f"{significant(value):g}" if isinstance(value, float) else ("" if value is None else str(value))
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows]
@@ -89,10 +96,66 @@ def eval_curve_png(experiment: str, points: list[tuple[int, float, float]],
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    return _png(figure)
+    return figure_png(figure)
 
 
-def _png(figure) -> bytes:
+STAGES = {"rollouts": "sampling", "verified_rollouts": "grading", "trajectories": "storing",
+          "checkpoint": "training", "checkpoint_eval": "evaluation"}
+TRAINING_PANELS = ("held-out pass rate ± 1 s.e.", "train pass rate", "KL to the sampling policy", "entropy (nats)",
+                   "sampled tokens per sample", "seconds per stage")
+
+
+def training_figure(experiment: str, rows: list[dict]):
+    """How training went, one panel per measure (TRAINING_PANELS), from the iterations view's
+    rows of one experiment (iteration 0: the base policy's evaluation)."""
+    figure, axes = plt.subplots(2, 3, figsize=(13, 6.5), dpi=90)
+    panels = dict(zip(TRAINING_PANELS, axes.flat))
+    trained = [row for row in rows if row["iteration"] > 0]
+    evaluated = [row for row in rows if row["eval_pass_rate"] is not None]
+    blanked = [row for row in evaluated if row["eval_blanked_pass_rate"] is not None]
+    held_out = panels["held-out pass rate ± 1 s.e."]
+    held_out.errorbar(_x(evaluated), _y(evaluated, "eval_pass_rate"), yerr=_y(evaluated, "eval_stderr"),
+                      marker="o", capsize=3, label="observations shown")
+    if blanked:
+        held_out.errorbar(_x(blanked), _y(blanked, "eval_blanked_pass_rate"), yerr=_y(blanked, "eval_blanked_stderr"),
+                          marker="s", capsize=3, color="tab:orange", label="blanked")
+    held_out.legend(fontsize=7)
+    panels["train pass rate"].plot(_x(trained), _y(trained, "pass_rate"), marker="o")
+    kl = panels["KL to the sampling policy"]
+    kl.plot(_x(trained), _y(trained, "mean_step_kl"), marker="o", label="mean over the steps")
+    kl.plot(_x(trained), _y(trained, "final_kl"), marker="s", label="after the last step")
+    kl.legend(fontsize=7)
+    panels["entropy (nats)"].plot(_x(trained), _y(trained, "entropy"), marker="o")
+    panels["sampled tokens per sample"].plot(_x(trained), _y(trained, "sampled_tokens"), marker="o")
+    stages, bottom = panels["seconds per stage"], [0.0] * len(trained)
+    for column, label in STAGES.items():
+        seconds = [row.get(column) or 0.0 for row in trained]
+        stages.bar(_x(trained), seconds, bottom=bottom, label=label)
+        bottom = [b + s for b, s in zip(bottom, seconds)]
+    stages.legend(fontsize=7)
+    for title, axis in panels.items():
+        axis.set(title=title, xlabel="iteration")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.grid(alpha=0.3)
+    for axis in (held_out, panels["train pass rate"]):
+        axis.set_ylim(0, 1)
+    for axis in panels.values():  # one iteration axis for all, the base policy's 0 included
+        axis.set_xlim(-0.5, max(_x(rows), default=0) + 0.5)
+    figure.suptitle(f"{experiment}: how training goes")
+    figure.tight_layout()
+    return figure
+
+
+def _x(rows: list[dict]) -> list[int]:
+    return [row["iteration"] for row in rows]
+
+
+def _y(rows: list[dict], column: str) -> list[float]:
+    return [math.nan if row[column] is None else row[column] for row in rows]
+
+
+def figure_png(figure) -> bytes:
+    """The figure as PNG bytes; the figure is closed."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(figure)

@@ -59,7 +59,8 @@ DERIVED_VIEWS = {
         SELECT experiment, iteration, r.tasks, r.samples, r.pass_rate, r.reward_mean, r.sampled_tokens,
                r.infra_error_rate, h.pass_rate AS eval_pass_rate, h.stderr AS eval_stderr,
                h.improvement AS eval_improvement, h.improvement_stderr AS eval_improvement_stderr,
-               f.blanked_pass_rate AS eval_blanked_pass_rate, f.feedback_gap, f.feedback_gap_stderr,
+               f.blanked_pass_rate AS eval_blanked_pass_rate, f.blanked_stderr AS eval_blanked_stderr,
+               f.feedback_gap, f.feedback_gap_stderr,
                e.turns_per_episode, c.mean_step_kl, c.final_kl, c.entropy, c.grad_norm,
                c.tokens_per_s AS train_tokens_per_s, timing.* EXCLUDE (experiment, iteration)
         FROM iteration_rewards r

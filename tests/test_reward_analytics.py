@@ -13,7 +13,10 @@ from dagster import (
 )
 from test_datastore import trajectory_row
 
+import math
+
 from assets.analytics import ITERATION_MEASURES, iteration_rewards, reward_analytics
+from assets.charts import TRAINING_PANELS, markdown_table, significant, training_figure
 from assets.iteration import checkpoint
 from assets.partitions import add_iteration, iteration_key, parse_iteration_key
 from assets.resources import CrucibleResource
@@ -91,7 +94,9 @@ def test_metadata_monitors_and_sql_read_the_same_numbers(crucible):
     metadata, checks = _materialize(crucible, key)
     [view] = catalog.records(catalog.connect(crucible.storage_root),
                              "SELECT * FROM iteration_rewards WHERE experiment = 'exp' AND iteration = 1")
-    assert {name: metadata[name].value for name in ITERATION_MEASURES} == {name: view[name] for name in ITERATION_MEASURES}
+    # The metadata reads the view's numbers to three significant digits.
+    assert {name: metadata[name].value for name in ITERATION_MEASURES} == {
+        name: significant(view[name]) if isinstance(view[name], float) else view[name] for name in ITERATION_MEASURES}
     for check, (measure, _, _) in SAMPLE_CHECKS.items():
         assert checks[check].description.startswith(f"{measure} {view[measure]:.3f} ")
     assert view["pass_rate"] == pytest.approx(5 / 7)  # 7 scored: t/0's 3 honest passes, t/1's 2 of 3
@@ -153,3 +158,37 @@ def test_reward_analytics_tables_and_plots_every_iteration(crucible):
     assert metadata["iterations"].value == 2
     for plot in ("reward_curve", "pass_rate_by_difficulty"):
         assert "data:image/png;base64," in metadata[plot].value
+
+
+def test_reward_analytics_shows_each_experiment_at_a_glance(crucible):
+    for iteration in (1, 2):
+        _store(crucible, iteration, infra_errors=iteration - 1)
+    with DagsterInstance.get() as instance:
+        assert materialize([reward_analytics], instance=instance, resources={"crucible": crucible}).success
+        metadata = instance.get_latest_materialization_event(AssetKey("reward_analytics")).asset_materialization.metadata
+    latest = metadata["exp/latest"].value
+    assert latest.startswith("**exp**, iteration 2") and len(latest) < 1000  # short enough to show inline
+    # Iteration 2 lost t/1's first sample (a failure) to the infrastructure: 6 of 7 scored passed, 6 of 8 before.
+    assert f"| train pass rate | {6 / 7:.3f} | {6 / 7 - 0.75:+.3f} |" in latest
+    assert "data:image/png;base64," in metadata["exp/training"].value
+
+
+def test_the_training_figure_has_a_panel_per_measure_over_every_iteration(crucible):
+    _store(crucible, 1)
+    rows = catalog.records(catalog.connect(crucible.storage_root), "SELECT * FROM iterations ORDER BY iteration")
+    figure = training_figure("exp", rows)
+    assert [axis.get_title() for axis in figure.axes] == list(TRAINING_PANELS)
+    [train_line] = figure.axes[1].get_lines()
+    assert list(train_line.get_xdata()) == [1] and list(train_line.get_ydata()) == [0.75]
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (0.0003, 0.0003), (4.5e-4, 0.00045), (0.123456, 0.123), (1234.5678, 1230.0), (0.0, 0.0), (-0.98765, -0.988),
+])
+def test_metadata_numbers_keep_three_significant_digits(value, shown):
+    assert significant(value) == shown
+    assert markdown_table([{"lr": value}], ("lr",)).splitlines()[-1] == f"| {shown:g} |"
+
+
+def test_infinities_and_nan_are_shown_as_they_are():
+    assert significant(math.inf) == math.inf and math.isnan(significant(math.nan))
