@@ -183,6 +183,7 @@ FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus
 
 def launch_from_the_job_page(page, base_url: str, experiment: str, iterations: list[str], button: str) -> None:
     """The `iteration` job's "Materialize all", its partitions picked in the dialog's two dimensions."""
+    from playwright.sync_api import expect
     page.goto(f"{base_url}/locations/pipelines.definitions/jobs/iteration")
     page.get_by_role("button", name="Materialize all").click()
     # The launch dialog is the modal one; a partition popover that is closing is a dialog too.
@@ -194,6 +195,8 @@ def launch_from_the_job_page(page, base_url: str, experiment: str, iterations: l
             page.get_by_placeholder("Filter partitions").fill(key)
             page.locator("label").filter(has_text=key).first.click()
         page.keyboard.press("Escape")
+        # A popover still closing would leave two filter boxes for the next dimension.
+        expect(page.get_by_placeholder("Filter partitions")).to_have_count(0)
     page.get_by_role("button", name=button).click()
     launch_dialog.wait_for(state="hidden")
 
