@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from task_sets.loader import load_task_set
 from training.agent.dynamic_sampling import refill, refill_size
-from training.agent.prompts import extract_solution, render_prompt
+from training.agent.extraction import extract_solution
+from training.agent.prompts import render_prompt
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
 from training.inference.transformers_engine import TransformersEngine
 from training.policy.batching import make_batch, shares_prefixes_exactly, token_logprobs
@@ -170,8 +171,8 @@ def test_render_prompt_is_chatml_with_generation_prompt(tokenizer, chat):
         ("x = 1<|endoftext|>y", "x = 1"),
     ],
 )
-def test_extract_solution(chat, response, solution):
-    assert extract_solution(chat.reply_text(response)) == solution
+def test_the_solution_is_extracted_from_the_reply_before_its_stop_token(chat, response, solution):
+    assert extract_solution(chat.reply_text(response)).code == solution
 
 
 # --- model and checkpoints -----------------------------------------------------------------
@@ -408,7 +409,7 @@ def test_engine_finish_reasons(engine, chat):
     greedy = engine.generate([prompt], SamplingParams(n=1, max_new_tokens=60, temperature=0.0))[0][0]
     assert greedy.finish_reason == "stop"
     assert greedy.token_ids[-1] == IM_END_ID and greedy.text.endswith(IM_END)
-    assert extract_solution(chat.reply_text(greedy.text)).startswith("def ")
+    assert extract_solution(chat.reply_text(greedy.text)).code.startswith("def ")
     short = engine.generate([prompt], SamplingParams(n=2, max_new_tokens=3, temperature=1.0))[0]
     assert [c.finish_reason for c in short] == ["length", "length"]
     assert all(len(c.token_ids) == 3 for c in short)

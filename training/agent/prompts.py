@@ -1,16 +1,12 @@
-"""How a task becomes prompt tokens, and how a reply becomes solution.py."""
+"""How a task becomes prompt tokens (training/agent/extraction.py: how a reply becomes solution.py)."""
 
 from __future__ import annotations
-
-import re
 
 from training.policy.chat import ChatFormat
 
 # Short on purpose: every token of it is one the small policy must attend over. A task set's own
 # (its system.md) replaces it.
 SYSTEM_MESSAGE = "Reply with the complete solution.py only."
-
-_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def prompt_messages(chat: ChatFormat, task_prompt: str, system: str | None = None) -> list[dict[str, str]]:
@@ -23,10 +19,3 @@ def render_prompt(chat: ChatFormat, task_prompt: str, system: str | None = None)
     the opening of the assistant's turn."""
     return chat.prompt_ids(prompt_messages(chat, task_prompt, system))
 
-
-def extract_solution(reply: str) -> str:
-    """The solution.py contents in a reply (its text before the end-of-turn token): the body
-    of its first ``` fenced block if it has one (an unterminated fence runs to the end), else
-    the reply as is."""
-    match = _FENCE.search(reply)
-    return match.group(1) if match else reply

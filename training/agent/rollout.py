@@ -6,8 +6,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from task_sets.schema import Task
-from training.agent.prompts import extract_solution, prompt_messages
+from task_sets.schema import FunctionTask, Task
+from training.agent.extraction import Extraction, extract_solution
+from training.agent.prompts import prompt_messages
 from training.inference.engine import InferenceEngine, SamplingParams
 from training.policy.chat import ChatFormat
 
@@ -46,6 +47,7 @@ class Rollout:
     solution: str  # what is graded: the reply's solution.py, or an episode's final workspace (diff or solution.py)
     loss_mask: list[int] | None = None  # None: every response token was sampled
     turns: tuple[Turn, ...] = ()  # an episode's turns; () for a single-turn reply
+    extraction: Extraction | None = None  # how a single reply's solution was found in it; None for an episode
 
     @property
     def sampled_tokens(self) -> int:
@@ -73,6 +75,8 @@ def sample_rollouts(
         completions = engine.generate(prompts, params, conversations)
         share = (time.perf_counter() - began) / (len(chunk) * params.n)
         for task, prompt, group in zip(chunk, prompts, completions):
+            entry_point = task.entry_point if isinstance(task, FunctionTask) else None
+            extractions = [extract_solution(chat.reply_text(completion.text), entry_point) for completion in group]
             rollouts.extend(
                 Rollout(
                     task_id=task.id,
@@ -85,9 +89,10 @@ def sample_rollouts(
                     finish_reason=completion.finish_reason,
                     response_text=completion.text,
                     generate_s=share,
-                    solution=extract_solution(chat.reply_text(completion.text)),
+                    solution=extraction.code,
+                    extraction=extraction,
                 )
-                for index, completion in enumerate(group)
+                for index, (completion, extraction) in enumerate(zip(group, extractions))
             )
         if progress:
             progress(min(start + TASKS_PER_CALL, len(tasks)), len(tasks))

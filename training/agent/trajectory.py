@@ -8,6 +8,7 @@ from datetime import datetime
 from datastore.schema import Observations
 from sandbox.verdict import GradeResult
 from task_sets.schema import Task
+from training.agent.extraction import ExtractionMethod
 from training.agent.rollout import Rollout
 from training.policy.lineage import code_version
 
@@ -93,8 +94,11 @@ def _test_results(grade: GradeResult) -> list[dict]:
 
 
 def _turns(rollout: Rollout) -> list[dict]:
-    if not rollout.turns:  # single-turn: the reply is the submission
-        return [{"index": 0, "reply": rollout.response_text, "action": "submit", "detail": "", "status": "submitted",
+    if not rollout.turns:  # single-turn: the reply is the submission, its detail how it was extracted
+        extraction = rollout.extraction
+        found = extraction is None or extraction.method != ExtractionMethod.EMPTY
+        return [{"index": 0, "reply": rollout.response_text, "action": "submit",
+                 "detail": extraction.note if extraction else "", "status": "submitted" if found else "error",
                  "exit_code": None, "observation_excerpt": "", "generate_s": rollout.generate_s, "exec_s": 0.0,
                  "sampled_tokens": len(rollout.response_ids)}]
     return [{"index": index, "reply": t.reply, "action": t.action, "detail": t.detail[:2000], "status": t.status,
