@@ -107,7 +107,9 @@ TRAJECTORIES = pa.schema(
                "returned none (a text-only HTTP server): such rows are evaluated, never trained on"),
         _field("response_text", pa.string(), "decoded response"),
         _field("turns", pa.list_(TURN), "the episode turn by turn (reply, action, status, exit code, "
-               "observation, timings); a single-turn sample has one, its submission"),
+               "observation, timings); a single-turn sample has one, its submission, whose detail says how its "
+               "solution was found in the reply (an ExtractionMethod, training/agent/extraction.py) and whose status "
+               "is error when the reply held nothing to submit"),
         _field("patch", pa.string(), "the submission: solution.py's code, or a repository task's diff"),
         _field("test_results", pa.list_(TEST_RESULT), "per hidden test outcome"),
         _field("reward_components", pa.map_(pa.string(), pa.float64()), "named reward terms"),
