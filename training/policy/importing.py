@@ -1,7 +1,10 @@
-"""Import a user's Hugging Face causal LM as an experiment's base policy.
+"""Import a user's causal LM as an experiment's base policy.
 
-The source is a local directory, or a hub id already in the local Hugging Face cache (nothing
-is downloaded). It is checked before anything is written, and each problem is one sentence:
+The source is what users have: a Hugging Face directory; a hub id, resolved through the local
+Hugging Face cache and downloaded where the network allows (huggingface_hub's own rules:
+`HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_OFFLINE`); or a GGUF file as llama.cpp and Ollama keep them,
+dequantised once (training/policy/gguf.py; the manifest names the file, its sha256 and its
+quantisation). It is checked before anything is written, and each problem is one sentence:
 not a causal LM, no loadable tokenizer, no chat template or stop token (training/policy/chat.py),
 embeddings smaller than the tokenizer, a context shorter than the experiment's budget.
 
@@ -19,19 +22,22 @@ import json
 import shutil
 from pathlib import Path
 
+from huggingface_hub import constants as hub_constants
 from huggingface_hub import snapshot_download
-from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from training.policy.chat import ChatFormat, ChatFormatError, generation_config_of
 from training.policy.checkpoint import (
+    MANIFEST_FILE,
     TOKENIZER_FILES,
     copy_tokenizer_files,
     portable_config,
     sha256_file,
     write_checkpoint_dir,
 )
+from training.policy.gguf import GGUFError, dequantised, is_gguf
 
 _WEIGHTS, _WEIGHT_INDEX = "model.safetensors", "model.safetensors.index.json"
 _CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # the classes AutoModelForCausalLM loads
@@ -46,15 +52,45 @@ def _first_line(error: Exception) -> str:
 
 
 def resolve_source(source: str) -> Path:
-    """The directory `source` names: a local path, or a hub id in the local cache."""
+    """The Hugging Face directory `source` names: a local directory, a GGUF file (dequantised
+    once), or a hub id (from the local cache, else downloaded)."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path.resolve()
+    if is_gguf(path):
+        if not path.is_file():
+            raise ModelImportError(f"base_model {source!r}: no such GGUF file")
+        try:
+            return dequantised(path.resolve())
+        except GGUFError as error:
+            raise ModelImportError(str(error)) from None
+    return _hub_snapshot(source)
+
+
+# What a causal LM's directory needs; a repository's other copies (GGUF, ONNX, pickles beside
+# safetensors, original/ checkpoints) are left on the hub.
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.tiktoken", "*.txt"]
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """`repo_id`'s files from the local cache, else downloaded (pickled weights only where the
+    repository has no safetensors)."""
     try:
-        return Path(snapshot_download(source, local_files_only=True))
-    except (LocalEntryNotFoundError, HFValidationError, OSError):
-        raise ModelImportError(f"base_model {source!r} is neither a directory nor a model in the local Hugging Face "
-                           "cache (nothing is downloaded: `hf download` it first, or give its directory)") from None
+        directory = Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+        if not _weights(directory):
+            directory = Path(snapshot_download(repo_id, allow_patterns=[*_HUB_FILES, "pytorch_model*.bin"]))
+        return directory
+    except HFValidationError:
+        raise ModelImportError(f"base_model {repo_id!r} is neither a directory, a .gguf file nor a hub id "
+                               "(owner/name)") from None
+    except LocalEntryNotFoundError:
+        raise ModelImportError(f"base_model {repo_id!r} is not in the local Hugging Face cache "
+                               f"({hub_constants.HF_HUB_CACHE}) and cannot be downloaded "
+                               f"{'with HF_HUB_OFFLINE set' if hub_constants.is_offline_mode() else 'from ' + hub_constants.ENDPOINT}"
+                               ": `hf download` it where the network allows, or give its directory") from None
+    except (HfHubHTTPError, OSError) as error:
+        raise ModelImportError(f"base_model {repo_id!r} cannot be downloaded from {hub_constants.ENDPOINT} "
+                               f"({_first_line(error)})") from None
 
 
 def check_source(directory: Path, context_tokens: int) -> ChatFormat:
@@ -111,8 +147,20 @@ def import_model(source: str, out_dir: str | Path, context_tokens: int) -> Path:
             generation_config_of(directory).save_pretrained(tmp)
         copy_tokenizer_files(directory, tmp)
 
-    manifest = {"kind": "imported", "source": source, "source_dir": str(directory), "source_files": source_files}
+    manifest = {"kind": "imported", "source": source, "source_dir": str(directory), "source_files": source_files,
+                **_dequantised_from(directory)}
     return write_checkpoint_dir(out_dir, write, manifest)
+
+
+def _dequantised_from(directory: Path) -> dict:
+    """The GGUF file a dequantised directory was made from: its path, sha256 and quantisation."""
+    manifest = directory / MANIFEST_FILE
+    if not manifest.is_file():
+        return {}
+    made = json.loads(manifest.read_text())
+    if made.get("kind") != "dequantised":
+        return {}
+    return {"gguf": {key: made[key] for key in ("source", "source_sha256", "quantization")}}
 
 
 def _weights(directory: Path) -> list[Path]:
