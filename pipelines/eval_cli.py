@@ -23,7 +23,7 @@ console = Console(width=shutil.get_terminal_size((120, 40)).columns)
 def add_commands(commands) -> None:
     evaluate = commands.add_parser("eval", help="evaluate a model on a task set's held-out tasks, without training")
     evaluate.add_argument("--task-set", required=True, help="built-in task set name or a path")
-    evaluate.add_argument("--model", help="a model directory (or hub id in the local cache) for the local engines; "
+    evaluate.add_argument("--model", help="a model directory, hub id or .gguf file for the local engines; "
                           "the name the server answers to for --engine openai (default: the one it lists)")
     evaluate.add_argument("--engine", choices=("transformers", "vllm", "openai"), default="transformers")
     evaluate.add_argument("--base-url", help="the OpenAI-compatible server (--engine openai)")
@@ -31,7 +31,7 @@ def add_commands(commands) -> None:
                           help="the server's API (default chat: any server; completions needs token-id prompts)")
     evaluate.add_argument("--api-key-env", help="environment variable holding the server's API key")
     evaluate.add_argument("--tokenizer", help="directory of the served model's tokenizer and chat template "
-                          "(--engine openai; default: --model, when that is a directory or cached hub id)")
+                          "(--engine openai; default: --model, when that is a directory, hub id or .gguf file)")
     evaluate.add_argument("--samples", type=int, default=4, help="answers per task (1: greedy; default 4, so "
                           "that stability across runs is measured)")
     evaluate.add_argument("--tasks", type=int, default=None, help="the first N held-out tasks (default: all)")
@@ -57,7 +57,7 @@ def command_eval(args: argparse.Namespace) -> int:
             raise UserError("--engine openai needs --base-url (the server's root, e.g. http://127.0.0.1:8000)")
         args.model = args.model or served_model(args.base_url)
     elif not args.model:
-        raise UserError(f"--engine {args.engine} needs --model: a model directory or a hub id in the local cache")
+        raise UserError(f"--engine {args.engine} needs --model: a model directory, a hub id or a .gguf file")
     try:
         chat_dir = resolve_source(args.tokenizer or args.model)
     except ModelImportError as error:

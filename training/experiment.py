@@ -61,8 +61,9 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_\-]*$")
-    base_model: str | None = Field(None, description="the Hugging Face causal LM to post-train: its directory, or a "
-                                   "hub id already in the local cache (nothing is downloaded); None: the built-in model")
+    base_model: str | None = Field(None, description="the causal LM to post-train: a Hugging Face directory, a hub "
+                                   "id (the local cache, else downloaded where the network allows) or a GGUF file "
+                                   "(dequantised once); None: the built-in model")
     task_set: str = Field("compose", description="built-in task set name or a path")
     iterations: int = Field(10, ge=1, description="the sensor stops advancing after this many")
     continuous: bool = Field(False, description="the advance_iterations sensor (when switched on) starts this "
