@@ -34,7 +34,7 @@ ui: setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock tests/published-wheels.txt tests/transformers-4.57.txt \
+$(STAMP): pyproject.toml requirements.lock tests/published-wheels.txt tests/transformers-4.57.txt tests/olah.txt \
 		scripts/install-system-packages
 	scripts/install-system-packages
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,7 @@ $(STAMP): pyproject.toml requirements.lock tests/published-wheels.txt tests/tran
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -r tests/published-wheels.txt -d $(VENV)/wheels
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --target $(VENV)/transformers-4.57 -r tests/transformers-4.57.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --target $(VENV)/olah -r tests/olah.txt
 	touch $(STAMP)
 
 clean:
