@@ -119,7 +119,8 @@ def _import_in_a_process(source: str, out: Path, hf_home: Path, **environment: s
     script = ("import sys\nfrom training.policy.importing import ModelImportError, import_model\n"
               "try:\n    import_model(sys.argv[1], sys.argv[2], context_tokens=1024)\n"
               "except ModelImportError as error:\n    sys.exit(str(error))\n")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("HF_")}
+    # TRANSFORMERS_OFFLINE also means offline to huggingface_hub (test_training.py sets it for the session).
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "TRANSFORMERS_"))}
     return subprocess.run([sys.executable, "-c", script, source, str(out)], capture_output=True, text=True,
                           env={**env, "HF_HOME": str(hf_home), **environment}, cwd=Path(__file__).parent.parent)
 
