@@ -197,7 +197,7 @@ CHECKPOINTS = pa.schema(
                "after the last optimizer step: what training_not_diverged judges"),
         _field("mean_step_kl", pa.float64(), "training_steps.approx_kl averaged over the step's tokens (each "
                "measured before its optimizer step)"),
-        _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference (0 without a KL penalty)"),
+        _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference (null without a KL penalty: no reference is measured)"),
         _field("entropy", pa.float64(), "mean next-token entropy on the trained tokens, nats"),
         _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
         _field("grad_norm", pa.float64(), "mean gradient norm before clipping"),
@@ -222,7 +222,7 @@ TRAINING_STEPS = pa.schema(
         _field("clip_fraction", pa.float64(), "fraction of tokens whose ratio was clipped"),
         _field("approx_kl", pa.float64(), "KL(sampling policy || the current one) per token (k3), before this "
                "optimizer step updated it"),
-        _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference"),
+        _field("kl_to_reference", pa.float64(), "KL estimate to the frozen reference (null without a KL penalty)"),
         _field("entropy", pa.float64(), "mean next-token entropy on the trained tokens, nats"),
         _field("grad_norm", pa.float64(), "gradient norm before clipping"),
         _field("lr", pa.float64(), "learning rate of the step"),

@@ -446,7 +446,7 @@ class Iteration:
         [rewards] = catalog.records(trained_on, "SELECT * FROM iteration_rewards WHERE experiment = ? AND "
                                     "iteration = ?", [self.experiment.name, self.number])
         metrics = manifest["metrics"]
-        signals = {**{key: float(metrics[key]) for key in TRAINER_SIGNALS},
+        signals = {**{key: None if metrics[key] is None else float(metrics[key]) for key in TRAINER_SIGNALS},
                    **{key: rewards[key] for key in SAMPLE_SIGNALS}}
         verdicts = judge(signals, self._history(), weights_are_finite(job.out_dir), self.experiment.monitors)
         parent = job.lineage["parent"]

@@ -71,7 +71,7 @@ def weights_are_finite(checkpoint_dir: str | Path) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in load_file(Path(checkpoint_dir) / "model.safetensors").values())
 
 
-def judge(signals: dict[str, float], history: list[dict[str, float]], finite_weights: bool,
+def judge(signals: dict[str, float | None], history: list[dict[str, float]], finite_weights: bool,
           config: MonitorConfig = MonitorConfig()) -> list[Verdict]:
     """Verdicts on this iteration's `signals`, given the earlier iterations' (oldest first)."""
     numbers = ("loss", "grad_norm_max", "final_kl")

@@ -225,7 +225,7 @@ def train_policy(
         sums = _step(policy, optimizer, batch, advantages, rows, forward, config, rollout_logprobs,
                      reference_logprobs)
         schedule.step()
-        done.record(sums, _step_stats(sums, lr))
+        done.record(sums, _step_stats(sums, lr, measures_reference=bool(config.kl_coef)))
         if done.done % config.save_progress_every == 0 and done.done < len(minibatches):
             _save_progress(resume, policy, optimizer, schedule, done, ranks)
         if progress is not None and ranks.writes:
@@ -481,10 +481,11 @@ def _per_token(batch, values: list[list[float]]) -> torch.Tensor:
     return out
 
 
-def _step_stats(sums: dict[str, float], lr: float) -> dict[str, float]:
+def _step_stats(sums: dict[str, float], lr: float, measures_reference: bool) -> dict[str, float | None]:
     tokens = max(sums["stat_tokens"], 1.0)
     return {"loss": sums["loss"], "clip_fraction": sums["clip_fraction"] / tokens,
-            "approx_kl": sums["approx_kl"] / tokens, "kl_to_reference": sums["kl_to_reference"] / tokens,
+            "approx_kl": sums["approx_kl"] / tokens,
+            "kl_to_reference": sums["kl_to_reference"] / tokens if measures_reference else None,
             "entropy": sums["entropy"] / tokens, "grad_norm": sums["grad_norm"], "lr": lr,
             "tokens": sums["tokens"]}
 
@@ -497,7 +498,8 @@ def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: t
         "loss": sum(s["loss"] for s in steps) / max(len(steps), 1),
         "clip_fraction": totals.get("clip_fraction", 0.0) / stat_tokens,
         "mean_step_kl": totals.get("approx_kl", 0.0) / stat_tokens,
-        "kl_to_reference": totals.get("kl_to_reference", 0.0) / stat_tokens,
+        # Without a KL penalty no reference is loaded: nothing was measured, so null rather than 0.
+        "kl_to_reference": totals.get("kl_to_reference", 0.0) / stat_tokens if config.kl_coef else None,
         "entropy": totals.get("entropy", 0.0) / stat_tokens,
         "mean_ratio": totals.get("mean_ratio", 0.0) / stat_tokens if totals.get("stat_tokens") else 1.0,
         "tis_weight_mean": totals.get("tis_weight", 0.0) / stat_tokens if config.tis_cap else 1.0,
