@@ -50,7 +50,7 @@ from task_sets.separation import separation
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
 from training.inference.engines import gpu_released
-from training.iteration import Iteration, Refused
+from training.iteration import NOTHING_LEARNED, Iteration, Refused
 from training.rl.trainer import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
@@ -176,6 +176,14 @@ STABILITY_CHECKS = {
 }
 
 
+def not_judged() -> list[Verdict]:
+    """The stability checks of a step that took no optimizer step. A step reporting through Pipes
+    must yield a result for every check it declares (Dagster's typed event stream), so each says
+    it was not run rather than leaving the UI's "skipped"."""
+    return [Verdict(name, "warn", True, f"not run: {NOTHING_LEARNED}")
+            for name in STABILITY_CHECKS if name != LINEAGE_CHECK]
+
+
 @asset(
     # iteration_rewards (assets/analytics.py) judges the samples first: its failed error checks stop the step.
     **ITERATION, deps=[trajectories, "iteration_rewards"], kinds={"pytorch"}, pool=ACCELERATOR,
@@ -200,6 +208,8 @@ def checkpoint(
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
         reported = invocation.get_materialize_result().metadata or {}
         record = iteration.judge_step(job)
+        if not record.learned:
+            context.log.info(NOTHING_LEARNED)
         store.write_partition("checkpoints", name, number, rows_to_table("checkpoints", [record.row]))
         step_rows = [{**{key: m[key] for key in TRAINING_STEPS.names}, "tokens": int(m["tokens"])} for m in steps]
         store.write_partition("training_steps", name, number, rows_to_table("training_steps", step_rows))
@@ -217,7 +227,7 @@ def checkpoint(
             "signals": MetadataValue.md(markdown_table([record.signals], tuple(record.signals))),
             "steps": MetadataValue.md(markdown_table(step_rows, STEP_STATS) if step_rows else "no optimizer step"),
         },
-        check_results=[*(check_result(v) for v in record.verdicts), AssetCheckResult(
+        check_results=[*(check_result(v) for v in record.verdicts or not_judged()), AssetCheckResult(
             check_name=LINEAGE_CHECK, passed=True, severity=AssetCheckSeverity.WARN,
             description=f"trained from checkpoint {number - 1} as it is now ({job.lineage['parent']['content_hash'][:12]})")],
     )

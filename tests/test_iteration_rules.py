@@ -168,6 +168,22 @@ def test_evaluation_refuses_a_checkpoint_replaced_after_its_training_step(crucib
         iteration(crucible, 1).evaluate()
 
 
+def test_a_checkpoint_that_learned_nothing_reuses_its_parents_evaluation(crucible):
+    """A training step without an optimizer step copies its parent: the same weights are not
+    evaluated again (4.5 minutes of a real model's time, for the same numbers)."""
+    base = _checkpoint(crucible, 0)
+    assert _checkpoint(crucible, 1, recorded_hash=base, parent_hash=base) == base
+    rows = [{name: None for name in rows_to_table("evaluations", []).schema.names} | {
+        "task_id": f"t/{i}", "sample_index": 0, "policy_version": base, "reward": float(i), "passed": bool(i),
+        "reward_status": "scored", "observations": "shown"} for i in range(2)]
+    crucible.store().write_partition("evaluations", "exp", 0, rows_to_table("evaluations", rows))
+    said = []
+    evaluated = Iteration(crucible, ExperimentConfig(name="exp"), 1, log=said.append).evaluate()
+    assert evaluated == crucible.store().read_partition("evaluations", "exp", 0).to_pylist()
+    assert crucible.store().read_partition("evaluations", "exp", 1).to_pylist() == evaluated
+    assert said == [f"checkpoint 1 is checkpoint 0 ({base[:12]}): its held-out evaluation is reused, not run again"]
+
+
 def test_a_rerun_keeps_the_trajectory_files_its_checkpoint_trained_on(crucible):
     assert iteration(crucible, 1).trained_on() == []  # not trained yet: nothing to keep
     row = {name: None for name in rows_to_table("checkpoints", []).schema.names}

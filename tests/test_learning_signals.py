@@ -60,6 +60,13 @@ def test_each_sample_monitor_catches_its_failure_at_its_limit(change, failed, se
     assert [(v.check, v.severity) for v in verdicts if not v.passed] == ([(failed, severity)] if failed else [])
 
 
+def test_entropy_is_judged_against_the_first_iteration_that_trained():
+    untrained = {**HEALTHY, **dict.fromkeys(("loss", "final_kl", "mean_step_kl", "entropy", "grad_norm"), None)}
+    [collapsed] = [v for v in judge({**HEALTHY, "entropy": 0.2}, [untrained, HEALTHY], finite_weights=True)
+                   if v.check == "entropy_not_collapsed"]
+    assert not collapsed.passed and "first iteration 0.8" in collapsed.message
+
+
 def test_weights_with_a_nan_are_caught(tmp_path):
     save_file({"w": torch.ones(3)}, tmp_path / "model.safetensors")
     assert weights_are_finite(tmp_path)

@@ -696,11 +696,21 @@ def test_dropping_zero_variance_groups_trains_as_if_they_were_never_sampled(sft_
     assert kept["loss"] == pytest.approx(dropped["loss"] * 6 / 16, rel=1e-4)  # 6 of 16 tokens informative
 
 
-def test_a_batch_without_signal_saves_the_parent_unchanged(sft_result, tmp_path):
+def test_a_batch_without_signal_is_the_parent_checkpoint_byte_for_byte(sft_result, tmp_path):
     samples = _two_groups_and_a_flat_one()[2:]
     metrics = train_policy(sft_result[0], samples, tmp_path / "same", GRPOConfig(keep_optimizer_state=False))
     assert metrics["optimizer_steps"] == 0 and metrics["samples_trained"] == 0
-    assert _same_weights(sft_result[0], tmp_path / "same")
+    saved, parent = verify_checkpoint(tmp_path / "same"), verify_checkpoint(sft_result[0])
+    assert saved["content_hash"] == parent["content_hash"] and saved["global_step"] == parent.get("global_step", 0)
+
+
+def test_a_step_that_trained_no_token_measures_nothing(sft_result, tmp_path):
+    """Entropy, loss, KL and gradient norms are null, not 0, when no token was trained: the
+    monitors would otherwise judge an entropy of 0 against a floor of 0."""
+    metrics = train_policy(sft_result[0], _two_groups_and_a_flat_one()[2:], tmp_path / "same",
+                           GRPOConfig(keep_optimizer_state=False))
+    for name in ("loss", "entropy", "clip_fraction", "mean_step_kl", "final_kl", "grad_norm", "grad_norm_max"):
+        assert metrics[name] is None, name
 
 
 def test_lr_schedule_counts_optimizer_steps_across_iterations(sft_result, tmp_path):

@@ -32,7 +32,7 @@ from training.evaluation.monitors import SAMPLE_SIGNALS, MonitorConfig
 from training.experiment import ExperimentConfig
 from training.inference.engine import SamplingParams
 from training.inference.transformers_engine import TransformersEngine
-from training.iteration import Iteration, Refused
+from training.iteration import NOTHING_LEARNED, Iteration, Refused
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
@@ -57,13 +57,14 @@ def crucible(tmp_path_factory) -> CrucibleResource:
     tasks = load_task_set("default").train()[:4]
     initial = build_base_policy(root / "init", TINY)
     examples = single_turn_examples(ChatFormat.from_pretrained(initial), [(t.prompt, t.reference_solution) for t in tasks])
-    for experiment in ("learns", "diverges", "ranks", "contained"):
+    for experiment in ("learns", "diverges", "ranks", "contained", "flat"):
         supervised_warmup(initial, examples, resource.base_policy_dir(experiment),
                           SFTConfig(steps=20, lr=1e-2, warmup_steps=2, batch_size=4))
     _store_iteration(resource, "learns", tasks)
     _store_iteration(resource, "diverges", tasks)
     _store_iteration(resource, "ranks", tasks)
     _store_iteration(resource, "contained", tasks)
+    _store_iteration(resource, "flat", tasks)
     return resource
 
 
@@ -82,7 +83,8 @@ def _store_iteration(crucible: CrucibleResource, experiment: str, tasks) -> None
     for rollout in rollouts:
         task = by_id[rollout.task_id]
         grade = grade_solution(task, rollout.solution)
-        grade = dataclasses.replace(grade, reward=float(rollout.sample_index == 0), reward_status="scored")
+        reward = 0.0 if experiment == "flat" else float(rollout.sample_index == 0)  # flat: no group has a spread
+        grade = dataclasses.replace(grade, reward=reward, reward_status="scored")
         rows.append(trajectory_row(VerifiedRollout(rollout, task, grade, verify_s=0.0)))
     crucible.store().write_partition("trajectories", experiment, 1, rows_to_table("trajectories", rows))
     if experiment == "diverges":  # as though iterations 1 to 3 had been trained before this re-run of 1
@@ -123,6 +125,12 @@ def learned(crucible, tmp_path_factory):
 @pytest.fixture(scope="module")
 def diverged(crucible, tmp_path_factory):
     return _train(crucible, "diverges", tmp_path_factory.mktemp("dagster"))
+
+
+@pytest.fixture(scope="module")
+def flat(crucible, tmp_path_factory):
+    """The `flat` experiment's iteration 1: every sample scored 0, so no optimizer step."""
+    return _train(crucible, "flat", tmp_path_factory.mktemp("dagster"))
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +226,17 @@ def test_a_diverged_step_blocks_the_next_iteration(crucible, diverged):
     assert row["blocked"]
     with pytest.raises(Refused, match="failed its stability checks \\(training_not_diverged: error"):
         Iteration(crucible, crucible.experiment("diverges"), 2).policy()
+
+
+def test_a_step_without_an_optimizer_step_says_so_and_runs_no_monitor(crucible, flat):
+    result, checks, _ = flat
+    assert result.success
+    [row] = crucible.store().read_partition("checkpoints", "flat", 1).to_pylist()
+    assert row["monitor_messages"] == [NOTHING_LEARNED] and not row["blocked"]
+    assert row["content_hash"] == verify_checkpoint(crucible.base_policy_dir("flat"))["content_hash"]
+    assert row["entropy"] is None and row["loss"] is None  # nothing was measured, so nothing is judged
+    for name in ("training_finite", "training_not_diverged", "entropy_not_collapsed", "tamper_rate_not_rising"):
+        assert checks[name].description == f"not run: {NOTHING_LEARNED}", name
 
 
 # What the checkpoint step does, reduced to its process tree: a run process starts the training

@@ -70,6 +70,7 @@ from training.policy.lineage import lineage
 from training.progress import ProgressLines
 from training.rl.step import TrainJob
 
+NOTHING_LEARNED = "0 optimizer steps (no group had a reward spread): checkpoint = parent, monitors skipped"
 SEED_STRIDE = 100_003  # a prime: experiments' seeds never collide for the first 100k iterations
 
 
@@ -124,9 +125,10 @@ class StepRecord:
     """What the training step left: its health signals, the monitors' verdicts on them, and the
     `checkpoints` row."""
 
-    signals: dict[str, float]
-    verdicts: list[Verdict]
+    signals: dict[str, float | None]
+    verdicts: list[Verdict]  # none when nothing was learned
     row: dict
+    learned: bool  # an optimizer step ran: else the checkpoint is its parent
 
 
 @dataclass
@@ -448,7 +450,11 @@ class Iteration:
         metrics = manifest["metrics"]
         signals = {**{key: None if metrics[key] is None else float(metrics[key]) for key in TRAINER_SIGNALS},
                    **{key: rewards[key] for key in SAMPLE_SIGNALS}}
-        verdicts = judge(signals, self._history(), weights_are_finite(job.out_dir), self.experiment.monitors)
+        # No optimizer step (no group had a reward spread): the checkpoint is its parent, and a
+        # monitor would judge numbers nothing measured, so none runs.
+        learned = metrics["optimizer_steps"] > 0
+        verdicts = judge(signals, self._history(), weights_are_finite(job.out_dir),
+                         self.experiment.monitors) if learned else []
         parent = job.lineage["parent"]
         row = {
             "path": job.out_dir, "content_hash": manifest["content_hash"],
@@ -458,9 +464,10 @@ class Iteration:
             "global_step": manifest["global_step"], **signals,
             "train_tokens": metrics["tokens"], "tokens_per_s": metrics["tokens_per_s"],
             "blocked": bool(blocking_failures(verdicts)),
-            "monitor_messages": [f"{v.check}: {'ok' if v.passed else v.severity}: {v.message}" for v in verdicts],
+            "monitor_messages": [f"{v.check}: {'ok' if v.passed else v.severity}: {v.message}" for v in verdicts]
+            if learned else [NOTHING_LEARNED],
         }
-        return StepRecord(signals, verdicts, row)
+        return StepRecord(signals, verdicts, row, learned)
 
     def _history(self) -> list[dict]:
         """The signals of the experiment's earlier iterations, oldest first."""
@@ -475,17 +482,29 @@ class Iteration:
         self._trained(self.number, content_hash, "it would be evaluated")
         self._lineage_holds(self.number)
         _, base_hash = self._checkpoint(0, f"iteration {self.number} is compared with")
-        if self._base_evaluated() != base_hash:
+        if self._evaluated(0) != base_hash:
             self.log("evaluating the base policy first (iteration 0), the baseline of every iteration")
             self._evaluate(0, base_hash)
+        if self._evaluated(self.number - 1) == content_hash:
+            return self._reuse_evaluation(self.number - 1, content_hash)
         return self._evaluate(self.number, content_hash)
 
-    def _base_evaluated(self) -> str | None:
-        """The base policy (content hash) that the stored iteration-0 evaluation evaluated."""
+    def _reuse_evaluation(self, earlier: int, content_hash: str) -> list[dict]:
+        """Checkpoint `earlier`'s evaluation as this one's: the same weights (a step that took no
+        optimizer step copies its parent), so evaluating them again would only cost the time."""
         store, name = self.env.store(), self.experiment.name
-        if not store.has_partition("evaluations", name, 0):
+        table = store.read_partition("evaluations", name, earlier)
+        self.log(f"checkpoint {self.number} is checkpoint {earlier} ({content_hash[:12]}): its held-out "
+                 "evaluation is reused, not run again")
+        store.write_partition("evaluations", name, self.number, table)
+        return table.to_pylist()
+
+    def _evaluated(self, iteration: int) -> str | None:
+        """The checkpoint (content hash) that the stored evaluation of `iteration` evaluated."""
+        store, name = self.env.store(), self.experiment.name
+        if not store.has_partition("evaluations", name, iteration):
             return None
-        files = store.partition_files("evaluations", name, 0)
+        files = store.partition_files("evaluations", name, iteration)
         versions = set(store.read_files("evaluations", files, ["policy_version"])["policy_version"].to_pylist())
         return versions.pop() if len(versions) == 1 else None
 

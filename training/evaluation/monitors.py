@@ -73,7 +73,8 @@ def weights_are_finite(checkpoint_dir: str | Path) -> bool:
 
 def judge(signals: dict[str, float | None], history: list[dict[str, float]], finite_weights: bool,
           config: MonitorConfig = MonitorConfig()) -> list[Verdict]:
-    """Verdicts on this iteration's `signals`, given the earlier iterations' (oldest first)."""
+    """Verdicts on this iteration's `signals`, given the earlier iterations' (oldest first); a
+    step that took no optimizer step has none (training/iteration.py skips it)."""
     numbers = ("loss", "grad_norm_max", "final_kl")
     bad = [name for name in numbers if not math.isfinite(signals[name])] + ([] if finite_weights else ["weights"])
     verdicts = [Verdict("training_finite", "error", not bad,
@@ -81,7 +82,8 @@ def judge(signals: dict[str, float | None], history: list[dict[str, float]], fin
     kl = signals["final_kl"]
     verdicts.append(Verdict("training_not_diverged", "error", kl <= config.max_step_kl,
                             f"KL of the trained policy to the sampling one {kl:.3g} (limit {config.max_step_kl})"))
-    first = history[0]["entropy"] if history else signals["entropy"]
+    # The first iteration that trained: one without an optimizer step measured no entropy.
+    first = next((row["entropy"] for row in history if row["entropy"] is not None), signals["entropy"])
     floor = config.min_entropy_ratio * first
     verdicts.append(Verdict("entropy_not_collapsed", "warn", signals["entropy"] >= floor,
                             f"entropy {signals['entropy']:.3g} nats (first iteration {first:.3g}, floor {floor:.3g})"))

@@ -102,6 +102,20 @@ def save_checkpoint(
     return write_checkpoint_dir(out_dir, write, manifest)
 
 
+def copy_checkpoint(source_dir: str | Path, out_dir: str | Path, manifest: dict[str, Any]) -> Path:
+    """`out_dir` as the same files as the checkpoint `source_dir` (so the same content hash),
+    atomically, with `manifest`: a training step that took no optimizer step."""
+    source = Path(source_dir)
+    names = verify_checkpoint(source)["files"]
+
+    def write(tmp: Path) -> None:
+        for name in names:
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / name, tmp / name)
+
+    return write_checkpoint_dir(out_dir, write, manifest)
+
+
 def checkpoint_dtype(checkpoint_dir: str | Path) -> str:
     """The dtype a checkpoint's weights are stored in, as its config.json records it."""
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8"))

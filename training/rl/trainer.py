@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from training.policy.batching import DEFAULT_CHUNK_TOKENS, check_lm_head, shares_prefixes_exactly
 from training.policy.chat import ChatFormat
-from training.policy.checkpoint import checkpoint_dtype, read_manifest, save_checkpoint
+from training.policy.checkpoint import checkpoint_dtype, copy_checkpoint, read_manifest, save_checkpoint
 from training.policy.model import GPU_COMPUTE_DTYPE, TRAINING_DTYPE, load_policy
 from training.rl.distributed import (
     DeviceSetting,
@@ -231,11 +231,15 @@ def train_policy(
         if progress is not None and ranks.writes:
             progress(done.done, len(minibatches), done.steps[-1])
     metrics = _metrics(samples, batch, advantages, done, time.perf_counter() - start, config)
-    metrics["final_kl"] = _final_kl(policy, batch, forward, rollout_logprobs)
-    manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + len(minibatches),
+    learned = metrics["optimizer_steps"] > 0
+    metrics["final_kl"] = _final_kl(policy, batch, forward, rollout_logprobs) if learned else None
+    manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + (len(minibatches) if learned else 0),
                 "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
                 **_where_it_ran(config, ranks, device), "lineage": lineage or {}}
-    _save(policy, model, optimizer, policy_dir, out_dir, manifest, config, ranks)
+    if learned:
+        _save(policy, model, optimizer, policy_dir, out_dir, manifest, config, ranks)
+    elif ranks.writes:  # no group had a reward spread: the parent's files, so its content hash
+        copy_checkpoint(policy_dir, out_dir, manifest)
     if ranks.writes:
         resume.clear()
     barrier()
@@ -494,17 +498,22 @@ def _metrics(samples: list[TrainSample], batch: list[TrainSample], advantages: t
              done: StepProgress, seconds: float, config: GRPOConfig) -> dict:
     totals, steps = done.totals, done.steps
     stat_tokens = max(totals.get("stat_tokens", 0.0), 1.0)
+    stepped = [s for s in steps if s["tokens"]]  # an all-zero-advantage minibatch takes no step
+
+    def per_token(key: str) -> float | None:  # null where no token was trained: nothing was measured
+        return totals[key] / stat_tokens if totals.get("stat_tokens") else None
+
     return {
-        "loss": sum(s["loss"] for s in steps) / max(len(steps), 1),
-        "clip_fraction": totals.get("clip_fraction", 0.0) / stat_tokens,
-        "mean_step_kl": totals.get("approx_kl", 0.0) / stat_tokens,
+        "loss": sum(s["loss"] for s in stepped) / len(stepped) if stepped else None,
+        "clip_fraction": per_token("clip_fraction"),
+        "mean_step_kl": per_token("approx_kl"),
         # Without a KL penalty no reference is loaded: nothing was measured, so null rather than 0.
-        "kl_to_reference": totals.get("kl_to_reference", 0.0) / stat_tokens if config.kl_coef else None,
-        "entropy": totals.get("entropy", 0.0) / stat_tokens,
-        "mean_ratio": totals.get("mean_ratio", 0.0) / stat_tokens if totals.get("stat_tokens") else 1.0,
+        "kl_to_reference": per_token("kl_to_reference") if config.kl_coef else None,
+        "entropy": per_token("entropy"),
+        "mean_ratio": per_token("mean_ratio") or 1.0,
         "tis_weight_mean": totals.get("tis_weight", 0.0) / stat_tokens if config.tis_cap else 1.0,
-        "grad_norm": sum(s["grad_norm"] for s in steps) / max(len(steps), 1),
-        "grad_norm_max": max((s["grad_norm"] for s in steps), default=0.0),
+        "grad_norm": sum(s["grad_norm"] for s in stepped) / len(stepped) if stepped else None,
+        "grad_norm_max": max((s["grad_norm"] for s in stepped), default=None),
         "lr": steps[-1]["lr"] if steps else config.lr,
         "optimizer_steps": int(totals.get("optimizer_steps", 0.0)),
         "samples": len(samples),
