@@ -76,3 +76,13 @@ def test_a_reply_without_fences_is_submitted_as_it_is():
 def test_an_empty_reply_or_block_says_why_nothing_was_submitted(reply, detail):
     extraction = extract_solution(reply)
     assert (extraction.code, extraction.method, extraction.detail) == ("", ExtractionMethod.EMPTY, detail)
+
+
+def test_broken_code_before_a_lone_closing_fence_is_still_the_solution():
+    """SmolLM2 on HumanEval/10: a def without a body, then the fence that closes it, then prose.
+    It does not parse, but prose never opens with a definition: the fence closes code."""
+    reply = ("def is_palindrome(string: str) -> bool:\n    return string == string[::-1]\n\n"
+             "def is_palindrome_little_endian() -> bool:\n```\n\nThis implementation uses bytes.\n")
+    extraction = extract_solution(reply, "is_palindrome")
+    assert extraction.method is ExtractionMethod.BEFORE_CLOSING_FENCE
+    assert extraction.code.startswith("def is_palindrome(") and "This implementation" not in extraction.code

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from sandbox.closed_set import ClosedSet
 
+_CODE_OPENING = re.compile(r"^(?:(?:async\s+)?def\s+\w+\s*\(|class\s+\w+\s*[(:]|import\s+\w|from\s+[\w.]+\s+import\s|@\w)")
 _FENCE_LINE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3", "pycon", "ipython"}
 
@@ -69,7 +70,7 @@ def extract_solution(reply: str, entry_point: str | None = None) -> Extraction:
     if not fences:
         return Extraction(reply, ExtractionMethod.WHOLE_REPLY, "")
     before = "".join(lines[: fences[0]])
-    if not _info(lines[fences[0]]) and _is_code(before):
+    if not _info(lines[fences[0]]) and (_is_code(before) or _opens_like_code(before)):
         return Extraction(before, ExtractionMethod.BEFORE_CLOSING_FENCE, f"{len(lines[: fences[0]])} lines of code")
     blocks = _blocks(lines)
     chosen = _choose(blocks, entry_point)
@@ -126,6 +127,14 @@ def _definitions(code: str) -> set[str]:
         return set()
     return {node.name for node in tree.body
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _opens_like_code(text: str) -> bool:
+    """Whether `text` begins as only code does (a definition, an import, a decorator): real models
+    write broken code before a lone closing fence as often as working code (SmolLM2's unbalanced
+    brackets, a def without a body), and prose never begins with these."""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return _CODE_OPENING.match(first) is not None
 
 
 def _is_code(text: str) -> bool:
