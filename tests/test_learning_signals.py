@@ -16,6 +16,8 @@ from training.evaluation.monitors import (
     weights_are_finite,
 )
 
+pytestmark = pytest.mark.unit
+
 HEALTHY = {"loss": 0.01, "final_kl": 0.01, "mean_step_kl": 0.005, "kl_to_reference": 0.0, "entropy": 0.8,
            "clip_fraction": 0.02, "grad_norm": 0.5, "grad_norm_max": 0.9, "sampled_tokens": 40.0,
            "zero_variance_fraction": 0.3, "reward_mean": 0.2, "reward_std": 0.3, "tamper_rate": 0.0}

@@ -14,6 +14,8 @@ from assets.iteration import eval_split_held_out
 from task_sets.loader import builtin_task_set_names, load_task_set
 from task_sets.separation import SAME_JUDGED, SAME_SHOWN, separation
 
+pytestmark = pytest.mark.unit
+
 
 def function_task(index: int, prompt: str, split: str, answer: int | None = None) -> dict:
     answer = index if answer is None else answer
