@@ -61,8 +61,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     args = parser.parse_args()
-    engine = TransformersEngine(resolve_source(args.model), "bench", batch_size=args.tasks * args.n)
-    engine.prefix_cache_bytes = 0  # one call each: nothing to re-use, and the same work for both
+    # No prefix cache: one call each, so the same prefill work for both.
+    engine = TransformersEngine(resolve_source(args.model), "bench", batch_size=args.tasks * args.n,
+                                prefix_cache_bytes=0)
     tasks = import_tasks("humaneval", HUMANEVAL, ImportOptions("humaneval")).tasks[: args.tasks]
     prompts = [render_prompt(engine.chat, task.prompt) for task in tasks]
     table = Table(title=f"{Path(args.model).name}: {args.tasks} HumanEval prompts x {args.n}, greedy, "
