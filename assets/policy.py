@@ -58,6 +58,9 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     except ModelImportError as error:
         raise Failure(str(error), allow_retries=False) from None
     manifest = verify_checkpoint(out_dir)
+    if "prompt_format_reason" in manifest:
+        context.log.warning(f"{experiment.base_model}: {manifest['prompt_format_reason']} "
+                            f"({manifest['completion_template']}; set prompt_format to choose)")
     if replaced not in (None, manifest["content_hash"]):
         report_off_lineage(context.instance, experiment.name, "the rebuilt base policy", 1,
                            crucible.store().iterations("checkpoints", experiment.name))
@@ -66,6 +69,8 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
             "path": MetadataValue.path(str(out_dir)),
             "content_hash": manifest["content_hash"],
             "model": experiment.base_model or "built-in",
+            "prompt_format": ": ".join(filter(None, (manifest.get("prompt_format", "chat"),
+                                                     manifest.get("completion_template")))),
             "task_set_version": task_set.version,
             **metrics,
         }

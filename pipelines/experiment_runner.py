@@ -35,7 +35,7 @@ from pipelines.errors import RunFailed, UserError
 from pipelines.resources import crucible_resource
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
-from training.policy.importing import ModelImportError, check_source, resolve_source
+from training.policy.importing import ModelImportError, checked_source
 from training.policy.writer_lock import writer_lock
 
 if TYPE_CHECKING:
@@ -159,7 +159,8 @@ class ExperimentRunner:
         if self.config.base_model is None:
             return
         try:
-            check_source(resolve_source(self.config.base_model), self.config.episode_max_tokens)
+            checked_source(self.config.base_model, self.config.episode_max_tokens, self.config.prompt_format,
+                           self.config.completion())
         except ModelImportError as error:
             raise UserError(str(error)) from None
 

@@ -137,9 +137,6 @@ def test_observations_take_the_tool_role_where_the_template_has_one(family, impo
 
 
 @pytest.mark.parametrize(("mutilate", "message"), [
-    (lambda d: (d / "tokenizer_config.json").write_text(json.dumps(
-        {k: v for k, v in json.loads((d / "tokenizer_config.json").read_text()).items() if k != "chat_template"})),
-     "has no chat template"),
     (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "distilbert", "vocab_size": 10})),
      "'distilbert' model \\(no architecture named\\) is not a causal language model"),
     (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"],
@@ -172,7 +169,7 @@ def test_crucible_run_refuses_a_base_model_it_cannot_post_train_before_any_run(s
     shutil.copytree(source, broken)
     config = json.loads((broken / "tokenizer_config.json").read_text())
     (broken / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "chat_template"}))
-    (tmp_path / "x.toml").write_text(f'name = "x"\nbase_model = "{broken}"\n')
+    (tmp_path / "x.toml").write_text(f'name = "x"\nbase_model = "{broken}"\nprompt_format = "chat"\n')
     environment = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "HF_HUB_OFFLINE": "1",
                    "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"), "CRUCIBLE_CHECKPOINT_ROOT": str(tmp_path / "ckpt")}
     run = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", str(tmp_path / "x.toml")],

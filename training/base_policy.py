@@ -44,7 +44,8 @@ def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: P
 
 def _initial_policy(experiment: ExperimentConfig, out_dir: Path) -> Path:
     if experiment.base_model is not None:
-        return import_model(experiment.base_model, out_dir, experiment.episode_max_tokens)
+        return import_model(experiment.base_model, out_dir, experiment.episode_max_tokens, experiment.prompt_format,
+                            experiment.completion())
     settings = experiment.base
     return build_base_policy(out_dir, PolicyConfig(seed=experiment.seed, hidden_size=settings.hidden_size,
                                                    num_layers=settings.num_layers))

@@ -23,6 +23,7 @@ from task_sets.schema import Task
 from task_sets.splits import hash_share
 from training.evaluation.monitors import MonitorConfig
 from training.inference.settings import ServerSettings, VLLMSettings
+from training.policy.completion import CompletionTemplate, CompletionTemplateError, completion_template
 from training.policy.model import PolicyConfig
 from training.rl.trainer import GRPOConfig
 from training.sft.warmup import SFTConfig
@@ -93,6 +94,19 @@ class ExperimentConfig(BaseModel):
     observation_role: Literal["user", "tool"] = Field(
         "user", description="the chat role an episode's observations take: user (every template has it) or tool "
         "(for a template that frames tool output its own way, e.g. Qwen2.5's <tool_response>)")
+    # Left out of the stored settings while unset, as report_to is: experiments stored before they
+    # existed keep their config_hash.
+    prompt_format: Literal["chat", "completion"] | None = Field(
+        None, exclude_if=lambda value: value is None, description="how an imported base_model is prompted: chat "
+        "(its own chat template) or completion (a completion template: training/policy/completion.py, "
+        "docs/prompt-formats.md); None: chat where the model has a template, else completion (a base model)")
+    completion_template: str | None = Field(
+        None, exclude_if=lambda value: value is None, description="the completion template: a built-in (dialogue, "
+        "the default: plain-text User/Assistant turns, episodes too; function: HumanEval's continuation of a "
+        "function's prompt, one reply) or a Jinja file of your own (with stop_strings)")
+    stop_strings: list[str] | None = Field(
+        None, exclude_if=lambda value: value is None, description="text that ends a reply under the completion "
+        "template (the next turn's header); None: the built-in template's own")
     episode_max_tokens: int = Field(1024, ge=64, description="an episode's whole context budget (prompt, replies, "
                                     "observations); at most the model's max_position_embeddings")
     command_timeout_s: float = Field(10.0, gt=0, description="wall limit of each command an episode runs")
@@ -135,6 +149,10 @@ class ExperimentConfig(BaseModel):
     grpo: GRPOConfig = GRPOConfig()
     monitors: MonitorConfig = MonitorConfig()
 
+    def completion(self) -> CompletionTemplate:
+        """The completion template a base model without a chat template is prompted with."""
+        return completion_template(self.completion_template, self.stop_strings)
+
     def warmup_tasks(self, task_set: TaskSet) -> list[Task]:
         """The train tasks the base policy's warm-up demonstrates."""
         warmed = self._warmed(task_set)
@@ -169,6 +187,24 @@ class ExperimentConfig(BaseModel):
             raise PydanticCustomError("greedy_blanked", f"eval_samples = 1 evaluates greedily, so its "
                                       f"{self.eval_blanked_samples} blanked episodes per task would all be the same: "
                                       "set eval_blanked_samples to 1, or sample with eval_samples > 1")
+        prompted = [name for name in ("prompt_format", "completion_template", "stop_strings")
+                    if getattr(self, name) is not None]
+        if prompted and self.base_model is None:
+            raise PydanticCustomError("built_in_prompt_format", f"{', '.join(prompted)} choose how an imported "
+                                      "base_model is prompted, and the built-in model has its own chat template: "
+                                      "set base_model, or remove them")
+        if self.prompt_format == "chat" and (self.completion_template or self.stop_strings) is not None:
+            raise PydanticCustomError("chat_completion_template", "completion_template and stop_strings apply to "
+                                      "prompt_format = \"completion\", and this experiment prompts with the chat template")
+        if self.completion_template is not None or self.stop_strings is not None:
+            try:
+                template = self.completion()
+            except CompletionTemplateError as error:
+                raise PydanticCustomError("completion_template", str(error)) from None
+            if template.single_turn and self.max_turns > 1:
+                raise PydanticCustomError("single_turn_template", f"completion_template {template.name!r} renders "
+                                          f"one reply, and max_turns = {self.max_turns} runs episodes: use dialogue "
+                                          "or a template of your own")
         if (self.engine == "openai") != (self.server is not None):
             raise PydanticCustomError("engine_server", "engine = \"openai\" samples from the [server] the settings "
                                       "describe (base_url, model), and only that engine has one")

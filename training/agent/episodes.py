@@ -197,9 +197,9 @@ def _act(episode: Episode, completion: Completion, generate_s: float, chat: Chat
         episode.finish_reason = FinishReason.SUBMITTED
         return
     shown = BLANKED_OBSERVATION if blanked else observation
-    # Closed only by the template's own end of turn: a reply that stopped at another stop token,
-    # was cut at its budget, or came back as a server's text gets the template's close.
-    observed = chat.observation_ids(shown, reply_closed=completion.token_ids[-1:] == [chat.end_of_turn_id])
+    # Closed only by the template's own close: a reply that stopped at another stop token, was
+    # cut at its budget, or came back as a server's text gets the template's close.
+    observed = chat.observation_ids(shown, reply_closed=chat.closes_turn(completion.token_ids))
     episode.messages = [*episode.messages, {"role": "assistant", "content": reply},
                         {"role": chat.observation_role, "content": shown}]
     episode.response_ids += observed

@@ -66,6 +66,8 @@ class OpenAICompatibleEngine:
         body = {"model": self.model, "n": params.n, "max_tokens": params.max_new_tokens,
                 "temperature": params.temperature, "top_p": params.top_p,
                 "seed": request_seed(params.seed, first_sample)}
+        if self.chat.stop_strings:  # a completion template's; the server ends the text before them
+            body["stop"] = list(self.chat.stop_strings)
         if self.api == "chat":
             body["messages"] = messages
         else:

@@ -128,7 +128,8 @@ class TransformersEngine:
                 tokens[row].append(t)
                 logprobs[row].append(lp)
             last = step == params.max_new_tokens - 1
-            stopped = torch.tensor([last or t in self.stop_ids for t in token.tolist()])
+            stopped = torch.tensor([last or t in self.stop_ids or self.chat.ends_in_stop_string(tokens[row])
+                                    for row, t in zip(live, token.tolist())])
             for index in stopped.nonzero().flatten().tolist():
                 _keep(rows[live[index]][0] + tokens[live[index]][:-1], cache, index, mask[index], produced)
             if stopped.all():
@@ -174,8 +175,8 @@ class TransformersEngine:
         return out.logits[:, -1].float()
 
     def _completion(self, tokens: list[int], logprobs: list[float]) -> Completion:
-        stop = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
-        reason: FinishReason = "length" if stop is None else "stop"
+        stopped = tokens[-1] in self.stop_ids or self.chat.ends_in_stop_string(tokens)
+        reason: FinishReason = "stop" if stopped else "length"
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         return Completion(token_ids=tokens, logprobs=logprobs, finish_reason=reason, text=text)
 

@@ -67,7 +67,8 @@ class VLLMEngine:
         sampling = [self._vllm.SamplingParams(
             n=params.n, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
             seed=request_seed(params.seed, index * params.n), logprobs=0, stop_token_ids=self.stop_ids,
-            skip_special_tokens=False,
+            # A completion template's stop strings: kept in the text, as they are in the sampled ids
+            stop=list(self.chat.stop_strings) or None, include_stop_str_in_output=True, skip_special_tokens=False,
         ) for index in range(len(prompts))]
         outputs = self.llm.generate([self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling,
                                     use_tqdm=False)

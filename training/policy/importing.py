@@ -5,12 +5,15 @@ Hugging Face cache and downloaded where the network allows (huggingface_hub's ow
 `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_OFFLINE`); or a GGUF file as llama.cpp and Ollama keep them,
 dequantised once (training/policy/gguf.py; the manifest names the file, its sha256 and its
 quantisation). It is checked before anything is written, and each problem is one sentence:
-not a causal LM, no loadable tokenizer, no chat template or stop token (training/policy/chat.py),
-embeddings smaller than the tokenizer, a context shorter than the experiment's budget.
+not a causal LM, no loadable tokenizer, a template that cannot render a conversation or no stop
+token (training/policy/chat.py), embeddings smaller than the tokenizer, a context shorter than
+the experiment's budget. A model without a chat template (a base model) is prompted with a
+completion template (training/policy/completion.py), which the checkpoint then carries.
 
 What is written is the source as it is, plus Crucible's manifest: the weights in their own
 dtype and shards, the tokenizer files and chat template byte for byte, the generation config
-(made from config.json where the source has none). The one file Crucible may change is
+(made from config.json where the source has none); with a completion template, that template and
+its stop strings in their place. The one file Crucible may change is
 config.json, which gets the keys transformers 4.57 needs beside those transformers 5 wrote
 (`portable_config`). Weights saved only as PyTorch pickles are loaded once and written as
 safetensors, in their own dtype.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Literal
 
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import snapshot_download
@@ -37,10 +41,13 @@ from training.policy.checkpoint import (
     sha256_file,
     write_checkpoint_dir,
 )
+from training.policy.completion import BUILT_IN, DEFAULT, CompletionTemplate, write_completion_format
 from training.policy.gguf import GGUFError, dequantised, is_gguf
 
 _WEIGHTS, _WEIGHT_INDEX = "model.safetensors", "model.safetensors.index.json"
 _CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # the classes AutoModelForCausalLM loads
+PromptFormat = Literal["chat", "completion"]
+NO_CHAT_TEMPLATE = "the model has no chat template (a base model), so it is prompted with a completion template"
 
 
 class ModelImportError(ValueError):
@@ -93,9 +100,9 @@ def _hub_snapshot(repo_id: str) -> Path:
                                f"({_first_line(error)})") from None
 
 
-def check_source(directory: Path, context_tokens: int) -> ChatFormat:
-    """The source's chat format, once it is known to be a causal LM Crucible can drive with a
-    context of `context_tokens`."""
+def check_source(directory: Path, context_tokens: int, completion: CompletionTemplate | None = None) -> ChatFormat:
+    """The source's chat format (`completion`'s, where given, instead of its own template), once
+    it is known to be a causal LM Crucible can drive with a context of `context_tokens`."""
     try:
         config = AutoConfig.from_pretrained(directory)
     except (OSError, ValueError, KeyError) as error:
@@ -113,8 +120,11 @@ def check_source(directory: Path, context_tokens: int) -> ChatFormat:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError, KeyError) as error:
         raise ModelImportError(f"{directory}: the tokenizer cannot be loaded ({_first_line(error)})") from None
+    generation_config = generation_config_of(directory)
+    if completion is not None:
+        tokenizer.chat_template, generation_config.stop_strings = completion.jinja, list(completion.stop_strings)
     try:
-        chat = ChatFormat.of(tokenizer, generation_config_of(directory))
+        chat = ChatFormat.of(tokenizer, generation_config)
     except ChatFormatError as error:
         raise ModelImportError(f"{directory}: {error}") from None
     vocabulary = getattr(config.get_text_config(), "vocab_size", None)
@@ -131,10 +141,22 @@ def check_source(directory: Path, context_tokens: int) -> ChatFormat:
     return chat
 
 
-def import_model(source: str, out_dir: str | Path, context_tokens: int) -> Path:
-    """Check `source` and write it as a Crucible checkpoint at `out_dir` (atomically)."""
+def checked_source(source: str, context_tokens: int, prompt_format: PromptFormat | None = None,
+                   completion: CompletionTemplate = BUILT_IN[DEFAULT]) -> tuple[Path, PromptFormat]:
+    """The directory `source` names and the prompt format it gets (`import_model`), once it is
+    checked (`check_source`)."""
     directory = resolve_source(source)
-    check_source(directory, context_tokens)
+    chosen = prompt_format or ("chat" if _has_chat_template(directory) else "completion")
+    check_source(directory, context_tokens, completion if chosen == "completion" else None)
+    return directory, chosen
+
+
+def import_model(source: str, out_dir: str | Path, context_tokens: int, prompt_format: PromptFormat | None = None,
+                 completion: CompletionTemplate = BUILT_IN[DEFAULT]) -> Path:
+    """Check `source` and write it as a Crucible checkpoint at `out_dir` (atomically), prompted
+    with its chat template or `completion` as `prompt_format` says (None: the chat template where
+    the source has one, else `completion`; the manifest says which, and why)."""
+    directory, chosen = checked_source(source, context_tokens, prompt_format, completion)
     source_files = {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file()}
 
     def write(tmp: Path) -> None:
@@ -146,10 +168,24 @@ def import_model(source: str, out_dir: str | Path, context_tokens: int) -> Path:
         else:
             generation_config_of(directory).save_pretrained(tmp)
         copy_tokenizer_files(directory, tmp)
+        if chosen == "completion":
+            write_completion_format(tmp, completion)
 
+    prompted = {"prompt_format": chosen}
+    if chosen == "completion":
+        prompted |= {"completion_template": completion.name, "stop_strings": list(completion.stop_strings)}
+        if prompt_format is None:
+            prompted["prompt_format_reason"] = NO_CHAT_TEMPLATE
     manifest = {"kind": "imported", "source": source, "source_dir": str(directory), "source_files": source_files,
-                **_dequantised_from(directory)}
+                **_dequantised_from(directory), **prompted}
     return write_checkpoint_dir(out_dir, write, manifest)
+
+
+def _has_chat_template(directory: Path) -> bool:
+    try:
+        return bool(AutoTokenizer.from_pretrained(directory).chat_template)
+    except (OSError, ValueError, KeyError):
+        return False  # check_source says why the tokenizer cannot be loaded
 
 
 def _dequantised_from(directory: Path) -> dict:
