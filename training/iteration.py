@@ -257,7 +257,7 @@ class Iteration:
         experiment = self.experiment
         return open_engine(experiment.engine, policy_dir, content_hash, server=experiment.server,
                            vllm=experiment.vllm, max_model_len=experiment.episode_max_tokens,
-                           observation_role=experiment.observation_role, threads=threads)
+                           observation_role=experiment.observation_role, threads=threads, log=self.log)
 
     def rollout_params(self) -> SamplingParams:
         return SamplingParams(n=self.experiment.samples_per_task, max_new_tokens=self.experiment.max_new_tokens,

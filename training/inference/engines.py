@@ -13,7 +13,7 @@ import gc
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from training.inference.engine import InferenceEngine
@@ -31,13 +31,16 @@ _ARCHITECTURE_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_
 
 def open_engine(kind: str, checkpoint_dir: str | Path, policy_version: str, *, server: ServerSettings | None = None,
                 vllm: VLLMSettings = VLLMSettings(), max_model_len: int | None = None,
-                observation_role: str = "user", threads: int | None = None) -> InferenceEngine:
+                observation_role: str = "user", threads: int | None = None,
+                log: Callable[[str], None] | None = None) -> InferenceEngine:
     """The engine of `kind` sampling the checkpoint `checkpoint_dir` (content hash
     `policy_version`): "transformers" (CPU, the default, on `threads` threads: None, a thread per
     CPU), "vllm" (GPU, `pip install -e '.[gpu]'`), or "openai" (`server`, rendering prompts in
-    that checkpoint's chat format); episodes show observations in the `observation_role` turn."""
+    that checkpoint's chat format); episodes show observations in the `observation_role` turn.
+    `log` takes the CPU engine's decoding progress (the others are fast enough not to need it)."""
     if kind == "transformers":
-        return TransformersEngine(checkpoint_dir, policy_version, observation_role=observation_role, threads=threads)
+        return TransformersEngine(checkpoint_dir, policy_version, observation_role=observation_role, threads=threads,
+                                  log=log)
     if kind == "openai":
         if server is None:
             raise ValueError('engine "openai" needs the server settings (base_url, model)')

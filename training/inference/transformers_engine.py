@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,6 +47,10 @@ class TransformersEngine:
         # Keys and values kept between calls (0: no prefix caching). The default model's are 8 KiB
         # a token: a repair iteration's 512 episodes take ~1 GiB at their longest.
         prefix_cache_bytes: int = 2 << 30,
+        # Where a long call says how far it is (replies ended, tokens, tokens/s), every
+        # `progress_every_s`: on a CPU one call can decode for many minutes.
+        log: Callable[[str], None] | None = None,
+        progress_every_s: float = 30.0,
     ) -> None:
         torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -61,6 +67,7 @@ class TransformersEngine:
         self.prefixes = PrefixCache(self.prefix_cache_bytes)
         self.prefilled_tokens = 0  # prompt tokens run through the model, over the engine's life
         self.reused_tokens = 0  # prompt tokens whose keys and values came from the prefix cache
+        self.log, self.progress_every_s = log, progress_every_s
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  conversations: list[list[dict[str, str]]] | None = None) -> list[list[Completion]]:
@@ -77,12 +84,13 @@ class TransformersEngine:
         # Sorted by the tokens left to prefill, so that batches hold similar shapes.
         order = sorted(range(len(flat)), key=lambda k: len(prompts[flat[k]]) - _length(hits[k]))
         results: list[Completion | None] = [None] * len(flat)
+        progress = DecodeProgress(len(flat), self.log, self.progress_every_s)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
             torch.manual_seed(params.seed)
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 rows = [(prompts[flat[k]], hits[k]) for k in chunk]
-                for k, completion in zip(chunk, self._generate_batch(rows, params, self.prefixes)):
+                for k, completion in zip(chunk, self._generate_batch(rows, params, self.prefixes, progress)):
                     results[k] = completion
         return [results[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]  # type: ignore[misc]
 
@@ -115,7 +123,7 @@ class TransformersEngine:
                 )
 
     def _generate_batch(self, rows: list[tuple[list[int], CachedPrefix | None]], params: SamplingParams,
-                        produced: PrefixCache) -> list[Completion]:
+                        produced: PrefixCache, progress: DecodeProgress) -> list[Completion]:
         """Sample one completion per row; each row's sequence (less its last sampled token, whose
         keys and values were never computed) goes into `produced`."""
         cache, mask, positions, logits = self._prefill(rows, params.max_new_tokens)
@@ -132,6 +140,7 @@ class TransformersEngine:
                                     for row, t in zip(live, token.tolist())])
             for index in stopped.nonzero().flatten().tolist():
                 _keep(rows[live[index]][0] + tokens[live[index]][:-1], cache, index, mask[index], produced)
+            progress.step(len(live), int(stopped.sum()))
             if stopped.all():
                 break
             if stopped.any():  # a finished row leaves the batch
@@ -179,6 +188,26 @@ class TransformersEngine:
         reason: FinishReason = "stop" if stopped else "length"
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         return Completion(token_ids=tokens, logprobs=logprobs, finish_reason=reason, text=text)
+
+
+class DecodeProgress:
+    """One generate call's progress: replies ended, tokens sampled and tokens/s, as a log line
+    every `every_s` seconds (none for a call shorter than that)."""
+
+    def __init__(self, replies: int, log: Callable[[str], None] | None, every_s: float):
+        self.replies, self.log, self.every_s = replies, log, every_s
+        self.ended = self.tokens = 0
+        self.started = self.logged = time.perf_counter()
+
+    def step(self, sampled: int, ended: int) -> None:
+        """A decode step sampled a token for `sampled` rows, of which `ended` stopped."""
+        self.tokens += sampled
+        self.ended += ended
+        now = time.perf_counter()
+        if self.log is not None and now - self.logged >= self.every_s:
+            self.logged = now
+            self.log(f"decoding: {self.ended}/{self.replies} replies ended, {self.tokens:,} tokens sampled, "
+                     f"{self.tokens / (now - self.started):.1f} tokens/s")
 
 
 def _window_spans(config, columns: int) -> bool:
