@@ -278,6 +278,9 @@ MODEL_EVALUATIONS = pa.schema(
 DATASETS: dict[str, pa.Schema] = {
     "trajectories": TRAJECTORIES,
     "evaluations": EVALUATIONS,
+    # An evaluation's chunks as each is graded (part: observations-chunk), before `evaluations` has
+    # them all: what a stopped evaluation finished, which the next one of that checkpoint keeps.
+    "evaluation_chunks": EVALUATIONS,
     "tasks": TASKS,
     "stages": STAGES,
     "checkpoints": CHECKPOINTS,
@@ -295,6 +298,7 @@ CLOSED_SETS: dict[str, dict[str, type[ClosedSet]]] = {
                      "test_results.outcome": Outcome, "failure_reason": FailureReason,
                      "finish_reason": FinishReason},
     "evaluations": {"reward_status": RewardStatus, "observations": Observations},
+    "evaluation_chunks": {"reward_status": RewardStatus, "observations": Observations},
     "model_evaluations": {"reward_status": RewardStatus, "tamper_flags": TamperFlag, "exec_status": ExecStatus,
                           "test_results.outcome": Outcome, "failure_reason": FailureReason,
                           "finish_reason": FinishReason},

@@ -233,3 +233,47 @@ def test_the_base_policy_evaluation_is_redone_for_a_rebuilt_base_policy(crucible
     evaluate()
     assert evaluated_policy(0) == {rebuilt}
     assert sum("evaluating the base policy first" in line for line in logged) == 2
+
+
+def test_a_stopped_evaluation_keeps_the_chunks_it_finished_and_resumes_with_the_same_samples(tmp_path, local_backend,
+                                                                                             monkeypatch):
+    """Issue 38: a real model's evaluation takes many minutes on a CPU, and a run stopped during
+    it kept nothing. Each chunk (one generate call's tasks) is stored as it is graded; the next
+    evaluation of that checkpoint keeps those chunks and samples the rest, as one run would."""
+    wide = TINY.model_copy(update={"max_position_embeddings": 1024})
+    settings = dict(task_set="compose", eval_tasks=20, eval_samples=2, max_new_tokens=8, max_turns=1)
+
+    def experiment_in(root) -> CrucibleResource:
+        crucible = CrucibleResource(storage_root=str(root / "data"), checkpoint_root=str(root / "checkpoints"))
+        hashes = [verify_checkpoint(build_base_policy(crucible.checkpoint_dir("exp", number),
+                                                      wide.model_copy(update={"seed": number})))["content_hash"]
+                  for number in (0, 1)]
+        _checkpoint_row(crucible, 1, hashes[1], parent_hash=hashes[0])
+        return crucible
+
+    def answers(crucible: CrucibleResource) -> list[tuple]:
+        rows = crucible.store().read_partition("evaluations", "exp", 0).to_pylist()
+        return sorted((row["task_id"], row["sample_index"], row["response_text"], row["passed"]) for row in rows)
+
+    whole = experiment_in(tmp_path / "whole")
+    Iteration(whole, ExperimentConfig(name="exp", **settings), 1, log=lambda message: None).evaluate()
+
+    stopped = experiment_in(tmp_path / "stopped")
+    grade, graded = Iteration.grade, []
+
+    def stop_at_the_second_chunk(self, samples):
+        if graded:
+            raise KeyboardInterrupt
+        graded.append(len(samples))
+        return grade(self, samples)
+
+    monkeypatch.setattr(Iteration, "grade", stop_at_the_second_chunk)
+    logged: list[str] = []
+    resumed = Iteration(stopped, ExperimentConfig(name="exp", **settings), 1, log=logged.append)
+    with pytest.raises(KeyboardInterrupt):
+        resumed.evaluate()
+    assert graded == [32] and not stopped.store().has_partition("evaluations", "exp", 0)  # 16 tasks x 2 kept
+    monkeypatch.setattr(Iteration, "grade", grade)
+    resumed.evaluate()
+    assert "checkpoint 0: held-out tasks 1-16 were evaluated before this run stopped: kept" in logged
+    assert answers(stopped) == answers(whole) and len(answers(whole)) == 40

@@ -51,8 +51,8 @@ from task_sets.rewards import Process
 from task_sets.schema import Task, TaskBase
 from task_sets.submission import grade_solution, sandbox_spec
 from training.agent.dynamic_sampling import Refilled, refill
-from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes
-from training.agent.rollout import Rollout, sample_rollouts
+from training.agent.episodes import MAX_LIVE, EpisodeLimits, as_rollout, run_episodes
+from training.agent.rollout import TASKS_PER_CALL, Rollout, sample_rollouts
 from training.agent.trajectory import VerifiedRollout, evaluation_row, regrade_row
 from training.evaluation.monitors import (
     SAMPLE_SIGNALS,
@@ -524,17 +524,57 @@ class Iteration:
         greedy = experiment.eval_samples == 1
         params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
                                 temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)
-        by_id = {task.id: task for task in tasks}
         rows = []
         for observations in self.eval_conditions():
             label = "" if observations is Observations.SHOWN else f" with observations {observations.value}"
             self.log(f"evaluating checkpoint {iteration} on {len(tasks)} held-out tasks{label}")
             blanked = observations is Observations.BLANKED
             draws = dataclasses.replace(params, n=experiment.eval_blanked_samples or params.n) if blanked else params
-            samples = self.sample(engine, tasks, draws, f"{experiment.name}/eval/{iteration}", blanked=blanked)
-            rows += [evaluation_row(v, observations) for v in self.grade([(by_id[s.task_id], s) for s in samples])]
+            rows += self._evaluate_in_chunks(engine, iteration, tasks, draws, observations)
         self.env.store().write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
         return rows
+
+    def _evaluate_in_chunks(self, engine: InferenceEngine, iteration: int, tasks: list[Task], params: SamplingParams,
+                            observations: Observations) -> list[dict]:
+        """The evaluation rows of `tasks`, a chunk at a time, each stored in `evaluation_chunks`
+        as it is graded: a stopped evaluation of the same checkpoint resumes after the chunks it
+        finished. A chunk is one generate call's tasks (a wave of episodes), sampled with the
+        seed an unchunked evaluation would give it, so chunking changes no sample."""
+        store, name, content_hash = self.env.store(), self.experiment.name, engine.policy_version
+        episodes = self.experiment.max_turns > 1
+        size = max(1, MAX_LIVE // params.n) if episodes else TASKS_PER_CALL
+        rows: list[dict] = []
+        for start in range(0, len(tasks), size):
+            chunk, part = tasks[start : start + size], f"{observations.value}-{start // size:04d}"
+            finished = self._finished_chunk(iteration, part, content_hash, chunk, params.n)
+            if finished is None:
+                # Episodes seed each wave by its first episode's index (run_episodes); single replies
+                # seed every call alike (sample_rollouts).
+                draws = dataclasses.replace(params, seed=params.seed + start * params.n) if episodes else params
+                samples = self.sample(engine, chunk, draws, f"{name}/eval/{iteration}",
+                                      blanked=observations is Observations.BLANKED)
+                by_id = {task.id: task for task in chunk}
+                finished = [evaluation_row(v, observations) for v in self.grade([(by_id[s.task_id], s) for s in samples])]
+                store.write_partition("evaluation_chunks", name, iteration, rows_to_table("evaluations", finished),
+                                      part=part)
+            else:
+                self.log(f"checkpoint {iteration}: held-out tasks {start + 1}-{start + len(chunk)} were evaluated "
+                         "before this run stopped: kept")
+            rows += finished
+            self.log(f"checkpoint {iteration}: {start + len(chunk)}/{len(tasks)} held-out tasks evaluated")
+        return rows
+
+    def _finished_chunk(self, iteration: int, part: str, content_hash: str, chunk: list[Task],
+                        samples: int) -> list[dict] | None:
+        """The stored rows of chunk `part` where an earlier evaluation finished it for this
+        checkpoint, these tasks and `samples` answers each; None where it must be evaluated."""
+        store, name = self.env.store(), self.experiment.name
+        if not store.has_partition("evaluation_chunks", name, iteration, part):
+            return None
+        rows = store.read_partition("evaluation_chunks", name, iteration, part).to_pylist()
+        answers = sorted((row["task_id"], row["sample_index"]) for row in rows)
+        expected = sorted((task.id, index) for task in chunk for index in range(samples))
+        return rows if {row["policy_version"] for row in rows} == {content_hash} and answers == expected else None
 
     def eval_conditions(self) -> tuple[Observations, ...]:
         """Shown, and blanked as well where the experiment asks for it and its samples are episodes
