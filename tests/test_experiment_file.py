@@ -103,6 +103,15 @@ def test_an_experiment_reporting_nowhere_is_stored_and_hashed_as_before_report_t
     assert "report_to" not in ExperimentConfig(name="a").model_dump(mode="json")
 
 
+def test_token_budgets_default_by_the_model_an_experiment_starts_from():
+    """The built-in model's answers are short; an imported instruct model explains its code, and a
+    budget of 96 would cut most of its answers (issue 38)."""
+    built_in, imported = ExperimentConfig(name="a"), ExperimentConfig(name="b", base_model="/models/x")
+    assert (built_in.max_new_tokens, built_in.episode_max_tokens) == (96, 1024)  # stored, and hashed, as before
+    assert (imported.max_new_tokens, imported.episode_max_tokens) == (512, 2048)
+    assert ExperimentConfig(name="c", base_model="/models/x", max_new_tokens=64).max_new_tokens == 64
+
+
 def test_the_trackers_are_stored_with_the_experiment():
     reporting = ExperimentConfig(name="a", report_to=["mlflow"])
     assert ExperimentConfig.model_validate_json(reporting.model_dump_json()).report_to == ["mlflow"]

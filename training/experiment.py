@@ -29,6 +29,8 @@ from training.rl.trainer import GRPOConfig
 from training.sft.warmup import SFTConfig
 
 IMPORTED_SFT_LR = 1e-5  # a usual fine-tuning rate for a pretrained model of 0.5-8B parameters
+# (max_new_tokens, episode_max_tokens) where the experiment leaves them unset
+BUILT_IN_BUDGETS, IMPORTED_BUDGETS = (96, 1024), (512, 2048)
 
 
 class BasePolicySettings(BaseModel):
@@ -80,9 +82,12 @@ class ExperimentConfig(BaseModel):
         "settings in `vllm`), or an OpenAI-compatible server (settings in `server`)")
     server: ServerSettings | None = Field(None, description="the server of engine = \"openai\"")
     vllm: VLLMSettings = VLLMSettings()
-    max_new_tokens: int = Field(96, ge=8, description="response budget per sample (per turn in episodes): the "
-                                "compose set's reference solutions take 21 tokens (median), 26 at most; a write "
-                                "action of the default set's takes 39 (median), 54 (95th percentile)")
+    max_new_tokens: int | None = Field(
+        None, ge=8, description=f"response budget per sample (per turn in episodes); default {BUILT_IN_BUDGETS[0]} for "
+        "the built-in model (the compose set's reference solutions take 21 tokens (median), 26 at most; a write "
+        f"action of the default set's 39 (median), 54 (95th percentile)), {IMPORTED_BUDGETS[0]} for an imported "
+        "base_model (an instruct model explains its code: SmolLM2-135M-Instruct's MBPP answers take 192 tokens on "
+        "average, and 7% of them more than 384)")
     rollout_shards: int = Field(1, ge=1, description="slices of the sampled tasks (whole groups) that sample apart, "
                                 "each with an engine of its own, as steps the executor may run side by side "
                                 "(CRUCIBLE_STEP_PROCESSES processes). Part of the result: a shard's threads and "
@@ -107,8 +112,10 @@ class ExperimentConfig(BaseModel):
     stop_strings: list[str] | None = Field(
         None, exclude_if=lambda value: value is None, description="text that ends a reply under the completion "
         "template (the next turn's header); None: the built-in template's own")
-    episode_max_tokens: int = Field(1024, ge=64, description="an episode's whole context budget (prompt, replies, "
-                                    "observations); at most the model's max_position_embeddings")
+    episode_max_tokens: int | None = Field(
+        None, ge=64, description="an episode's whole context budget (prompt, replies, observations); at most the "
+        f"model's max_position_embeddings; default {BUILT_IN_BUDGETS[1]} for the built-in model, "
+        f"{IMPORTED_BUDGETS[1]} for an imported base_model")
     command_timeout_s: float = Field(10.0, gt=0, description="wall limit of each command an episode runs")
     temperature: float = Field(
         0.6, gt=0,
@@ -175,8 +182,8 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
-        """The built-in model's sizes do not apply to an imported model, and the warm-up's
-        length defaults by which of the two the experiment starts from; a server is given
+        """The built-in model's sizes do not apply to an imported model, and the token budgets and
+        the warm-up's length default by which of the two the experiment starts from; a server is given
         exactly when the engine is one; a greedy evaluation draws one blanked episode per task."""
         sizes = [name for name in ("hidden_size", "num_layers")
                  if getattr(self.base, name) != BasePolicySettings.model_fields[name].default]
@@ -209,6 +216,10 @@ class ExperimentConfig(BaseModel):
             raise PydanticCustomError("engine_server", "engine = \"openai\" samples from the [server] the settings "
                                       "describe (base_url, model), and only that engine has one")
         imported = self.base_model is not None
+        budgets = dict(zip(("max_new_tokens", "episode_max_tokens"), IMPORTED_BUDGETS if imported else BUILT_IN_BUDGETS))
+        for name, value in budgets.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         defaults = {"sft_steps": 0 if imported else SFTConfig.model_fields["steps"].default,
                     "sft_lr": IMPORTED_SFT_LR if imported else SFTConfig.model_fields["lr"].default,
                     "episode_demonstrations": self.max_turns > 1}
