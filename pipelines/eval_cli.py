@@ -32,6 +32,13 @@ def add_commands(commands) -> None:
     evaluate.add_argument("--api-key-env", help="environment variable holding the server's API key")
     evaluate.add_argument("--tokenizer", help="directory of the served model's tokenizer and chat template "
                           "(--engine openai; default: --model, when that is a directory, hub id or .gguf file)")
+    evaluate.add_argument("--prompt-format", choices=("chat", "completion"), help="chat: the model's own template; "
+                          "completion: a completion template (docs/prompt-formats.md); default: chat where the model "
+                          "has a template, else completion (a base model)")
+    evaluate.add_argument("--completion-template", help="dialogue (default), function (HumanEval's continuation), "
+                          "or a Jinja file of your own (with --stop)")
+    evaluate.add_argument("--stop", action="append", help="a stop string of the completion template (repeatable; "
+                          "default: the built-in template's own)")
     evaluate.add_argument("--samples", type=int, default=4, help="answers per task (1: greedy; default 4, so "
                           "that stability across runs is measured)")
     evaluate.add_argument("--tasks", type=int, default=None, help="the first N held-out tasks (default: all)")
@@ -49,7 +56,8 @@ def command_eval(args: argparse.Namespace) -> int:
     from training.experiment import ExperimentConfig
     from training.model_eval import evaluate_model
     from training.policy.chat import ChatFormatError
-    from training.policy.importing import ModelImportError, resolve_source
+    from training.policy.completion import CompletionTemplateError, completion_template
+    from training.policy.importing import ModelImportError, prompted_model, resolve_source
 
     environment.use_storage(args.storage)
     if args.engine == "openai":
@@ -58,16 +66,22 @@ def command_eval(args: argparse.Namespace) -> int:
         args.model = args.model or served_model(args.base_url)
     elif not args.model:
         raise UserError(f"--engine {args.engine} needs --model: a model directory, a hub id or a .gguf file")
-    try:
-        chat_dir = resolve_source(args.tokenizer or args.model)
-    except ModelImportError as error:
-        raise UserError(f"{error}; for a server's model, give its tokenizer with --tokenizer DIR") from None
     name = args.name or _slug(args.model)
     server = {"base_url": args.base_url, "model": args.model, "api": args.api,
               "api_key_env": args.api_key_env} if args.engine == "openai" else None
     experiment = ExperimentConfig(name=name, task_set=args.task_set, engine=args.engine, server=server,
                                   eval_tasks=args.tasks, eval_samples=args.samples, max_new_tokens=args.max_new_tokens,
                                   max_turns=args.max_turns, temperature=args.temperature)
+    try:
+        if args.engine == "openai":
+            chat_dir = resolve_source(args.tokenizer or args.model)
+        else:
+            chat_dir = prompted_model(args.model, args.prompt_format, completion_template(args.completion_template,
+                                                                                          args.stop),
+                                      experiment.episode_max_tokens)
+    except (ModelImportError, CompletionTemplateError) as error:
+        hint = "; for a server's model, give its tokenizer with --tokenizer DIR" if args.engine == "openai" else ""
+        raise UserError(f"{error}{hint}") from None
     crucible = crucible_resource()
     try:
         rows = evaluate_model(crucible, experiment, args.model, chat_dir, log=console.print)

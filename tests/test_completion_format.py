@@ -152,7 +152,7 @@ def test_unset_prompt_settings_leave_the_stored_experiment_as_it_was():
 def test_crucible_run_post_trains_a_base_model_without_a_template_through_episodes(tmp_path):
     """The whole loop on a base model: imported with the dialogue template (the run says so in one
     line), sampled as two-turn episodes whose observations the template frames, trained, evaluated."""
-    source = without_template(make_model("qwen2", tmp_path / "base-model"))
+    source = without_template(make_model("mistral", tmp_path / "base-model"))  # the smallest vocabulary
     compose = load_task_set("compose")
     write_task_set([*compose.train()[:2], *compose.eval()[:2]], tmp_path / "set")
     config = tmp_path / "zero.toml"
@@ -177,3 +177,15 @@ def test_crucible_run_post_trains_a_base_model_without_a_template_through_episod
         shown = row["turns"][0]["observation_excerpt"][:40]
         text = row["response_text"]
         assert f"\n\nUser: {shown}" in text and text.count("User:") == text.count("\n\nAssistant:") == 2, repr(text)
+
+
+def test_crucible_eval_evaluates_a_base_model_through_a_completion_template(tmp_path):
+    source = without_template(make_model("mistral", tmp_path / "base-model"))
+    environment = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", "eval", "--task-set", "compose", "--model", str(source),
+                          "--tasks", "2", "--samples", "1", "--max-new-tokens", "8", "--storage", str(tmp_path / "data")],
+                         env=environment, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [prompted] = (tmp_path / "hf" / "crucible" / "prompted").iterdir()  # made once, beside the GGUF cache
+    assert verify_checkpoint(prompted)["completion_template"] == "dialogue"
+    assert "Pass rate" in run.stdout

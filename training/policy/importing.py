@@ -21,6 +21,7 @@ safetensors, in their own dtype.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -179,6 +180,21 @@ def import_model(source: str, out_dir: str | Path, context_tokens: int, prompt_f
     manifest = {"kind": "imported", "source": source, "source_dir": str(directory), "source_files": source_files,
                 **_dequantised_from(directory), **prompted}
     return write_checkpoint_dir(out_dir, write, manifest)
+
+
+def prompted_model(source: str, prompt_format: PromptFormat | None, completion: CompletionTemplate,
+                   context_tokens: int) -> Path:
+    """A directory that samples `source` with the prompt format chosen as `import_model` chooses
+    it: the source's own where that is its chat template, else an import with `completion`,
+    made once and cached under the Hugging Face home (`$HF_HOME/crucible/prompted/<hash>`)."""
+    directory = resolve_source(source)
+    if (prompt_format or ("chat" if _has_chat_template(directory) else "completion")) == "chat":
+        return directory
+    key = json.dumps([str(directory), completion.jinja, completion.stop_strings, context_tokens])
+    out = Path(hub_constants.HF_HOME) / "crucible" / "prompted" / hashlib.sha256(key.encode()).hexdigest()[:16]
+    if not (out / MANIFEST_FILE).is_file():
+        import_model(str(directory), out, context_tokens, "completion", completion)
+    return out
 
 
 def _has_chat_template(directory: Path) -> bool:
