@@ -11,12 +11,17 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, materialize
+from pydantic import ValidationError
 
 from assets.iteration import task_set
 from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
 from pipelines.jobs import create_experiment
+from task_sets.importers import ImportOptions, import_tasks
+from task_sets.loader import TaskSet
 from training.experiment import ExperimentConfig, ExperimentFileError, differing_settings, load_experiment_file
+
+MBPP = Path(__file__).parent / "data" / "mbpp" / "mbpp.jsonl.gz"
 
 GOOD = """
 name = "lora-small"
@@ -110,6 +115,27 @@ def test_token_budgets_default_by_the_model_an_experiment_starts_from():
     assert (built_in.max_new_tokens, built_in.episode_max_tokens) == (96, 1024)  # stored, and hashed, as before
     assert (imported.max_new_tokens, imported.episode_max_tokens) == (512, 2048)
     assert ExperimentConfig(name="c", base_model="/models/x", max_new_tokens=64).max_new_tokens == 64
+
+
+def test_difficulty_tiers_choose_what_is_trained_on_and_what_is_measured():
+    """Both splits keep only the experiment's tiers, in the set's order, and the evaluation's first
+    `eval_tasks` are counted within them; an experiment without tiers is stored as before."""
+    mbpp = TaskSet("mbpp", tuple(import_tasks("mbpp", MBPP, ImportOptions("mbpp", split="source")).tasks))
+    easy = ExperimentConfig(name="a", difficulties=["easy"], eval_tasks=5)
+    trained, measured = easy.rl_tasks(mbpp), easy.held_out_tasks(mbpp)
+    assert {task.difficulty for task in trained + measured} == {"easy"}
+    assert {task.split for task in trained} == {"train"} and {task.split for task in measured} == {"eval"}
+    assert measured == [task for task in mbpp.eval() if task.difficulty == "easy"][:5]
+    assert "difficulties" not in ExperimentConfig(name="b").model_dump(mode="json")
+
+
+def test_a_tier_the_set_lacks_is_refused_with_the_tiers_it_has():
+    tasks = import_tasks("mbpp", MBPP, ImportOptions("mbpp", split="source")).tasks
+    easy_only = TaskSet("easy-only", tuple(task for task in tasks if task.difficulty == "easy"))
+    with pytest.raises(ValueError, match=r"leave none of task set 'easy-only'.*its tiers: \['easy'\]"):
+        ExperimentConfig(name="a", difficulties=["hard"]).rl_tasks(easy_only)
+    with pytest.raises(ValidationError, match="difficulties"):
+        ExperimentConfig(name="a", difficulties=["trivial"])
 
 
 def test_the_trackers_are_stored_with_the_experiment():

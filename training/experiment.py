@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from datastore.trackers import Tracker
 from task_sets.loader import TaskSet
-from task_sets.schema import Task
+from task_sets.schema import Difficulty, Task
 from task_sets.splits import hash_share
 from training.evaluation.monitors import MonitorConfig
 from training.inference.settings import ServerSettings, VLLMSettings
@@ -124,7 +124,13 @@ class ExperimentConfig(BaseModel):
         "valid Python (experiments/repair.toml samples at 1.0: its warmed-up policy's groups of 8 carry a reward "
         "spread 19 times in 32 at 1.0, 12 at 0.6)",
     )
-    eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation; None means all")
+    difficulties: list[Difficulty] | None = Field(
+        None, min_length=1, exclude_if=lambda tiers: tiers is None,
+        description="the difficulty tiers (the tasks' `difficulty`) the iterations train on and the held-out "
+        "evaluation measures; None: every tier. A model that solves a few tasks of a set learns where it solves "
+        "some: a group whose answers all fail teaches nothing")
+    eval_tasks: int | None = Field(None, ge=1, description="held-out tasks per evaluation (the first of the "
+                                   "split, in the set's order); None means all")
     eval_samples: int = Field(8, ge=1, description="answers per held-out task: 1 is greedy; more are sampled at "
                               "`temperature`, and a task's pass rate is the share that passed")
     eval_blanked: bool = Field(True, description="evaluate each checkpoint a second time with every observation "
@@ -163,22 +169,38 @@ class ExperimentConfig(BaseModel):
     def warmup_tasks(self, task_set: TaskSet) -> list[Task]:
         """The train tasks the base policy's warm-up demonstrates."""
         warmed = self._warmed(task_set)
-        return [task for task in task_set.train() if task.id in warmed]
+        return [task for task in self._tiered(task_set.train(), task_set, "train") if task.id in warmed]
 
     def rl_tasks(self, task_set: TaskSet) -> list[Task]:
-        """The train tasks iterations sample: all of them, or those the warm-up left out when it
-        demonstrated a share only."""
+        """The train tasks iterations sample: those of the experiment's tiers, less those the
+        warm-up demonstrated when it demonstrated a share only."""
+        train = self._tiered(task_set.train(), task_set, "train")
         if self.base.warmup_fraction == 1:
-            return task_set.train()
+            return train
         warmed = self._warmed(task_set)
-        left = [task for task in task_set.train() if task.id not in warmed]
+        left = [task for task in train if task.id not in warmed]
         if not left:
             raise ValueError(f"base.warmup_fraction {self.base.warmup_fraction} leaves none of task set "
-                             f"{task_set.name!r}'s {len(warmed)} train tasks for the iterations to sample: lower it")
+                             f"{task_set.name!r}'s {len(train)} train tasks for the iterations to sample: lower it")
         return left
 
+    def held_out_tasks(self, task_set: TaskSet) -> list[Task]:
+        """The eval tasks every evaluation of this experiment measures: the first `eval_tasks` of
+        the experiment's tiers."""
+        return self._tiered(task_set.eval(), task_set, "eval")[: self.eval_tasks]
+
+    def _tiered(self, tasks: list[Task], task_set: TaskSet, split: str) -> list[Task]:
+        if self.difficulties is None:
+            return tasks
+        kept = [task for task in tasks if task.difficulty in self.difficulties]
+        if not kept:
+            raise ValueError(f"difficulties {self.difficulties} leave none of task set {task_set.name!r}'s "
+                             f"{len(tasks)} {split} tasks (its tiers: {sorted({t.difficulty for t in tasks})})")
+        return kept
+
     def _warmed(self, task_set: TaskSet) -> set[str]:
-        return hash_share([task.id for task in task_set.train()], self.base.warmup_fraction, salt="warmup:")
+        return hash_share([task.id for task in self._tiered(task_set.train(), task_set, "train")],
+                          self.base.warmup_fraction, salt="warmup:")
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:

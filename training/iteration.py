@@ -520,7 +520,7 @@ class Iteration:
                           f"{content_hash[:12]}, checked {expected_hash[:12]}): materialize iteration {iteration}'s "
                           "evaluation again.")
         engine = self.engine((policy_dir, content_hash))
-        tasks = self.task_set.eval()[: experiment.eval_tasks]
+        tasks = experiment.held_out_tasks(self.task_set)
         greedy = experiment.eval_samples == 1
         params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
                                 temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)

@@ -29,7 +29,7 @@ def evaluate_model(env: Environment, experiment: ExperimentConfig, model: str, c
     iteration.prove_unproven()  # an imported set's held-out tasks are evaluated only once proven gradable
     task_set = iteration.task_set
     engine = iteration.engine((chat_dir, model))
-    tasks = task_set.eval()[: experiment.eval_tasks]
+    tasks = experiment.held_out_tasks(task_set)
     greedy = experiment.eval_samples == 1
     params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
                             temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)
