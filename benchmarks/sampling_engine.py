@@ -8,7 +8,9 @@ extracts it). The prompts are the first --tasks HumanEval problems, rendered by 
 template with Crucible's system message; each gets --n completions. Both sample greedily (the
 same tokens, so the same work) in batches of every completion at once, with the threads
 Crucible's engine sets; `generate` is given left-padded rows, its stop tokens and a KV cache,
-as its documentation does batched generation. Each is timed after a warm-up call.
+as its documentation does batched generation. Each is timed after a warm-up call. The engine
+runs twice: with transformers' sdpa attention, as `generate` does, and with its own grouped-query
+attention (training/inference/grouped_attention.py), its default.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rich.table import Table
 from task_sets.importers import ImportOptions, import_tasks
 from training.agent.prompts import render_prompt
 from training.inference.engine import SamplingParams
+from training.inference.grouped_attention import NAME
 from training.inference.transformers_engine import TransformersEngine
 from training.policy.importing import resolve_source
 
@@ -70,7 +73,10 @@ def main() -> None:
                         f"<= {args.max_new_tokens} new tokens, {torch.get_num_threads()} threads")
     for column in ("sampler", "tokens", "wall s", "tokens/s"):
         table.add_column(column, justify="right")
-    for name, run in (("transformers generate", transformers_generate), ("crucible engine", crucible_engine)):
+    for name, run, attention in (("transformers generate", transformers_generate, "sdpa"),
+                                 ("crucible engine, transformers' sdpa", crucible_engine, "sdpa"),
+                                 ("crucible engine", crucible_engine, NAME)):
+        engine.model.set_attn_implementation(attention)
         run(engine, prompts[:2], 1, 8)  # warm-up
         began = time.perf_counter()
         tokens = run(engine, prompts, args.n, args.max_new_tokens)

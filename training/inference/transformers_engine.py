@@ -7,7 +7,9 @@ top-p warper) rather than `generate`, for what generate cannot do across calls:
   [cached keys and values, right-aligned | new tokens, right-aligned], the holes masked, positions
   counted over the mask, so every token keeps the position it was computed at; copies of one
   prompt (a group's first turn) share one prefill of it;
-- a row leaves the batch when it stops, so short replies cost nothing while long ones finish.
+- a row leaves the batch when it stops, so short replies cost nothing while long ones finish;
+- a grouped-query model attends over its cache in place (training/inference/grouped_attention.py),
+  where transformers' sdpa attention would copy it once per query head at every step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.generation.logits_process import TopPLogitsWarper
 
 from training.inference.engine import Completion, FinishReason, SamplingParams
+from training.inference.grouped_attention import use_grouped_attention
 from training.inference.prefix_cache import CachedPrefix, PrefixCache
 from training.policy.chat import ChatFormat
 from training.policy.model import load_policy
@@ -58,6 +61,7 @@ class TransformersEngine:
         self.batch_size = batch_size
         self.prefix_cache_bytes = prefix_cache_bytes
         self.model, self.tokenizer = load_policy(self.checkpoint_dir)
+        use_grouped_attention(self.model)
         self.chat = ChatFormat.of(self.tokenizer, self.model.generation_config, observation_role)
         self.pad_id, self.stop_ids = self.chat.pad_id, list(self.chat.stop_ids)
         self.max_positions = int(self.model.config.max_position_embeddings)
