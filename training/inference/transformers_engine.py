@@ -240,8 +240,18 @@ def _sample(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
         if params.top_p < 1.0:
             scores = TopPLogitsWarper(params.top_p)(None, scores)
         scores = torch.log_softmax(scores, dim=-1)
-        token = torch.multinomial(scores.exp(), 1).squeeze(1)
+        token = _inverse_cdf_draw(scores.exp())
     return token, scores.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+
+
+def _inverse_cdf_draw(probs: Tensor) -> Tensor:
+    """One token a row drawn from `probs` with one uniform number a row: torch.multinomial draws
+    an exponential for every vocabulary entry, 62 ms a decode step for 64 rows of SmolLM2's 49k on
+    a CPU core, this ~17 ms. Cumulated in float64 so that the last tokens of a large vocabulary keep
+    their probability; a zero-probability token is never drawn (right=True: the first sum > u)."""
+    cumulative = probs.double().cumsum(dim=-1)
+    draw = torch.rand((len(probs), 1), dtype=cumulative.dtype) * cumulative[:, -1:]
+    return torch.searchsorted(cumulative, draw, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 def _keep(ids: list[int], cache: Cache, row: int, row_mask: Tensor, store: PrefixCache) -> None:
