@@ -22,3 +22,13 @@ def test_decoding_reports_replies_ended_and_every_token_sampled(tmp_path):
     assert re.fullmatch(rf"decoding: 6/6 replies ended, {sampled:,} tokens sampled, \d+\.\d tokens/s", lines[-1])
     ended = [int(line.split()[1].split("/")[0]) for line in lines]
     assert ended == sorted(ended)
+
+
+@pytest.mark.unit
+def test_loading_a_policy_prints_no_progress_bar_of_transformers(tmp_path, capfd):
+    """The engine's lines are the progress a user reads; transformers would add a "Loading
+    weights" bar for every model an evaluation or iteration loads."""
+    checkpoint = build_base_policy(tmp_path / "base")
+    capfd.readouterr()
+    TransformersEngine(checkpoint, "base", threads=1)
+    assert "Loading weights" not in capfd.readouterr().err

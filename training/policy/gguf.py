@@ -11,14 +11,13 @@ so a file is dequantised once however many experiments or evaluations use it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 from huggingface_hub import constants as hub_constants
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as transformers_logging
 
 from training.policy.checkpoint import CheckpointError, sha256_file, verify_checkpoint, write_checkpoint_dir
+from training.policy.model import quiet_loading
 
 
 class GGUFError(ValueError):
@@ -55,7 +54,7 @@ def dequantised(path: Path, cache: Path | None = None) -> Path:
         verify_checkpoint(out)
         return out
     kind = quantization(path)
-    with _quiet_loader():
+    with quiet_loading():
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
@@ -74,15 +73,3 @@ def dequantised(path: Path, cache: Path | None = None) -> Path:
 
     manifest = {"kind": "dequantised", "source": str(path), "source_sha256": digest, "quantization": kind}
     return write_checkpoint_dir(out, write, manifest)
-
-
-@contextlib.contextmanager
-def _quiet_loader() -> Iterator[None]:
-    """Without transformers' progress bars (a bar per GGUF tensor pass)."""
-    shown = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            transformers_logging.enable_progress_bar()

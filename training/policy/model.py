@@ -7,7 +7,9 @@ and vLLM serves the same directory.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,6 +21,7 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
 )
+from transformers.utils import logging as transformers_logging
 
 from training.policy.checkpoint import save_checkpoint, verify_checkpoint
 from training.policy.tokenizer import PAD_TOKEN, STOP_TOKENS, build_tokenizer, save_tokenizer
@@ -99,10 +102,24 @@ def load_policy(policy_dir: str | Path, verify: bool = False):
     """Load (model, tokenizer) from a checkpoint directory; TRAINING_DTYPE, eval mode, CPU."""
     if verify:
         verify_checkpoint(policy_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=getattr(torch, TRAINING_DTYPE))
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=getattr(torch, TRAINING_DTYPE))
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
     model.eval()
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Without transformers' progress bars (a "Loading weights" bar a load, a bar per GGUF tensor
+    pass): the stages report their own progress."""
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()
 
 
 def count_parameters(model: torch.nn.Module) -> int:
