@@ -51,6 +51,13 @@ def test_the_agentic_loop_is_described_by_its_own_file():
     assert (default.task_set, default.max_turns, default.base.episode_demonstrations) == ("compose", 1, False)
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "experiments").glob("*.toml")),
+                         ids=lambda path: path.name)
+def test_every_shipped_experiment_file_loads(path):
+    assert load_experiment_file(path).name
+
+
 def test_a_toml_file_describes_an_experiment(tmp_path):
     path = tmp_path / "lora.toml"
     path.write_text(GOOD)
