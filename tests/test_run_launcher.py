@@ -54,9 +54,12 @@ def cluster(tmp_path_factory, project_image, s3_server, postgres_server):
                      "CRUCIBLE_RUN_LAUNCHER", "CRUCIBLE_RUN_IMAGE", POSTGRES_URL_ENV, *s3_server.environment()):
             patch.setenv(name, environment[name])
         yield environment, workdir
+        with DagsterInstance.get() as instance:  # only this instance's runs: the daemon may run others'
+            ours = [run.run_id for run in instance.get_runs()]
     daemon = docker.from_env()
-    for container in daemon.containers.list(all=True, filters={"label": RUN_LABEL}):
-        container.remove(force=True)
+    for run_id in ours:
+        for container in daemon.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+            container.remove(force=True)
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,8 @@ def test_the_command_exits_1_and_writes_the_report(tmp_path):
     out = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "validate", str(root), "--repeats", "12",
                            "--backend", "local", "--out", str(out)], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "COLUMNS": "200"}, timeout=300)
+                          env={**os.environ, "COLUMNS": "200", "CRUCIBLE_ENVIRONMENTS": str(tmp_path / "environments")},
+                          timeout=300)
     assert done.returncode == 1, done.stderr
     assert "1 ok, 1 broken, 1 flaky, 1 lax" in done.stdout
     assert "splits: 0 eval tasks copied into train" in done.stdout
