@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import secrets
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ from sandbox.spec import Limits, SandboxSpec
 
 BACKENDS = ("local", "local-session", "docker")
 REQUIRED = {b for b in os.environ.get("CRUCIBLE_REQUIRE_BACKENDS", "").split(",") if b}
-_skipped: dict[str, str] = {}
+UNTESTED = re.compile(r"Skipped: (\S+) (?:sandbox backend|test dependency) unavailable: (.*)")
 # The server `make test` starts (scripts/postgres-server); its role may create databases.
 POSTGRES_SERVER = os.environ.get("CRUCIBLE_TEST_POSTGRES_URL", "postgresql://crucible:crucible@127.0.0.1:5433/crucible")
 
@@ -62,7 +63,6 @@ def skip_unless_required(backend: str, reason: str) -> None:
     kind = "sandbox backend" if backend in BACKENDS else "test dependency"
     if backend in REQUIRED:
         pytest.fail(f"the {backend} {kind} is required here (CRUCIBLE_REQUIRE_BACKENDS) but: {reason}")
-    _skipped[backend] = reason
     pytest.skip(f"{backend} {kind} unavailable: {reason}")
 
 
@@ -73,10 +73,14 @@ def local_backend() -> None:
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _skipped:
+    """Name each backend the run could not test. Read from the skip reports, which reach the
+    controlling process also when pytest-xdist's workers ran the tests."""
+    untested = dict(match.groups() for report in terminalreporter.stats.get("skipped", [])
+                    if isinstance(report.longrepr, tuple) and (match := UNTESTED.match(report.longrepr[2])))
+    if not untested:
         return
     terminalreporter.write_sep("!", "BACKENDS NOT TESTED ON THIS HOST", red=True, bold=True)
-    for backend, reason in _skipped.items():
+    for backend, reason in untested.items():
         terminalreporter.write_line(f"  {backend}: {reason}", red=True)
 
 
