@@ -43,7 +43,7 @@ from assets.train_process import STEP_MESSAGE
 from assets.training_step import TrainingStepClient
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
-from task_sets.gradability import build_environments, needs_proof
+from grading.gradability import build_environments, needs_proof
 from task_sets.loader import TaskSet
 from task_sets.schema import TaskBase
 from task_sets.separation import separation

@@ -36,7 +36,7 @@ from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
 from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
-from sandbox.verdict import RewardStatus
+from statuses import RewardStatus
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout

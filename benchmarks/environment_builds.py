@@ -4,7 +4,7 @@ side, each from an empty store (its own pip cache: every wheel downloaded again)
     .venv/bin/python benchmarks/environment_builds.py [--instances 6] [--at-once 1,2]
 
 What proving an imported set costs before its first grading: a virtual environment per instance,
-its requirements from the package index, the repository's own install (task_sets/gradability.py
+its requirements from the package index, the repository's own install (grading/gradability.py
 builds BUILDS_AT_ONCE at a time).
 """
 
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from environments.store import EnvironmentStore
-from task_sets.gradability import build_environments
+from grading.gradability import build_environments
 from task_sets.importers import ImportOptions, import_tasks
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "swebench"

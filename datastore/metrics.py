@@ -7,7 +7,7 @@ value and an analyst's query can never disagree.
 Definitions:
 - A sample counts towards a pass rate only if it was scored: an infrastructure error, an
   environment that cannot run the tests or a broken task (reward_status infra_error, env_error or
-  invalid) is kept apart, as its own rate, never counted as a failure. `passed` itself is GradeResult.passed (sandbox/verdict.py).
+  invalid) is kept apart, as its own rate, never counted as a failure. `passed` itself is GradeResult.passed (grading/verdict.py).
 - `reward_mean`, `reward_std` (sample standard deviation): over scored samples (reward is null
   otherwise).
 - A group (the samples of one prompt) carries a learning signal when at least two of its samples

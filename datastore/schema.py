@@ -9,11 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sandbox.closed_set import ClosedSet
-from sandbox.diagnosis import FailureReason
-from sandbox.result import ExecStatus
-from sandbox.test_report import Outcome
-from sandbox.verdict import RewardStatus, TamperFlag
+from statuses import ClosedSet, ExecStatus, FailureReason, Outcome, RewardStatus, TamperFlag
 
 SCHEMA_VERSION = 10  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
 # 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;

@@ -29,8 +29,8 @@ from environments.interpreters import Interpreter
 from environments.spec import LOCK, VENV, WHEELS, WORKSPACE_LAYER, EnvironmentSpec
 from sandbox.base import WORKSPACE, Mount, SandboxUnavailable
 from sandbox.local import LocalSandbox
-from sandbox.result import ExecStatus
 from sandbox.spec import ENVIRONMENT_ROOT, Limits, SandboxSpec
+from statuses import ExecStatus
 
 BUILD_DIR = "/crucible-build"  # the build's own inputs, read-only: its script and requirements
 PIP_CACHE = "/pip-cache"  # the store's pip cache, shared by builds (wheels built once)

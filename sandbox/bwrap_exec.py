@@ -28,8 +28,8 @@ from pathlib import Path
 from sandbox import cgroups, seccomp
 from sandbox.base import WORKSPACE, OutputCallback, SandboxUnavailable
 from sandbox.capture import OutputCapture
-from sandbox.result import ExecStatus
 from sandbox.spec import Limits, SandboxSpec
+from statuses import ExecStatus
 
 SH = "/bin/sh"
 SETPRIV = "/usr/bin/setpriv"

@@ -35,8 +35,9 @@ from pathlib import Path, PurePosixPath
 
 import docker
 import docker.errors
-from docker.types import LogConfig, Ulimit
+from docker.types import LogConfig
 from docker.types import Mount as DockerMount
+from docker.types import Ulimit
 
 from sandbox import seccomp
 from sandbox.base import (
@@ -51,9 +52,10 @@ from sandbox.base import (
 )
 from sandbox.capture import OutputCapture
 from sandbox.docker_hosts import Daemon, DockerHost, NoDaemon, configured_hosts, fleet
-from sandbox.result import ExecResult, ExecStatus
+from sandbox.result import ExecResult
 from sandbox.spec import SandboxSpec
 from sandbox.workspace import files_to_tar, regular_files_from_tar, regular_files_in_tar, safe_relative
+from statuses import ExecStatus
 
 DEFAULT_IMAGE = "crucible-sandbox:bookworm-2"  # built by scripts/build-sandbox-image
 LABEL = "crucible.sandbox"

@@ -61,9 +61,10 @@ from sandbox.bwrap_exec import (
     SupervisedExecutor,
 )
 from sandbox.capture import OutputCapture
-from sandbox.result import ExecResult, ExecStatus
+from sandbox.result import ExecResult
 from sandbox.spec import ENVIRONMENT_ROOT, SandboxSpec
 from sandbox.workspace import HostWorkspace, clear_directory
+from statuses import ExecStatus
 
 BWRAP = "/usr/bin/bwrap"
 

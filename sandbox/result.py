@@ -5,23 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from sandbox.closed_set import ClosedSet
-
-
-class ExecStatus(ClosedSet):
-    """What one command in a sandbox did.
-
-    XX is reserved for failures of the sandbox itself (it could not start, a limit could not be
-    set up): it is never the model's fault and is never scored as a failure.
-    """
-
-    OK = "OK", "exit code 0"
-    RE = "RE", "non-zero exit code"
-    SG = "SG", "killed by a signal other than the sandbox's own timeout, memory or output kill"
-    TO = "TO", "wall-clock timeout: the whole process tree was killed"
-    ML = "ML", "memory limit hit (the cgroup's OOM kill)"
-    OL = "OL", "output limit exceeded: the process tree was killed"
-    XX = "XX", "infrastructure error: the sandbox itself failed; never the submission's fault, never scored"
+from statuses import ExecStatus
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class TaskSet:
     reward: RewardFunction = DEFAULT  # configured by the set's reward.toml
     system_message: str | None = None  # the set's system.md: what every prompt of the set starts with
     built_in: bool = False  # one of Crucible's own sets, proven gradable by its test suite
-    # Tasks left out of the splits, with why: not proven gradable where they are graded (task_sets/gradability.py).
+    # Tasks left out of the splits, with why: not proven gradable where they are graded (grading/gradability.py).
     unusable: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property

@@ -27,9 +27,8 @@ from pathlib import Path
 
 from task_sets.compositions import FAMILIES, Family, call_value, combinations, hidden_tests
 from task_sets.generator import write_jsonl
-from task_sets.schema import FunctionTask, Task
+from task_sets.schema import SOLUTION_FILE, FunctionTask, Task
 from task_sets.splits import hash_splits
-from task_sets.submission import SOLUTION_FILE
 
 EVAL_FRACTION = 0.065  # ~56 held-out tasks
 VISIBLE_CASES = 2  # the calls check.py makes; the hidden tests make all of the family's

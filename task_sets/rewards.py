@@ -1,4 +1,5 @@
-"""Reward functions: a grade's evidence turned into one number, configured per task set, versioned.
+"""Reward functions as a task set configures them: weights, validated, versioned. Applying one to a
+grade (measuring the code, the gating rules) is grading/rewards.py.
 
 The tiers, each weighted (the weights sum to 1, so a flawless submission scores 1):
   1. `compiles`     the submission parses (function tasks), or the diff applies and every
@@ -10,17 +11,15 @@ Then optional penalties, subtracted and clipped at 0:
                         names...), `complexity` per unit of McCabe complexity of its most
                         complex function above `complexity_budget`;
   process  `turns`      per turn after the first, `tokens` per 1000 tokens the policy wrote.
-Both tools parse the code; neither runs it. They run only when their weight is not 0.
 
 A repository task (a SWE-bench instance, say) is judged on its fail-to-pass tests: a diff that
 makes none of them pass resolves nothing and earns 0 whatever the tiers, however many of the
 pass-to-pass tests it keeps (keeping them is what an empty diff does). Once something is resolved
 the partial credit is `tests_passed`: the fail-to-pass fraction scaled by the pass-to-pass fraction
-(task_sets/submission.py), with `compiles` and `all_passed` as for any task.
+(grading/submission.py), with `compiles` and `all_passed` as for any task.
 
-A grade the rules of sandbox/verdict.py zeroed (tampering, a kill, no report) stays 0 whatever
-the weights, and an unscored grade (invalid, infra_error) stays None. The function's version,
-a hash of its name, weights and RULES, is stored beside every reward it produced.
+The function's version, a hash of its name, weights and RULES, is stored beside every reward it
+produced.
 
 A task set configures its function in `reward.toml` beside its task files:
     name = "tiered"
@@ -32,16 +31,11 @@ Without one it gets `DEFAULT`: the fraction of tests passed, as before tiers exi
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import tomllib
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-import mccabe
-import pyflakes.checker
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -51,25 +45,11 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox import python_ast
-from sandbox.verdict import GradeResult, RewardStatus
-
 CONFIG_FILE = "reward.toml"
 TIER_TOLERANCE = 1e-9
-# Bumped when a rule changes what the same weights pay (2: a repository diff that resolves no
+# Bumped when a rule of grading/rewards.py changes what the same weights pay (2: a repository diff that resolves no
 # fail-to-pass test earns 0), so a reward never shares its version with one computed otherwise.
 RULES = 2
-
-
-@dataclass(frozen=True)
-class Process:
-    """How the policy got to its submission (the single-turn loop: one turn)."""
-
-    turns: int = 1
-    tokens: int = 0
-
-
-ONE_TURN = Process()
 
 
 class RewardError(ValueError):
@@ -102,28 +82,8 @@ class RewardFunction(BaseModel):
         body = json.dumps({**self.model_dump(exclude={"version"}), "rules": RULES}, sort_keys=True)
         return f"{self.name}@{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 
-    def apply(self, grade: GradeResult, compiles: bool, code: Iterable[str] = (),
-              process: Process = ONE_TURN) -> GradeResult:
-        """`grade` with this function's reward and version, and its measures in the components.
-
-        `compiles`: tier 1, as the task's kind defines it (task_sets/submission.py); `code`: the
-        submitted Python sources, for the quality terms."""
-        if grade.reward_status is not RewardStatus.SCORED:
-            return dataclasses.replace(grade, reward_version=self.version)
-        sources = list(code)
-        measures = {"compiles": float(compiles)}
-        if self.lint:
-            measures["lint_findings"] = float(sum(_lint_findings(s) for s in sources))
-        if self.complexity:
-            measures["complexity"] = float(max((_complexity(s) for s in sources), default=0))
-        if self.turns or self.tokens:
-            measures |= {"turns": float(process.turns), "tokens": float(process.tokens)}
-        components = {**grade.reward_components, **measures}
-        resolves_nothing = components.get("fail_to_pass_fraction") == 0.0  # a repository task's: see above
-        reward = 0.0 if grade.gated or resolves_nothing else self._combine(components)
-        return dataclasses.replace(grade, reward=reward, reward_components=components, reward_version=self.version)
-
-    def _combine(self, c: dict[str, float]) -> float:
+    def combine(self, c: dict[str, float]) -> float:
+        """The reward of a scored, ungated grade's components (grading/rewards.py measures them)."""
         earned = (self.compiles * c["compiles"] + self.tests_passed * c["tests_passed_fraction"]
                   + self.all_passed * c["all_passed"])
         penalty = (self.lint * c.get("lint_findings", 0.0)
@@ -148,19 +108,4 @@ def load_reward_function(task_set_dir: Path | None) -> RewardFunction:
         problems = [f"{path}: {'.'.join(map(str, err['loc'])) or 'reward'}: {err['msg']}" for err in e.errors()]
         raise RewardError("\n".join(problems)) from None
 
-
-def _lint_findings(source: str) -> int:
-    try:
-        return len(pyflakes.checker.Checker(python_ast.parse(source)).messages)
-    except (SyntaxError, ValueError, RecursionError):
-        return 0  # tier 1 already withholds its share from code that does not parse
-
-
-def _complexity(source: str) -> int:
-    try:
-        visitor = mccabe.PathGraphingAstVisitor()
-        visitor.preorder(python_ast.parse(source), visitor)
-    except (SyntaxError, ValueError, RecursionError):
-        return 0
-    return max((graph.complexity() for graph in visitor.graphs.values()), default=0)
 

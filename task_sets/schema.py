@@ -18,6 +18,7 @@ import base64
 import hashlib
 import json
 import keyword
+import re
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
@@ -51,6 +52,13 @@ RUNNER_CONFIGURATION = (
 )
 CI_FILES = (".github/*", ".gitlab-ci.yml", ".circleci/*", "Makefile")
 WORKSPACE_DIR = "/workspace"
+# A function task's submission, as the hidden tests import it.
+SOLUTION_FILE = "solution.py"
+# A script line that fetches from the network: a task whose test script has one needs `network`
+# (task_sets/importers/harbor.py), and a run of it that found no network failed for that reason
+# (grading/diagnosis.py).
+NETWORK_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\b(pip3?|uv) install\b|\buvx\b|\buv run\b|"
+                           r"apt(-get)? (update|install)|\bnpm (install|ci)\b|git clone|urlopen|requests\.get")
 SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/sbin", "/lib", "/lib64", "/opt/crucible", "/report",
                "/tests", "/grader", "/logs", "/solution")
 

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import require
+
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.pool import PoolConfig, SandboxPool
-from sandbox.verdict import RewardStatus
+from statuses import RewardStatus
 from task_sets.importers import ImportOptions, import_tasks
-from task_sets.submission import grade_solution, sandbox_spec
 
 ROOT = Path(__file__).parent.parent
 MBPP = Path(__file__).parent / "data" / "mbpp" / "sanitized-mbpp.json.gz"
@@ -200,7 +200,7 @@ IN_A_CONTAINER = """
 from pathlib import Path
 from sandbox.docker import DockerSandbox
 from task_sets.importers import ImportOptions, import_tasks
-from task_sets.submission import grade_solution, sandbox_spec
+from grading.submission import grade_solution, sandbox_spec
 
 task = import_tasks("mbpp", Path("/data/sanitized-mbpp.json.gz"), ImportOptions("mbpp")).tasks[0]
 sandbox = DockerSandbox(sandbox_spec(task))

@@ -17,12 +17,11 @@ import pytest
 from environments.build import BuildError, build, build_all, images, remove_image
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.backends import open_sandbox
-from sandbox.diagnosis import FailureReason
-from sandbox.verdict import RewardStatus
+from statuses import FailureReason, RewardStatus
 from task_sets.loader import load_task_set
 from task_sets.schema import parse_task
-from task_sets.submission import grade_solution, sandbox_spec
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 TOMLI_W = EnvironmentSpec(python=("tomli_w==1.0.0",), env={"GREETING": "hello"}, files={"data/answer.txt": "42\n"})

@@ -11,10 +11,10 @@ import pytest
 
 from datastore import catalog
 from datastore.store import DatasetStore, rows_to_table
+from grading.submission import grade_solution
 from sandbox.base import SandboxUnavailable
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch
-from task_sets.submission import grade_solution
 from training.agent.episodes import (
     BLANKED_OBSERVATION,
     EpisodeLimits,

@@ -3,7 +3,6 @@ shapes real models write, then a corpus of replies a real model wrote (tests/dat
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.diagnosis import FailureReason
+from grading.submission import grade_solution
+from grading.verdict import grade
 from sandbox.local import LocalSandbox
 from sandbox.spec import SandboxSpec
-from sandbox.verdict import RewardStatus, grade
+from statuses import FailureReason, RewardStatus
 from task_sets.schema import parse_task
-from task_sets.submission import grade_solution
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 

@@ -17,9 +17,9 @@ from assets.iteration import task_set as task_set_asset
 from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
 from environments.store import EnvironmentStore
+from grading.gradability import Gradability, ProofLedger, prove, unproven, with_proofs
 from sandbox.backends import open_sandbox
 from sandbox.pool import PoolConfig, SandboxPool
-from task_sets.gradability import Gradability, ProofLedger, prove, unproven, with_proofs
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
 from task_sets.schema import parse_task

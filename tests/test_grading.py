@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
+from grading.test_report import ReportError, parse_junit, read_report
+from grading.verdict import grade
 from sandbox.base import Mount
 from sandbox.harness.bundle import harness_files
 from sandbox.local import LocalSandbox
-from sandbox.result import ExecStatus
 from sandbox.spec import Limits, SandboxSpec
-from sandbox.test_report import ReportError, parse_junit, read_report
-from sandbox.verdict import grade
+from statuses import ExecStatus
 
 needs_sandbox = pytest.mark.usefixtures("local_backend")
 

@@ -1,4 +1,4 @@
-"""The evidence an environment error is decided on (sandbox/diagnosis.py), case by case, without a
+"""The evidence an environment error is decided on (grading/diagnosis.py), case by case, without a
 sandbox: a repository module that a pristine conftest.py fails to import is the environment's
 to provide only where nothing of the pristine repository could have put it on sys.path; and
 what a killed run was doing, read off the plugin's progress record and faulthandler's dump."""
@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.diagnosis import (
+from grading.diagnosis import (
     Evidence,
-    FailureReason,
     diagnose,
     environment_problem,
     installed_modules,
     installed_roots,
     what_it_was_doing,
 )
-from sandbox.result import ExecResult, ExecStatus
-from sandbox.test_report import Outcome, TestOutcome
+from grading.test_report import TestOutcome
+from sandbox.result import ExecResult
+from statuses import ExecStatus, FailureReason, Outcome
 
 SRC = {"src/calc/__init__.py": "", "src/calc/ops.py": "def add(a, b):\n    return a + b\n",
        "conftest.py": "import calc\n", "tests/test_ops.py": "from calc.ops import add\n"}
@@ -138,7 +138,7 @@ def test_a_test_failure_is_the_networks_only_where_its_error_says_so(message, de
 
 
 def test_pytests_nameless_error_collecting_the_session_is_read_and_no_other_nameless_testcase():
-    from sandbox.test_report import SESSION, ReportError, parse_junit
+    from grading.test_report import SESSION, ReportError, parse_junit
 
     session = ('<testsuites><testsuite name="pytest" tests="1"><testcase classname="" name="" file="" time="0">'
                '<error message="collection failure">tests/sub/conftest.py:1: in &lt;module&gt;</error></testcase>'

@@ -12,14 +12,13 @@ import pytest
 
 from environments.build import BuildError, build_all, images, remove_image
 from environments.store import EnvironmentStore
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.backends import open_sandbox
-from sandbox.diagnosis import FailureReason
 from sandbox.docker import DEFAULT_IMAGE
 from sandbox.pool import PoolConfig, SandboxPool
-from sandbox.verdict import RewardStatus
+from statuses import FailureReason, RewardStatus
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.schema import parse_task
-from task_sets.submission import grade_solution, sandbox_spec
 from tests.conftest import require
 
 pytestmark = pytest.mark.usefixtures("local_backend")
@@ -120,7 +119,7 @@ def test_reward_json_is_the_verdict_every_metric_must_reach_one(performance, run
 
 
 def test_validate_names_the_environment_error_of_both_tasks(imported, environments):
-    from task_sets.validation import validate
+    from grading.validation import validate
 
     build_all([t.environment for t in imported.tasks], "local")
     with SandboxPool(lambda spec: open_sandbox("local", spec), PoolConfig(cpu_slots=2)) as pool:
@@ -195,9 +194,9 @@ def test_with_what_test_sh_fetches_provided_both_recipes_judge_cleanly(imported,
     Dockerfile): test.sh's network lines fail harmlessly, `uvx --with pytest` installs offline,
     and both recipes judge: the reference passes (multi-reward: two pytest sessions, both
     vouched for, and its reward.json), the empty diff fails."""
+    from grading.validation import validate
     from task_sets.importers import write_task_set
     from task_sets.loader import load_task_set
-    from task_sets.validation import validate
 
     write_task_set(imported.tasks, tmp_path / "cookbook")
     (tmp_path / "cookbook" / "environment.toml").write_text(OFFLINE_TOOLS)

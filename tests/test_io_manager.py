@@ -23,10 +23,10 @@ from assets.resources import CrucibleResource
 from assets.rollouts import rollouts
 from assets.step_outputs import STEP_OUTPUTS
 from assets.verification import verified_rollouts
+from grading.submission import grade_solution
 from pipelines.experiment_runner import innermost
 from task_sets.loader import load_task_set
 from task_sets.schema import TaskBase
-from task_sets.submission import grade_solution
 from training.agent.rollout import Rollout, Turn
 from training.agent.trajectory import VerifiedRollout
 from training.experiment import ExperimentConfig

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from grading.validation import validate
 from sandbox.backends import open_sandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.importers import ImportError_, ImportOptions, import_tasks
-from task_sets.validation import validate
 
 DATA = Path(__file__).parent / "data" / "mbpp"
 SANITIZED, FULL = DATA / "sanitized-mbpp.json.gz", DATA / "mbpp.jsonl.gz"
@@ -70,9 +70,9 @@ def test_ten_problems_validate_clean_on_every_backend(backend_name):
 
 
 def test_samples_naming_mbpps_integer_ids_verify(tmp_path):
+    from grading.samples import read_samples
     from task_sets.importers import write_task_set
     from task_sets.loader import load_task_set
-    from task_sets.samples import read_samples
 
     tasks = import_tasks("mbpp", SANITIZED, ImportOptions("mbpp")).tasks[:2]
     write_task_set(tasks, tmp_path / "mbpp")

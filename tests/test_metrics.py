@@ -13,8 +13,8 @@ from test_datastore import trajectory_row
 from datastore import catalog
 from datastore import store as store_module
 from datastore.schema import CLOSED_SETS, DATASETS
-from sandbox.verdict import RewardStatus
 from datastore.store import DatasetStore, rows_to_table
+from statuses import RewardStatus
 
 
 def _evaluation(task_id: str, passed: bool, status: str = "scored") -> dict:

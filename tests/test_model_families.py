@@ -17,9 +17,9 @@ from model_families import FAMILIES, shared_model
 from transformers import Gemma2Config, Gemma2ForCausalLM, GraniteConfig, GraniteForCausalLM
 
 from assets.resources import CrucibleResource
+from grading.submission import grade_solution
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
-from task_sets.submission import grade_solution
 from training.agent.rollout import sample_rollouts
 from training.inference.engine import Completion, SamplingParams
 from training.policy.batching import check_lm_head, make_batch, token_logprobs_and_entropy

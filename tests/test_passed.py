@@ -13,9 +13,9 @@ import pytest
 
 from datastore import catalog
 from datastore.store import DatasetStore, rows_to_table
+from grading.submission import grade_solution
 from task_sets.loader import load_task_set
 from task_sets.patches import apply_patch, make_patch
-from task_sets.submission import grade_solution
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, evaluation_row, trajectory_row
 from training.evaluation.monitors import judge_samples

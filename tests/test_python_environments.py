@@ -14,9 +14,9 @@ from environments.build import BuildError, build, images, locked, remove_image
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore
 from environments.virtualenv import pins
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.backends import open_sandbox
 from task_sets.schema import parse_task
-from task_sets.submission import grade_solution, sandbox_spec
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 SANDBOX_PYTHON = "3.11"  # Debian's python3, what an environment without python_version runs

@@ -12,9 +12,9 @@ from assets.regrades import regrades
 from assets.resources import CrucibleResource
 from datastore import catalog
 from datastore.store import rows_to_table
+from grading.submission import grade_solution
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
-from task_sets.submission import grade_solution
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.experiment import ExperimentConfig

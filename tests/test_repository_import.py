@@ -15,13 +15,13 @@ import pytest
 
 from environments.build import build_all, images, remove_image
 from environments.store import EnvironmentStore
+from grading.gradability import build_environments
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.backends import open_sandbox
 from sandbox.docker import DEFAULT_IMAGE
-from task_sets.gradability import build_environments
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.loader import load_task_set
 from task_sets.schema import RepositoryTask
-from task_sets.submission import grade_solution, sandbox_spec
 
 OPS = '''\
 def add(a, b):

@@ -11,12 +11,12 @@ import textwrap
 
 import pytest
 
+from grading.protection import guard
+from grading.submission import grade_solution, sandbox_spec
+from grading.verdict import _junit_key
 from sandbox.backends import open_sandbox
-from sandbox.verdict import _junit_key
 from task_sets.loader import load_task_set
 from task_sets.patches import PatchError, apply_patch
-from task_sets.protection import guard
-from task_sets.submission import grade_solution, sandbox_spec
 
 SHOPCART = load_task_set("shopcart")
 TASK = SHOPCART.by_id["shopcart/negative-money"]

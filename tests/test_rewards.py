@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from grading.rewards import ONE_TURN, Process
+from grading.submission import grade_solution
 from task_sets.loader import BUILTIN_DIR, TaskSetError, load_task_set
-from task_sets.rewards import DEFAULT, ONE_TURN, Process, RewardFunction
+from task_sets.rewards import DEFAULT, RewardFunction
 from task_sets.schema import parse_task
-from task_sets.submission import grade_solution
 
 TASK = load_task_set("default").by_id["default/add_k/0000"]  # add(x) returns x + 17
 TIERED = RewardFunction(name="tiered", compiles=0.2, tests_passed=0.5, all_passed=0.3)

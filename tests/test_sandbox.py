@@ -23,7 +23,7 @@ import pytest
 from conftest import require, residue, skip_unless_required
 
 from sandbox.base import Mount, SandboxUnavailable, WorkspacePathError
-from sandbox.result import ExecStatus
+from statuses import ExecStatus
 
 PY = ["/usr/bin/python3", "-I", "-S", "-c"]
 

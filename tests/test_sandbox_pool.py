@@ -9,8 +9,8 @@ import pytest
 
 from sandbox.base import Mount
 from sandbox.pool import PoolConfig, SandboxPool
-from sandbox.result import ExecStatus
 from sandbox.spec import Limits, SandboxSpec
+from statuses import ExecStatus
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ import pytest
 from environments import interpreters
 from environments.build import images, remove_image
 from environments.store import EnvironmentStore
+from grading.gradability import ProofLedger, build_environments, prove
+from grading.submission import grade_solution
 from sandbox.backends import open_sandbox
 from sandbox.pool import PoolConfig, SandboxPool
-from sandbox.test_report import Outcome
-from task_sets.gradability import ProofLedger, build_environments, prove
+from statuses import Outcome
 from task_sets.importers import ImportError_, ImportOptions, import_tasks
 from task_sets.schema import parse_task
-from task_sets.submission import grade_solution
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 DATA = Path(__file__).parent / "data" / "swebench"

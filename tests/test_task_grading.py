@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.backends import open_sandbox
 from task_sets.loader import load_task_set
-from task_sets.submission import grade_solution, sandbox_spec
 
 
 def _grade_all(pairs):

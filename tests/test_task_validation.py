@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
+from grading.validation import validate
 from sandbox.local import LocalSandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.loader import load_task_set
-from task_sets.validation import validate
 
 REPO = Path(__file__).parent.parent
 ADD_ONE = "def add_one(x):\n    return x + 1\n"

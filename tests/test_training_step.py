@@ -24,8 +24,8 @@ from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
 from datastore import catalog
 from datastore.store import rows_to_table
+from grading.submission import grade_solution
 from task_sets.loader import load_task_set
-from task_sets.submission import grade_solution
 from training.agent.rollout import sample_rollouts
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import SAMPLE_SIGNALS, MonitorConfig

@@ -12,8 +12,8 @@ from test_episodes import ScriptedPolicy, open_episode_session
 from datastore import catalog
 from datastore.schema import Observations
 from datastore.store import DatasetStore, rows_to_table
+from grading.submission import grade_solution
 from task_sets.loader import load_task_set
-from task_sets.submission import grade_solution
 from training.agent.episodes import EpisodeLimits, as_rollout, run_episodes
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout, evaluation_row, trajectory_row

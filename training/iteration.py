@@ -41,15 +41,16 @@ import torch
 from datastore import catalog
 from datastore.schema import Observations
 from datastore.store import DatasetStore, rows_to_table
+from grading.gradability import prove, unproven, with_proofs
+from grading.reproducibility import Agreement, agreement, regrade_sample
+from grading.rewards import Process
+from grading.submission import grade_solution, sandbox_spec
+from grading.verdict import GradeResult
 from sandbox.base import Session
 from sandbox.pool import SandboxPool
-from sandbox.verdict import GradeResult, RewardStatus
-from task_sets.gradability import prove, unproven, with_proofs
+from statuses import RewardStatus
 from task_sets.loader import TaskSet, load_task_set
-from task_sets.reproducibility import Agreement, agreement, regrade_sample
-from task_sets.rewards import Process
 from task_sets.schema import Task, TaskBase
-from task_sets.submission import grade_solution, sandbox_spec
 from training.agent.dynamic_sampling import Refilled, refill
 from training.agent.episodes import MAX_LIVE, EpisodeLimits, as_rollout, run_episodes
 from training.agent.rollout import TASKS_PER_CALL, Rollout, sample_rollouts
@@ -155,7 +156,7 @@ class Iteration:
     @cached_property
     def task_set(self) -> TaskSet:
         """The set iterations sample and evaluate: its tasks not proven gradable on this
-        backend are left out of its splits (task_sets/gradability.py; `prove_unproven` first)."""
+        backend are left out of its splits (grading/gradability.py; `prove_unproven` first)."""
         return with_proofs(self.loaded_task_set, self.env.sandbox_backend)
 
     def prove_unproven(self) -> int:

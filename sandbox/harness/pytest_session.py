@@ -25,7 +25,7 @@ and that does not import ends pytest at once, with a usage error, before the JUn
 even configured: no report, no session. For that case this plugin writes the report itself, one
 collection error for that conftest.py with its traceback in pytest's short style, and a record
 vouching for it, as at the end of a session; the grader then reads the import error like any
-other collection error (sandbox/diagnosis.py decides whether the environment is to blame).
+other collection error (grading/diagnosis.py decides whether the environment is to blame).
 
 For a run killed at a limit it leaves what it was doing: /report/progress.json says what it is
 collecting or which test is running, rewritten at each step, and where the interpreter has

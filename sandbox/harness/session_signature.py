@@ -1,5 +1,5 @@
 """The signature on a pytest session record (harness/pytest_session.py writes it inside the
-sandbox; sandbox/verdict.py checks it). Standard library only and Python 3.6 syntax: it runs on
+sandbox; grading/verdict.py checks it). Standard library only and Python 3.6 syntax: it runs on
 both sides, inside in the task's own interpreter."""
 
 import hashlib

@@ -35,7 +35,6 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sandbox.base import Mount, SandboxUnavailable
-from sandbox.diagnosis import NETWORK_FETCH
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_files import MAX_SESSIONS
 from sandbox.local import LocalSandbox
@@ -48,7 +47,7 @@ from task_sets.importers.records import (
     collect,
 )
 from task_sets.patches import make_patch, text_files_from_tar
-from task_sets.schema import DIFFICULTIES, WORKSPACE_DIR, RepositoryTask, TaskLimits
+from task_sets.schema import DIFFICULTIES, NETWORK_FETCH, WORKSPACE_DIR, RepositoryTask, TaskLimits
 
 VERDICT_FILE = "/logs/verifier/reward.txt"
 VERDICT_JSON = "/logs/verifier/reward.json"

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from datastore.schema import FinishReason
 from sandbox.base import Session, WorkspacePathError
 from task_sets.patches import make_patch, text_files_from_tar
-from task_sets.schema import RepositoryTask, Task
-from task_sets.submission import SOLUTION_FILE
+from task_sets.schema import SOLUTION_FILE, RepositoryTask, Task
 from training.agent.actions import USAGE, Action, Malformed, Replace, Run, Submit, Write, parse_action
 from training.agent.rollout import Rollout, Turn
 from training.agent.sessions import OpenSession

@@ -24,7 +24,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 
-from sandbox.closed_set import ClosedSet
+from statuses import ClosedSet
 
 _CODE_OPENING = re.compile(r"^(?:(?:async\s+)?def\s+\w+\s*\(|class\s+\w+\s*[(:]|import\s+\w|from\s+[\w.]+\s+import\s|@\w)")
 _FENCE_LINE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")

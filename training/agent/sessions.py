@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from grading.submission import repository_files, sandbox_spec
 from sandbox.backends import open_sandbox
 from sandbox.base import SandboxUnavailable, Session, WorkspacePathError
-from task_sets.schema import RepositoryTask, Task
-from task_sets.submission import SOLUTION_FILE, repository_files, sandbox_spec
+from task_sets.schema import SOLUTION_FILE, RepositoryTask, Task
 
 
 class OpenSession(Protocol):

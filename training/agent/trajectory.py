@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from datastore.schema import Observations
-from sandbox.verdict import GradeResult
+from grading.verdict import GradeResult
 from task_sets.schema import Task
 from training.agent.extraction import ExtractionMethod
 from training.agent.rollout import Rollout

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
 from datastore.store import DatasetStore
-from sandbox.verdict import RewardStatus
+from statuses import RewardStatus
 from training.policy.checkpoint import verify_checkpoint
 from training.rl.distributed import current_ranks
 from training.rl.trainer import GRPOConfig, ProgressFn, TrainSample, train_policy

@@ -22,12 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sandbox.base import Session
 from task_sets.patches import apply_patch, changed_paths
-from task_sets.schema import RepositoryTask, Task
-from task_sets.submission import SOLUTION_FILE
+from task_sets.schema import SOLUTION_FILE, RepositoryTask, Task
 from training.agent.actions import Action, Run, Write
 from training.agent.episodes import episode_messages, perform, wrote
-from training.agent.sessions import OpenSession
 from training.agent.prompts import render_prompt
+from training.agent.sessions import OpenSession
 from training.policy.chat import ChatFormat
 from training.sft.warmup import Example
 

@@ -11,7 +11,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sandbox.verdict import GradeResult
+from grading.verdict import GradeResult
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A task of a set that came from outside (an imported set in the library, or a set given by path)
 is proven by grading its reference submission and its wrong ones (an empty diff for a
-repository) in its built environment, on the backend that will grade it (task_sets/validation.py):
+repository) in its built environment, on the backend that will grade it (grading/validation.py):
 usable when the reference passes and every wrong submission fails, unusable otherwise, with the
 reason (the reference's failure, "an empty diff passes every test", the environment's build
 error). Built-in sets are proven by the test suite and need no proof here.
@@ -30,11 +30,11 @@ from pathlib import Path
 from environments.build import BuildError, build, locked
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore
-from sandbox.closed_set import ClosedSet
+from grading.validation import TaskReport, ValidationReport, validate
 from sandbox.pool import SandboxPool
+from statuses import ClosedSet
 from task_sets.loader import TaskSet
 from task_sets.schema import RepositoryTask, Task
-from task_sets.validation import TaskReport, ValidationReport, validate
 
 PROOFS = "proofs"  # under the environment store's root
 BUILDS_AT_ONCE = 2  # a build mostly waits on the package index (benchmarks/environment_builds.py)
@@ -121,7 +121,7 @@ def unproven(task_set: TaskSet, backend: str, ledger: ProofLedger | None = None)
 def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofLedger | None = None,
           repeats: int = 1, progress: Callable[[str], None] = lambda line: None, task_set: str = "") -> ValidationReport:
     """Build each task's environment, grade its reference `repeats` times and its wrong
-    submissions once (task_sets/validation.py), and record a proof per task: usable when the
+    submissions once (grading/validation.py), and record a proof per task: usable when the
     validation's verdict is "ok". A task whose environment does not build is broken for that
     reason; the others are graded through `pool`."""
     ledger = ledger or ProofLedger()

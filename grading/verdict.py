@@ -1,78 +1,10 @@
-"""The grading protocol: run hidden tests against one submission and turn the run into a reward.
+"""The grading protocol: run a task's hidden tests against one submission in a fresh sandbox and
+turn the run into a reward.
 
-Two runners, one set of rules.
-
-`grade`: the built-in harness (function tasks). Each grading is a fresh sandbox run with fresh
-directories:
-  /workspace            the submission (`workspace_files`, e.g. solution.py); never the tests
-  /grader/run_tests.py  the harness, read-only
-  /grader/tests/        the hidden tests, read-only
-The harness writes its report to its own stdout, which the submission cannot reach (it runs in
-a child process; see harness/run_tests.py). The expected tests are found here, outside the
-sandbox, by parsing the test files (the harness's `test_names`: top-level `def test*`).
-
-`grade_test_command`: a repository task's own test command (pytest, or a Harbor test.sh that
-starts pytest), run by /bin/sh in /workspace, which holds the repository with the submission
-applied, protected paths restored and hidden tests written in (task_sets/submission.py does that,
-before the run). pytest writes a JUnit report into /report (private, writable, fresh); the
-expected tests are the task's node ids. Here the code under test runs inside the test runner's
-process, so it could write the report itself. Our pytest plugin (harness/pytest_session.py)
-vouches for the report: after the session it records pytest's exit status, the report's hash
-and whether pytest's reporting functions are still pytest's, signed with a key the code under
-test is never shown. A report without that record is "early_exit"; a record that does not
-verify, names another report or saw pytest patched is "forged_output". That stops forgeries by
-exit, by writing or rewriting the report, and by patching the usual reporting functions; code
-written to read the key out of the plugin's memory, or to patch pytest deeper, could still
-forge a session: a known limit of running the code under test in the runner's process.
-A conftest.py that does not import ends pytest before its session (and before its JUnit plugin
-starts): the plugin then writes the report itself, that conftest.py's collection error, and a
-record vouching for it, so the import error is read like any other collection error. The plugin
-also leaves what it was collecting or running (and, on Python 3.7+, where its threads stood
-when they made no progress for a while), which a run killed at a limit names in its detail.
-
-Rules, in the order they apply:
- 1. No expected test (or a test file that does not parse) -> "invalid", reward None: the task
-    is broken. The command still runs, so that `exec` is always a real ExecResult.
- 2. The sandbox failed (exec status XX) -> "infra_error", reward None. Not the model's fault:
-    the sample is dropped, not scored.
- 3. The task's environment cannot run the suite (a module the unchanged tests import is not
-    installed, the test command's program is missing, it needed the network; the evidence is in
-    sandbox/diagnosis.py) -> "env_error", reward None: the environment is broken, not the
-    submission, and the sample is never trained on.
- 4. Every other outcome is "scored". A test's outcome is read from the report. An expected
-    test absent from the report is "missing"; skipped, error and missing count as failed.
-    Duplicate entries for a test: the worst outcome counts. An expected id cut at its first
-    whitespace, as SWE-bench's log parser records them (`test_make_error[required-Missing`),
-    stands for every test of the report whose name, cut the same way, is that id: it passes
-    when all of them pass (SWE-bench keeps the last one its parser reads; the worst counts here,
-    as for duplicates). Likewise an id whose path parameter SWE-bench's option-aware parser
-    shortened to its last component (`test_x[/data.txt]` for `test_x[/tmp/abc/data.txt]`).
-    Tests in the report that are not expected are ignored (but counted in tests_collected).
- 5. The command ran but the report is missing or unparsable -> the suite did not run: every
-    test "missing", reward 0, tamper flag "no_report" (unless a timeout/memory/output kill
-    explains it). Why scored 0 and not dropped: the report is the only evidence that tests
-    passed, and a submission can suppress it (os._exit(0) in solution.py, killing the
-    harness); dropping such samples would teach the policy that suppressing the report
-    avoids negative reward. Task validation checks that the reference gets a report.
- 6. Timeout, memory limit or output limit (TO/ML/OL) -> reward 0, even for tests that passed
-    before the kill; components are still recorded.
- 7. The runner's own verdict must agree with the report, else tamper flag
-    "exit_code_disagrees" and reward 0 (a report claiming passes from a run that failed, an
-    early exit after a forged report). The harness: exit code 0 iff every expected test
-    passed. A test command: exit code 0 (or its verdict file saying 1) iff no collected test
-    failed or errored; a verdict file it never wrote is "no_verdict".
- 8. Otherwise reward = fraction of expected tests passed, and reward_components holds
-    {"tests_passed_fraction": x, "all_passed": 0 or 1}; task_sets/rewards.py turns the
-    components into the task set's configured reward. Flags found before the run (protected
-    paths touched) also set it to 0.
- 9. `passed` (GradeResult.passed, the one definition every count of passes uses): scored, no
-    tamper flag, not killed, a report was read, and every expected test passed. The reward can
-    be high without it (partial credit), and a tampered or killed run is never passed, whatever
-    its tests said.
-Every grade that did not pass says why (`failure`: a FailureReason and a one-line detail).
-A submission that is not valid Python imports with an error, so every test is "error" and the
-reward is a scored 0 (rules 4 and 8), never a crash of the grader. A report truncated by the
-sandbox's stdout excerpt is an infrastructure error (our limit), never a 0.
+`grade` runs the built-in harness (function tasks); `grade_test_command` a repository task's own
+test command under our pytest plugin, which vouches for its report. Both apply the same rules, in
+order; the rule numbers in comments below are those of docs/grading.md, which states each rule
+and why it is so.
 """
 
 from __future__ import annotations
@@ -94,12 +26,9 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
-from sandbox.base import WORKSPACE, Mount, Sandbox
-from sandbox.closed_set import ClosedSet
-from sandbox.diagnosis import (
+from grading.diagnosis import (
     Diagnosis,
     Evidence,
-    FailureReason,
     diagnose,
     environment_problem,
     installed_modules,
@@ -107,27 +36,21 @@ from sandbox.diagnosis import (
     top_level_imports,
     what_it_was_doing,
 )
-from sandbox.harness.bundle import harness_files
+from grading.test_report import MAX_REPORT_BYTES, ReportError, TestOutcome, parse_junit, read_untrusted
+from sandbox.base import WORKSPACE, Mount, Sandbox
+from sandbox.harness.bundle import HARNESS, harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_files import progress_files, session_files
 from sandbox.harness.session_signature import signature
 from sandbox.python_ast import AST_LOCK
-from sandbox.result import ExecResult, ExecStatus
-from sandbox.test_report import (
-    MAX_REPORT_BYTES,
-    Outcome,
-    ReportError,
-    TestOutcome,
-    parse_junit,
-    read_untrusted,
-)
+from sandbox.result import ExecResult
+from statuses import ExecStatus, FailureReason, Outcome, RewardStatus, TamperFlag
 
 HARNESS_IN_SANDBOX = "/grader/run_tests.py"
 DEFAULT_COMMAND = ["/usr/bin/python3", "-I", "-S", HARNESS_IN_SANDBOX]
 REPORT_NAME = "junit.xml"
-PLUGIN = Path(__file__).parent / "harness" / "pytest_session.py"
-PLUGIN_FILES = (PLUGIN, *(Path(__file__).parent / "harness" / name for name in ("session_signature.py",
-                                                                                 "session_files.py")))
+PLUGIN = HARNESS.with_name("pytest_session.py")
+PLUGIN_FILES = (PLUGIN, *(HARNESS.with_name(name) for name in ("session_signature.py", "session_files.py")))
 PLUGIN_DIR = "/grader"
 # xunit1 keeps pytest's classname as the dotted module (and class) path of each test.
 PYTEST_OPTIONS = (f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p no:cacheprovider "
@@ -135,38 +58,6 @@ PYTEST_OPTIONS = (f"--junitxml=/report/{REPORT_NAME} -o junit_family=xunit1 -p n
 KILLED = (ExecStatus.TO, ExecStatus.ML, ExecStatus.OL)
 STACKS_TAIL_BYTES = 64 << 10  # of the plugin's stack dumps: the last one is what counts
 _SEVERITY = {Outcome.PASSED: 0, Outcome.SKIPPED: 1, Outcome.FAILED: 2, Outcome.ERROR: 3}
-
-
-class RewardStatus(ClosedSet):
-    """Whether a grade's reward means anything (rules 1-4)."""
-
-    SCORED = "scored", "the suite was run and judged: `reward` holds the score (0 included)"
-    INVALID = "invalid", "the task is broken (no expected test, a test file that does not parse): no reward"
-    INFRA_ERROR = "infra_error", ("the sandbox failed, or its output limit cut the report: no reward, "
-                                  "the sample is retried or dropped, never scored 0")
-    ENV_ERROR = "env_error", ("the task's environment cannot run its tests (a module the unchanged tests import, "
-                              "the test command's program or the network is missing; sandbox/diagnosis.py): no "
-                              "reward, never trained on, counted in the monitors")
-
-
-class TamperFlag(ClosedSet):
-    """Signs that a submission gamed the grader; each sets the reward to 0 (rules 5-7 and
-    task_sets/protection.py)."""
-
-    PROTECTED_PATH_MODIFIED = "protected_path_modified", ("the submission edited, deleted or got in the way "
-                                                          "of a protected file or hidden test (restored "
-                                                          "before grading), or a sealed file changed during "
-                                                          "the run")
-    RUNNER_CONFIG_ADDED = "runner_config_added", ("the submission added a file that steers the test runner "
-                                                  "(conftest.py, pytest.ini, sitecustomize.py, a .pth file)")
-    SHADOWS_RUNNER_MODULE = "shadows_runner_module", ("the submission added a root module named like one the "
-                                                      "runner imports (json.py, _pytest/)")
-    NO_REPORT = "no_report", "the suite ran but left no readable report, and no kill explains it"
-    NO_VERDICT = "no_verdict", "the test command never wrote the verdict file it must write"
-    EXIT_CODE_DISAGREES = "exit_code_disagrees", "the runner's exit code or verdict contradicts its report"
-    EARLY_EXIT = "early_exit", "pytest's session never finished: no signed session record beside the report"
-    FORGED_OUTPUT = "forged_output", ("the session record does not vouch for the report (bad signature, "
-                                      "another report, pytest's reporting functions replaced)")
 
 
 @dataclass(frozen=True)
@@ -184,7 +75,7 @@ class GradeResult:
     exec: ExecResult
     messages: dict[str, str] = field(default_factory=dict)  # short failure message per test
     reward_version: str = ""  # the reward function that set `reward` (task_sets/rewards.py)
-    failure: Diagnosis | None = None  # why it did not pass (sandbox/diagnosis.py); None when it passed
+    failure: Diagnosis | None = None  # why it did not pass (grading/diagnosis.py); None when it passed
 
     def __post_init__(self) -> None:
         """Statuses come from their closed sets: a value outside one is refused here."""
@@ -244,8 +135,8 @@ def grade(
     tests: dict[str, str],
     command: list[str] | None = None,
 ) -> GradeResult:
-    """Grade one submission with the built-in harness in a fresh sandbox run; see the module
-    docstring for the rules."""
+    """Grade one submission with the built-in harness in a fresh sandbox run, by the rules
+    of docs/grading.md."""
     try:
         expected, invalid = expected_tests(tests), "no test functions in the tests"
     except SyntaxError as e:
@@ -297,7 +188,7 @@ def grade_test_command(
     `tamper_flags` found before the run (protected paths) set the reward to 0. `sealed` files
     (hidden tests, protected paths) cannot be changed by the run (Session.protect). `changed`
     (the paths the submission changed) and `repository` (the pristine repository's paths) tell
-    an environment error from the submission's own (sandbox/diagnosis.py). A command that runs
+    an environment error from the submission's own (grading/diagnosis.py). A command that runs
     pytest `pytest_sessions` times has each session vouched for; their reports are read together."""
     python_path = ":".join([PLUGIN_DIR, *(value for key, value in sandbox.spec.env if key == "PYTHONPATH")])
     command = ["/usr/bin/env", f"PYTEST_ADDOPTS={PYTEST_OPTIONS}", f"PYTHONPATH={python_path}",
@@ -361,7 +252,7 @@ def score(
     wall_limit_s: float = 0.0,
     doing: str = "",
 ) -> GradeResult:
-    """Rules 4-8 of the module docstring, for a run that happened (status is not XX).
+    """Rules 4-8 (docs/grading.md), for a run that happened (status is not XX).
 
     `runner_passed` is the runner's own verdict (None: it gave none). With
     `ran_exactly_the_expected` (our harness) it must equal "every expected test passed";

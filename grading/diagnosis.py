@@ -51,11 +51,12 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
 
+from grading.test_report import TestOutcome
 from sandbox import python_ast
-from sandbox.closed_set import ClosedSet
 from sandbox.interpreter import importable_modules
-from sandbox.result import ExecResult, ExecStatus
-from sandbox.test_report import Outcome, TestOutcome
+from sandbox.result import ExecResult
+from statuses import ExecStatus, FailureReason, Outcome
+from task_sets.schema import NETWORK_FETCH
 
 SUBMISSION_IMPORT_FAILED = "import failed: SubmissionError: "  # our harness, when solution.py does not import
 DETAIL_CHARS = 500  # of the one-line detail
@@ -74,28 +75,7 @@ _NO_NETWORK = re.compile(r"Temporary failure in name resolution|Name or service 
                          r"resolve host|getaddrinfo failed|\bgaierror\b|\[Errno -[235]\]")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|error|Failure|Warning)\b")
 _STACK_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')  # faulthandler's frame lines
-NETWORK_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\b(pip3?|uv) install\b|\buvx\b|\buv run\b|"
-                           r"apt(-get)? (update|install)|\bnpm (install|ci)\b|git clone|urlopen|requests\.get")
 SANDBOX_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
-
-
-class FailureReason(ClosedSet):
-    """Why a grading did not pass (null when it passed)."""
-
-    DIFF_DOES_NOT_APPLY = "diff_does_not_apply", "the submitted diff does not apply to the repository"
-    COLLECTION_ERROR = "collection_error", "a test module could not be imported or collected"
-    MISSING_MODULE = "missing_module", "an import failed: a module is not installed or was removed"
-    MISSING_COMMAND = "missing_command", "the test command runs a program the environment does not have"
-    NETWORK_UNAVAILABLE = "network_unavailable", "the test command needed the network, which the task does not have"
-    TESTS_FAILED = "tests_failed", "the suite ran and an expected test failed, errored or was skipped"
-    TESTS_MISSING = "tests_missing", "the suite ran but an expected test never ran (renamed, deleted, not collected)"
-    TIMEOUT = "timeout", "the run was killed at the wall-clock limit"
-    MEMORY_LIMIT = "memory_limit", "the run was killed at the memory limit"
-    OUTPUT_LIMIT = "output_limit", "the run was killed for writing more output than allowed"
-    NO_REPORT = "no_report", "the suite left no readable report and nothing explains why"
-    TAMPERED = "tampered", "a tamper flag was raised (TamperFlag says which)"
-    INFRASTRUCTURE = "infrastructure", "the sandbox itself failed"
-    INVALID_TASK = "invalid_task", "the task is broken (no expected test, a test file that does not parse)"
 
 
 @dataclass(frozen=True)

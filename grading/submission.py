@@ -4,7 +4,7 @@ task files plus the submission; then score it with the task set's reward functio
 - Function task: `solution.py` (the task's prefix plus the submission) beside the task's files;
   the hidden tests run through the built-in harness.
 - Repository task: the submission is a unified diff, applied on the host to the pristine
-  repository. Protected paths are restored and hidden tests written in (task_sets/protection.py),
+  repository. Protected paths are restored and hidden tests written in (grading/protection.py),
   then the task's test command runs in the sandbox. A diff that does not apply is a scored 0
   without a sandbox run (its ExecResult is the failed `git apply`).
 """
@@ -19,20 +19,20 @@ from pathlib import Path, PurePosixPath
 
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
+from grading.diagnosis import Diagnosis, site_packages
+from grading.protection import guard
+from grading.rewards import ONE_TURN, Process, apply_reward
+from grading.verdict import GradeResult, grade, grade_test_command
 from sandbox import python_ast
 from sandbox.backends import open_sandbox
 from sandbox.base import Sandbox
-from sandbox.diagnosis import Diagnosis, FailureReason, site_packages
-from sandbox.result import ExecResult, ExecStatus
+from sandbox.result import ExecResult
 from sandbox.spec import Limits, SandboxSpec
-from sandbox.test_report import Outcome
-from sandbox.verdict import GradeResult, RewardStatus, grade, grade_test_command
+from statuses import ExecStatus, FailureReason, Outcome, RewardStatus
 from task_sets.patches import PatchError, apply_patch, changed_paths
-from task_sets.protection import guard
-from task_sets.rewards import DEFAULT, ONE_TURN, Process, RewardFunction
-from task_sets.schema import WORKSPACE_DIR, FunctionTask, RepositoryTask, Task
+from task_sets.rewards import DEFAULT, RewardFunction
+from task_sets.schema import SOLUTION_FILE, WORKSPACE_DIR, FunctionTask, RepositoryTask, Task
 
-SOLUTION_FILE = "solution.py"
 HIDDEN_TESTS_FILE = "test_hidden.py"
 
 
@@ -116,7 +116,7 @@ def _grade_function(
     source = task.solution_file(solution)
     workspace = {**task.files, SOLUTION_FILE: source}
     graded = grade(sandbox, workspace, {HIDDEN_TESTS_FILE: task.tests}, command=shlex.split(task.entry_command))
-    return reward.apply(graded, compiles=_defines(source, task.entry_point), code=[source], process=process)
+    return apply_reward(reward, graded, compiles=_defines(source, task.entry_point), code=[source], process=process)
 
 
 def _grade_repository(
@@ -126,7 +126,7 @@ def _grade_repository(
     try:
         submitted = apply_patch(task.files, diff)
     except PatchError as e:
-        return reward.apply(_not_applied(task, sandbox, str(e), time.monotonic() - started), compiles=False,
+        return apply_reward(reward, _not_applied(task, sandbox, str(e), time.monotonic() - started), compiles=False,
                             process=process)
     guarded = guard(task.files, submitted, task.guarded_paths, task.hidden_tests, _import_roots(task),
                     _environment_modules(sandbox.spec))
@@ -144,7 +144,7 @@ def _grade_repository(
     graded = _repository_progress(graded, task)
     edited = [submitted[path] for path in sorted(changed) if path.endswith(".py") and path in submitted]
     compiles = bool(changed) and all(_parses(source) for source in edited)
-    return reward.apply(graded, compiles=compiles, code=edited, process=process)
+    return apply_reward(reward, graded, compiles=compiles, code=edited, process=process)
 
 
 def _repository_progress(graded: GradeResult, task: RepositoryTask) -> GradeResult:

@@ -12,23 +12,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.closed_set import ClosedSet
+from statuses import Outcome
 
 __test__ = False  # not a pytest module, despite the name
 
 MAX_REPORT_BYTES = 16 << 20
 MAX_DETAILS = 4000
-
-
-class Outcome(ClosedSet):
-    """One expected test's outcome. Only `passed` counts as passing (positive evidence)."""
-
-    PASSED = "passed", "the report lists the test and it passed"
-    FAILED = "failed", "the report lists the test and an assertion in it failed"
-    ERROR = "error", "the report lists the test and it raised, or its set-up or teardown did"
-    SKIPPED = "skipped", "the report lists the test as skipped: a required test that did not run fails"
-    MISSING = "missing", ("the test is absent from the report (not collected, the suite never ran or was killed, "
-                          "or the diff did not apply): a failure")
 
 
 # When a testcase carries several result children (pytest: a failure plus a teardown error),

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
+from grading.verdict import PLUGIN_FILES
 from sandbox.interpreter import importable_modules
-from sandbox.verdict import PLUGIN_FILES, TamperFlag
+from statuses import TamperFlag
 from task_sets.patches import changed_paths
 from task_sets.schema import RUNNER_CONFIGURATION
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from math import comb
 from pathlib import Path
 
-from sandbox.diagnosis import FailureReason
-from sandbox.verdict import GradeResult, RewardStatus
+from grading.verdict import GradeResult
+from statuses import FailureReason, RewardStatus
 from task_sets.loader import TaskSet
 from task_sets.schema import Task
 

@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
+from grading.submission import grade_solution, sandbox_spec
+from grading.verdict import GradeResult
 from sandbox.pool import SandboxPool
-from sandbox.verdict import GradeResult, RewardStatus
+from statuses import RewardStatus
 from task_sets.schema import RepositoryTask, Task
-from task_sets.submission import grade_solution, sandbox_spec
 
 DEFAULT_REPEATS = 3
 VERDICTS = ("ok", "broken", "flaky", "lax", "unjudgeable")
@@ -108,7 +109,7 @@ def _varying_tests(grades: list[GradeResult]) -> tuple[str, ...]:
 
 
 def _first_failure(grade: GradeResult) -> str:
-    """Why the reference failed, in one line: the reason and its detail (sandbox/diagnosis.py)."""
+    """Why the reference failed, in one line: the reason and its detail (grading/diagnosis.py)."""
     status = "" if grade.reward_status is RewardStatus.SCORED else f"{grade.reward_status.value}, "
     if grade.failure is None:  # not passed, yet nothing failed: every test passed but one was never counted
         return f"reference fails ({status}not every expected test was counted)"
