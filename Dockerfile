@@ -16,8 +16,10 @@ COPY pyproject.toml workspace.yaml /opt/crucible/src/
 COPY assets /opt/crucible/src/assets
 COPY datastore /opt/crucible/src/datastore
 COPY environments /opt/crucible/src/environments
+COPY grading /opt/crucible/src/grading
 COPY pipelines /opt/crucible/src/pipelines
 COPY sandbox /opt/crucible/src/sandbox
+COPY statuses /opt/crucible/src/statuses
 COPY task_sets /opt/crucible/src/task_sets
 COPY training /opt/crucible/src/training
 ENV PATH=/opt/crucible/bin:/usr/local/bin:/usr/bin:/bin PYTHONPATH=/opt/crucible/src PYTHONUNBUFFERED=1

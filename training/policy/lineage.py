@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 # The packages whose source decides what a training step does.
-_SOURCE_PACKAGES = ("training", "task_sets", "sandbox", "datastore")
+_SOURCE_PACKAGES = ("training", "grading", "task_sets", "sandbox", "statuses", "datastore")
 
 
 def config_hash(settings: dict) -> str:
