@@ -19,6 +19,7 @@ from assets.iteration import task_set
 from assets.partitions import add_iteration, experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from assets.step_outputs import step_outputs_dir
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from task_sets.loader import load_task_set
 from training.experiment import BasePolicySettings, ExperimentConfig
@@ -130,8 +131,12 @@ def test_the_process_that_runs_the_steps_holds_the_experiment_for_the_whole_run(
 
 
 def test_the_shards_hand_overs_are_deleted_once_gathered(fanned_out):
-    for run in (fanned_out["run"], fanned_out["grading_run"]):
-        assert not (fanned_out["workdir"] / "data" / "step_outputs" / run.run_id).exists()
+    # Where the IO manager writes them (the product's own path): it exists, so they were written
+    # there, and no run of the two left its folder behind.
+    hand_overs = Path(step_outputs_dir(str(fanned_out["workdir"] / "data")))
+    assert hand_overs.is_dir()
+    assert [run.run_id for run in (fanned_out["run"], fanned_out["grading_run"])
+            if (hand_overs / run.run_id).exists()] == []
 
 
 def test_two_grading_shards_in_a_process_each_give_the_verdicts_of_one_grading(fanned_out):
