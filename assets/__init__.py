@@ -1,1 +1,1 @@
-"""The asset graph: thin Dagster assets over the sandbox, task_sets, training and datastore libraries."""
+"""The asset graph: thin Dagster assets over the sandbox, task_sets, grading, training and datastore libraries."""

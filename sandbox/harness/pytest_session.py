@@ -18,7 +18,7 @@ HMAC keyed by the token (the token itself is never written). The grader then kno
   sandbox cannot make them read-only (Docker).
 Code under test runs in this process, so a submission written to dig the token out of this
 closure, or to patch pytest more deeply than the functions checked here, could still forge a
-session; the grader's docstring says so.
+session; docs/grading.md says so.
 
 A conftest.py that pytest loads before the session (the root's, those of the paths it is given)
 and that does not import ends pytest at once, with a usage error, before the JUnit plugin is

@@ -21,7 +21,7 @@ Each instance becomes a repository task:
   arguments).
 FAIL_TO_PASS and PASS_TO_PASS are kept as published, including the ids SWE-bench's log parser
 cut at their first whitespace (`test_make_error[required-Missing`): the grader matches those as
-SWE-bench effectively does (grading/verdict.py, rule 4). Only pytest node ids ("path.py::test")
+SWE-bench effectively does (docs/grading.md, rule 4). Only pytest node ids ("path.py::test")
 are understood; instances of other runners (Django's) are rejected with that reason.
 """
 
