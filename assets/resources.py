@@ -7,14 +7,12 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 
 import fsspec
-from dagster import ConfigurableResource, Failure, InitResourceContext
-from pydantic import Field, PrivateAttr
+from dagster import ConfigurableResource
+from pydantic import Field
 
-from assets.partitions import experiment_of_run
 from datastore.store import DatasetStore
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import Session
@@ -22,18 +20,6 @@ from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.schema import Task
 from training.agent.sessions import episode_session
 from training.experiment import ExperimentConfig, experiment_from
-from training.policy.writer_lock import ExperimentBusy, writer_lock
-
-
-def run_purpose(run_id: str) -> str:
-    """What a run's hold of its experiment's writer lock says it is for."""
-    return f"Dagster run {run_id}"
-
-
-def busy_failure(experiment: str, busy: ExperimentBusy) -> Failure:
-    """Why a run of an experiment that another writer holds fails (not to be retried)."""
-    return Failure(f"experiment {experiment!r} is being written by {busy}; this run would write the same "
-                   "checkpoints: launch it again once that one has finished", allow_retries=False)
 
 
 class CrucibleResource(ConfigurableResource):
@@ -52,24 +38,6 @@ class CrucibleResource(ConfigurableResource):
     train_launcher: str = Field("", description="what runs the training step's module (`-m assets.train_process`"
                                 " follows): empty is this Python; e.g. 'torchrun --standalone --nproc-per-node 8' for "
                                 "8 data parallel ranks")
-    _lock: ExitStack = PrivateAttr(default_factory=ExitStack)
-
-    def setup_for_execution(self, context: InitResourceContext) -> None:
-        """A run of an experiment's assets holds the experiment's writer lock while it runs (see
-        training/policy/writer_lock.py): another run of it, from anywhere, fails at once. Its
-        steps in processes of their own go on under the hold of the process that runs them
-        (pipelines/executors.py)."""
-        experiment = experiment_of_run(context.run.tags) if context.run else None
-        if experiment is None:
-            return
-        purpose = run_purpose(context.run.run_id)
-        try:
-            self._lock.enter_context(writer_lock(self.experiment_dir(experiment), purpose, shared=True))
-        except ExperimentBusy as busy:
-            raise busy_failure(experiment, busy) from None
-
-    def teardown_after_execution(self, context: InitResourceContext) -> None:
-        self._lock.close()
 
     def train_launcher_command(self) -> list[str]:
         """The launcher (or this Python) under setpriv's parent-death signal: a training step

@@ -6,9 +6,7 @@ Kubernetes executor, are not wired yet: docs/cluster.md):
 
 A shard is a contiguous slice of whole tasks (training/iteration.py `shards`) sampled by a step
 of its own with an engine of its own. Shards hand their samples to the gathering step through
-the storage root (assets/step_outputs.py), which every process and pod of a run reaches. Shards in
-processes of their own go on under the experiment's writer lock that their run holds
-(pipelines/executors.py).
+the storage root (assets/step_outputs.py), which every process and pod of a run reaches.
 """
 
 import datetime as dt

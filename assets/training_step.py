@@ -91,8 +91,8 @@ class TrainingStepClient(ConfigurableResource):
         except docker.errors.DockerException as e:  # retried: the daemon may be back by then
             raise Failure(f"the Docker daemon does not answer ({e}); start it with scripts/docker-daemon") from None
         experiment = experiment_of_run(context.run.tags) or context.partition_key
-        # The experiment's writer lock is this run's: a step container of it still there is one
-        # whose run died without a word (PipesDockerClient stops its container only when it can).
+        # The queue runs one run of an experiment at a time: a step container of it still there is
+        # one whose run died without a word (PipesDockerClient stops its container only when it can).
         labels = step_labels(experiment, str(Path(crucible.checkpoint_root).resolve()))
         _remove_step_containers(daemon, labels)
         try:

@@ -81,6 +81,7 @@ def command_run(args: argparse.Namespace) -> int:
     environment.use_storage(args.storage)
     DatasetStore(environment.storage_root()).check()  # before minutes of set-up, not after
     _check_settings()
+    environment.pin_locations()  # the daemon and its runs start from the project folder, not this one
     # torch and dagster load only when running
     from pipelines.experiment_runner import ExperimentRunner
     from training.experiment import ExperimentFileError, load_experiment_file

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-
 from dagster import Definitions, FilesystemIOManager
+from transformers.utils import logging as transformers_logging
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
@@ -21,11 +21,12 @@ from assets.step_outputs import STEP_OUTPUTS, step_outputs_dir
 from assets.verification import verified_rollouts
 from pipelines import environment
 from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
-from pipelines.logging import progress_console
 from pipelines.executors import step_executor
 from pipelines.resources import crucible_resource, training_step_client
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
 
+# Per-file "Loading weights" bars would fill a step's captured stderr; stages report their own progress.
+transformers_logging.disable_progress_bar()
 
 defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
@@ -36,7 +37,6 @@ defs = Definitions(
     resources={"crucible": crucible_resource(), "training_step": training_step_client(),
                "io_manager": DatasetIOManager(storage_root=environment.storage_root()),
                STEP_OUTPUTS: FilesystemIOManager(base_dir=step_outputs_dir(environment.storage_root()))},
-    loggers={"console": progress_console},
     # One executor for every launch, the UI's asset graph included (pipelines/executors.py).
     executor=step_executor(),
 )

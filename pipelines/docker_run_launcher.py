@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dagster._core.storage.dagster_run import DagsterRun
+from dagster import DagsterRun
 from dagster_docker import DockerRunLauncher
 from dagster_docker.container_context import DockerContainerContext
 

@@ -14,7 +14,7 @@ CRUCIBLE_TRAIN_GPUS       GPUs the docker training step asks its daemon for (def
 CRUCIBLE_STEP_PROCESSES   processes a run's steps may use at once (default 1: all in the run's own; pipelines/executors.py)
 CRUCIBLE_GRADING_SHARDS   slices of an iteration's rollouts graded by steps of their own (default 1; assets/verification.py)
 CRUCIBLE_POSTGRES_URL     the instance's database, a libpq URL (pipelines/instance.py; default SQLite files)
-CRUCIBLE_RUN_LAUNCHER     where runs execute: process (default) or docker (pipelines/docker_run_launcher.py)
+CRUCIBLE_RUN_LAUNCHER     where the daemon launches runs: process (default) or docker (pipelines/docker_run_launcher.py)
 CRUCIBLE_RUN_IMAGE        the docker run launcher's image (scripts/build-project-image prints its tag)
 """
 

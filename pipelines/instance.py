@@ -5,15 +5,15 @@ pipelines/dagster.yaml (run queue, limits, monitoring), with run, event-log and 
 in SQLite files beside it (the embedded default), or, when CRUCIBLE_POSTGRES_URL holds a libpq
 URL, in that PostgreSQL database (pipelines/dagster-postgres.yaml): the instance several
 machines, the daemon and the UI can share. The URL stays in the environment, never in the file.
-Runs are executed by the process that launches them, unless CRUCIBLE_RUN_LAUNCHER=docker: then
-the daemon runs each in a container of CRUCIBLE_RUN_IMAGE (pipelines/dagster-docker.yaml).
+Every run is queued; the daemon launches each in a run worker process on its machine, or, with
+CRUCIBLE_RUN_LAUNCHER=docker, in a container of CRUCIBLE_RUN_IMAGE (pipelines/dagster-docker.yaml).
 
 A dagster.yaml Crucible did not write (it lacks the first line Crucible's have) is the
 operator's own and is used as it is. One Crucible wrote is brought up to date with the template,
 but never switched between SQLite and Postgres, or between run launchers, by a command whose
 environment differs: a shell without the URL beside a UI with it would split the runs (and the
-accelerator pool) between two instances, and one without the launcher would run in its own process
-what the daemon runs in containers. To switch, remove the file. Run history does not move between
+accelerator pool) between two instances, and one without the launcher would launch in a process
+what the daemon launches in containers. To switch, remove the file. Run history does not move between
 SQLite and Postgres; the datasets and checkpoints, in the storage root, do not depend on it.
 """
 
@@ -86,10 +86,10 @@ def _launches_in_docker(config_text: str) -> bool:
 
 
 def _launcher_switch_refused(config: Path, launcher: str) -> str:
-    """A shell without the setting beside a daemon with it would run in-process what the daemon
-    runs in containers, on the same instance."""
+    """A shell without the setting beside a daemon with it would launch in a process what the
+    daemon launches in containers, on the same instance."""
     if launcher == "docker":
-        return (f"the instance in {config.parent} runs its runs in the process that starts them, and "
+        return (f"the instance in {config.parent} launches its runs in processes on this machine, and "
                 f"{RUN_LAUNCHER_ENV}=docker is set: unset it, or remove {config} to launch runs in containers")
     return (f"the instance in {config.parent} launches its runs in Docker containers, and {RUN_LAUNCHER_ENV} is not "
             f"docker here: export it (and {RUN_IMAGE_ENV}) as the UI and daemon have it, or remove {config}")
@@ -110,7 +110,7 @@ def instance_yaml(postgres: bool, docker: bool = False) -> str:
 
 
 def run_launcher() -> str:
-    """CRUCIBLE_RUN_LAUNCHER: `process` (the default: a run executes in the process that starts it)
+    """CRUCIBLE_RUN_LAUNCHER: `process` (the default: the daemon launches a run worker process per run)
     or `docker` (the daemon starts a container per run, of the image CRUCIBLE_RUN_IMAGE names)."""
     launcher = os.environ.get(RUN_LAUNCHER_ENV, "").strip() or "process"
     if launcher not in RUN_LAUNCHERS:

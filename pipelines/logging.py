@@ -1,67 +1,29 @@
-"""A console logger that prints the assets' own progress lines and failures, not every event
-nor Dagster Pipes' plumbing."""
+"""What a command following a run shows of its event log: the assets' own progress lines, the
+steps' starts, ends and failures, and not every framework event nor Dagster Pipes' plumbing."""
 
 from __future__ import annotations
 
 import logging
-import sys
+import time
 
-from dagster import Field, logger
-from transformers.utils import logging as transformers_logging
-
-# Per-file "Loading weights" bars drown the per-stage lines; stages report their own progress.
-transformers_logging.disable_progress_bar()
-
+from dagster import DagsterEventType, EventLogEntry
 
 # Dagster Pipes notes its own session with the training step's process in lines that start so
 # ("successfully opened dagster pipes"): plumbing. Not its warnings ("did not receive any
 # messages"), nor the step's own lines, which reach the run's log through that session.
 PIPES_PREFIX = "[pipes] "
+STEP_EVENTS = (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)
 
 
-def _message(record: logging.LogRecord) -> str:
-    """The message as the asset (or Dagster) wrote it, without the run's prefixes."""
-    meta = getattr(record, "dagster_meta", {}) or {}
-    return meta.get("orig_message") or record.getMessage()
-
-
-class _ProgressFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        meta = getattr(record, "dagster_meta", {}) or {}
-        tags = meta.get("job_tags") or {}
-        where = tags.get("dagster/partition") or meta.get("job_name") or ""
-        step = meta.get("step_key") or ""
-        return f"{self.formatTime(record, '%H:%M:%S')} {where} {step}: {_message(record)}"
-
-
-class _UserMessagesOnly(logging.Filter):
-    """Framework events (step started, output handled, …) carry a DagsterEvent, and Pipes notes
-    its plumbing in plain messages; skip both unless they are failures (events) or warnings (Pipes),
-    which the user must see."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if hasattr(record, "dagster_event"):
-            return record.levelno >= logging.ERROR
-        return record.levelno >= logging.WARNING or not _message(record).startswith(PIPES_PREFIX)
-
-
-class _ConsoleHandler(logging.StreamHandler):
-    def __init__(self):
-        super().__init__(sys.stderr)
-        self.setFormatter(_ProgressFormatter())
-        self.addFilter(_UserMessagesOnly())
-
-
-@logger(
-    config_schema={"log_level": Field(str, is_required=False, default_value="INFO")},
-    description="Concise progress lines: the assets' own messages and errors.",
-)
-def progress_console(init_context) -> logging.Logger:
-    log = logging.getLogger("crucible.progress")
-    log.setLevel(init_context.logger_config["log_level"])
-    log.propagate = False
-    # Ours, not just any: others attach handlers to non-propagating loggers (pytest's log capture
-    # does), and one of theirs would leave the console silent.
-    if not any(isinstance(handler, _ConsoleHandler) for handler in log.handlers):
-        log.addHandler(_ConsoleHandler())
-    return log
+def shown(entry: EventLogEntry) -> str | None:
+    """The line an operator watching the run reads for this event, or None to skip it."""
+    event = entry.dagster_event
+    if event is not None:
+        if event.event_type not in STEP_EVENTS:
+            return None
+        text = event.event_type.value.lower().replace("_", " ")
+    elif entry.level < logging.INFO or entry.level < logging.WARNING and entry.user_message.startswith(PIPES_PREFIX):
+        return None
+    else:
+        text = entry.user_message
+    return f"{time.strftime('%H:%M:%S', time.localtime(entry.timestamp))} {entry.step_key or ''}: {text}"

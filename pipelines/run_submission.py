@@ -1,95 +1,103 @@
-"""Submit a run to the instance's queue and follow it to its end, as the UI's Launch button would:
-for instances whose runs are launched by the daemon somewhere else (a container per run).
+"""Submit a run to the instance's queue and follow it to its end, as the UI's Launch button would.
 
-The run is submitted with `dagster job launch` on the project's workspace.yaml, the code location
-the daemon and the UI load, so the daemon finds the job where it looks for it. Its progress is read
-back from the instance's event log, one line a step.
+The run is submitted with `dagster job launch` on the workspace the daemon loads
+(pipelines/local_daemon.py), so the daemon finds the job where it looks for it and the UI lists
+the run under its job. Its progress is read back from the instance's event log, one line a step
+and the steps' own messages (pipelines/logging.py chooses which).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
-import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, EventLogEntry, RunRecord, RunsFilter
-from dagster._daemon.controller import get_daemon_statuses
+import yaml
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
 
-from pipelines.errors import RunFailed, UserError
-from pipelines.hints import crucible_command
+from pipelines.errors import RunFailed
+from pipelines.local_daemon import PROJECT_DIR, LocalDaemon, console_script
+from pipelines.logging import shown
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
-DEQUEUER = "QUEUED_RUN_COORDINATOR"  # the daemon that takes runs off the queue and launches them
-STEP_EVENTS = (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)
 POLL_S = 2.0
 EVENTS_PER_READ = 1000
-DAEMON_CHECK_POLLS = 15  # while a run is queued, that a daemon still heartbeats: every 30 s
-
-
-def require_daemon(instance: DagsterInstance) -> None:
-    """Queued runs start only while a daemon takes them off the queue: refuse to queue one that
-    would wait for ever."""
-    if not get_daemon_statuses(instance, [DEQUEUER], ignore_errors=True)[DEQUEUER].healthy:
-        raise UserError(f"the instance in {instance.root_directory} launches its runs from the daemon "
-                        f"({type(instance.run_launcher).__name__}), and no daemon is running: start it with "
-                        f"`{crucible_command('ui')}` (or `dagster-daemon run -w workspace.yaml` in the project folder)")
+DAEMON_CHECK_POLLS = 15  # while a run is queued, that a daemon still takes runs: every 30 s
+# Dagster's tags on a failed run that its run retries will launch again, and on the run, its retry.
+WILL_RETRY_TAG, RETRY_TAG = "dagster/will_retry", "dagster/auto_retry_run_id"
+WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
 def unfinished_runs(instance: DagsterInstance, tags: dict[str, str]) -> list[RunRecord]:
     """Runs with these tags (a partition's) that are queued or under way, from anywhere, in the
     order they were created. Not those never submitted (NOT_STARTED): nothing would start them."""
-    waiting = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-    return sorted(instance.get_run_records(RunsFilter(tags=tags, statuses=waiting)), key=lambda r: r.storage_id)
+    return sorted(instance.get_run_records(RunsFilter(tags=tags, statuses=WAITING)), key=lambda r: r.storage_id)
 
 
-def submit(job_name: str, tags: dict[str, str]) -> str:
-    """Queue a run of `job_name` with `tags`; its run id."""
+def submit(workspace: Path, job_name: str, tags: dict[str, str], run_config: dict) -> str:
+    """Queue a run of `job_name` with `tags` and `run_config`; its run id."""
     run_id = str(uuid.uuid4())
-    launched = subprocess.run(
-        [sys.executable, "-m", "dagster", "job", "launch", "-w", "workspace.yaml", "-j", job_name,
-         "--tags", json.dumps(tags), "--run-id", run_id],
-        cwd=PROJECT_DIR, env=os.environ, capture_output=True, text=True,
-    )
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
+        yaml.safe_dump(run_config, config)
+        config.flush()
+        launched = subprocess.run(
+            [console_script("dagster"), "job", "launch", "-w", str(workspace), "-j", job_name, "--tags", json.dumps(tags),
+             "--run-id", run_id, "--config", config.name],
+            cwd=PROJECT_DIR, env=os.environ, capture_output=True, text=True,
+        )
     if launched.returncode != 0:
         last = (launched.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RunFailed(f"{job_name} could not be queued: {last}")
     return run_id
 
 
-def follow(instance: DagsterInstance, run_id: str, say: Callable[[str], None]) -> DagsterRun:
-    """Wait for the run to end, saying meanwhile what its steps log and when each starts and ends,
-    as `crucible run` shows a run it executes itself; the finished run. A queued run is waited
-    for only while a daemon is there to start it."""
+def follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Callable[[str], None]) -> DagsterRun:
+    """Wait for the run to end, saying meanwhile what its steps log and when each starts and ends;
+    the finished run, or, when the instance's run retries launch it again, the retry's. While it
+    is queued, a daemon is kept there to start it. Interrupted, the run is cancelled before the
+    interruption goes on."""
+    try:
+        while True:
+            run = _follow(instance, daemon, run_id, say)
+            if run.tags.get(WILL_RETRY_TAG) != "true":
+                return run
+            run_id = _retry(instance, daemon, run_id)
+            say(f"run {run.run_id[:8]} failed; Dagster's run retries launch it again as run {run_id[:8]}")
+    except KeyboardInterrupt:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and not run.is_finished:
+            say(f"run {run_id[:8]}: interrupted, cancelling it")
+            instance.run_coordinator.cancel_run(run_id)
+        raise
+
+
+def _retry(instance: DagsterInstance, daemon: LocalDaemon, run_id: str) -> str:
+    """The id of the run that retries `run_id`, once the daemon has made it."""
+    while (retry := instance.get_run_by_id(run_id).tags.get(RETRY_TAG)) is None:
+        daemon.ensure()
+        time.sleep(POLL_S)
+    return retry
+
+
+def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Callable[[str], None]) -> DagsterRun:
     cursor, status, polls = None, None, 0
     while True:
         run = instance.get_run_by_id(run_id)
-        if run.status != status:
-            status = run.status
+        changed, status = run.status != status, run.status
+        if changed and not run.is_finished:
             say(f"run {run_id[:8]}: {status.value.lower()}")
         if status == DagsterRunStatus.QUEUED and polls % DAEMON_CHECK_POLLS == 0:
-            require_daemon(instance)
+            daemon.ensure()
         records = instance.get_records_for_run(run_id, cursor=cursor, limit=EVENTS_PER_READ)
         for record in records.records:
-            if line := _shown(record.event_log_entry):
+            if line := shown(record.event_log_entry):
                 say(line)
         cursor, polls = records.cursor, polls + 1
         if run.is_finished and not records.has_more:
+            say(f"run {run_id[:8]}: {status.value.lower()}")
             return run
         time.sleep(0 if records.has_more else POLL_S)
-
-
-def _shown(entry: EventLogEntry) -> str | None:
-    """What an operator watching the run reads of an event: the steps' own messages, and the
-    steps' starts, ends and failures."""
-    event = entry.dagster_event
-    if event is None:
-        return f"{entry.step_key or ''}  {entry.user_message}" if entry.level >= logging.INFO else None
-    if event.event_type in STEP_EVENTS:
-        return f"{event.step_key}  {event.event_type.value.lower().replace('_', ' ')}"
-    return None

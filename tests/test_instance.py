@@ -1,12 +1,10 @@
 """The instance every command shares: SQLite files by default, PostgreSQL when
 CRUCIBLE_POSTGRES_URL is set (a real server, scripts/postgres-server), a clear sentence for a
-server that is down; and its accelerator pool: one step at a time across runs, and the slot of a
-killed `crucible run` given back."""
+server that is down; and its accelerator pool: one step at a time across runs."""
 
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -15,11 +13,9 @@ from pathlib import Path
 import psycopg2
 import pytest
 import yaml
-from dagster import DagsterInstance, DagsterRunStatus, asset, materialize
+from dagster import DagsterInstance, asset, materialize
 
-from assets.pools import ACCELERATOR
 from pipelines.errors import UserError
-from pipelines.experiment_runner import release_orphaned_runs
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 
 ROOT = Path(__file__).parent.parent
@@ -118,54 +114,6 @@ def test_two_runs_never_hold_the_accelerator_pool_at_once(home, tmp_path):
     assert a_end <= b_start
 
 
-# A `crucible run`'s in-process run that holds the accelerator pool until it is killed.
-HOLDER = """
-import time
-from dagster import DagsterInstance, asset, materialize
-from assets.pools import ACCELERATOR
-from pipelines.experiment_runner import IN_PROCESS_TAGS, PROCESS_TAG, this_process
-
-@asset(pool=ACCELERATOR)
-def hold_the_accelerator() -> None:
-    print("holding", flush=True)
-    time.sleep(600)
-
-with DagsterInstance.get() as instance:
-    materialize([hold_the_accelerator], instance=instance, tags=IN_PROCESS_TAGS | {PROCESS_TAG: this_process()})
-"""
-
-
-def _holder() -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "holding"
-    return holder
-
-
-def test_a_killed_crucible_runs_pool_slot_is_given_back_and_its_run_failed(home):
-    prepare_instance()
-    killed = _holder()
-    killed.kill()
-    killed.wait(timeout=60)
-    with DagsterInstance.get() as instance:
-        assert instance.event_log_storage.get_concurrency_info(ACCELERATOR).claimed_slots  # else held for ever
-        released = release_orphaned_runs(instance)
-        assert [instance.get_run_by_id(run_id).status for run_id in released] == [DagsterRunStatus.FAILURE]
-        assert not instance.event_log_storage.get_concurrency_info(ACCELERATOR).claimed_slots
-
-
-def test_a_live_crucible_runs_pool_slot_is_left_alone(home):
-    prepare_instance()
-    holder = _holder()
-    try:
-        with DagsterInstance.get() as instance:
-            assert release_orphaned_runs(instance) == []
-            assert instance.event_log_storage.get_concurrency_info(ACCELERATOR).claimed_slots
-    finally:
-        holder.send_signal(signal.SIGINT)
-        holder.wait(timeout=60)
-
-
 def test_a_dagster_yaml_of_the_operators_own_is_used_as_it_is(home):
     home.mkdir()
     own = "telemetry:\n  enabled: false\n"
@@ -212,21 +160,9 @@ def test_a_run_launcher_setting_that_cannot_work_is_refused_in_one_sentence(home
         prepare_instance()
 
 
-def test_crucible_run_on_a_daemon_launched_instance_with_no_daemon_says_how_to_start_one(tmp_path):
-    environment = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_RUN_LAUNCHER": "docker",
-                   "CRUCIBLE_RUN_IMAGE": "crucible-project:any", "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"),
-                   "CRUCIBLE_CHECKPOINT_ROOT": str(tmp_path / "checkpoints")}
-    environment.pop(POSTGRES_URL_ENV, None)
-    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "queued"], cwd=ROOT,
-                            env=environment, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "no daemon is running: start it with `" in result.stderr and "crucible ui` (or" in result.stderr
-    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-
-
 @pytest.mark.parametrize("first, then, refusal", [
     ("docker", "process", "launches its runs in Docker containers, and CRUCIBLE_RUN_LAUNCHER is not docker here"),
-    ("process", "docker", "runs its runs in the process that starts them, and CRUCIBLE_RUN_LAUNCHER=docker is set"),
+    ("process", "docker", "launches its runs in processes on this machine, and CRUCIBLE_RUN_LAUNCHER=docker is set"),
 ])
 def test_a_command_whose_launcher_setting_differs_does_not_switch_the_instance(home, monkeypatch, first, then, refusal):
     monkeypatch.setenv("CRUCIBLE_RUN_IMAGE", "crucible-project:any")

@@ -91,6 +91,33 @@ def assert_one_lineage(crucible: CrucibleResource, name: str, iterations: int) -
         assert row["content_hash"] == verify_checkpoint(crucible.checkpoint_dir(name, number))["content_hash"]
 
 
+def crucible_run(environment, name: str, iterations: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "run", "--experiment", name, "--iterations",
+                             str(iterations)], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_crucible_runs_at_once_never_both_train_an_iteration(environment, crucible, mini_set):
+    """Problem 2: `crucible run` went around the run queue; two of them (or one and a UI run)
+    trained the same iteration into the same checkpoint folder. Run first in this module, before
+    the UI's daemon: the two share the daemon one of them starts, and the other follows its runs."""
+    create_experiment(environment, crucible, "twice", mini_set)
+    first, second = crucible_run(environment, "twice", 2), crucible_run(environment, "twice", 2)
+    outputs = [process.communicate(timeout=1200) for process in (first, second)]
+    for process, (_, stderr) in zip((first, second), outputs):
+        assert process.returncode == 0, stderr[-3000:]
+    followed = [stderr for _, stderr in outputs if "already; following it" in stderr or "ours cancelled" in stderr]
+    assert followed, "neither followed the other's run"
+    with instance_of(environment) as instance:
+        for number in (1, 2):
+            partition = f"twice|{number:04d}"
+            trained = instance.fetch_materializations(
+                AssetRecordsFilter(AssetKey("checkpoint"), asset_partitions=[partition]), limit=10).records
+            assert len(trained) == 1, partition
+    assert_one_lineage(crucible, "twice", 2)
+    assert DatasetStore(crucible.storage_root).has_partition("evaluations", "twice", 2)
+
+
 @pytest.fixture(scope="module")
 def graphql(environment, workdir) -> Iterator[str]:
     with dagster_dev(environment, workdir / "dagster-dev.log") as url:
@@ -147,33 +174,6 @@ def test_a_backfill_of_three_iterations_runs_them_in_order_with_a_run_limit_of_3
     assert_one_lineage(crucible, "ordered", 3)
 
 
-def crucible_run(environment, name: str, iterations: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "run", "--experiment", name, "--iterations",
-                             str(iterations)], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def test_two_crucible_runs_at_once_never_both_train_an_iteration(environment, crucible, mini_set):
-    """Problem 2: `crucible run` went around the run queue; two of them (or one and a UI run)
-    trained the same iteration into the same checkpoint folder."""
-    create_experiment(environment, crucible, "twice", mini_set)
-    first, second = crucible_run(environment, "twice", 2), crucible_run(environment, "twice", 2)
-    outputs = [process.communicate(timeout=1200) for process in (first, second)]
-    for process, (_, stderr) in zip((first, second), outputs):
-        assert process.returncode == 0, stderr[-3000:]
-    waited = [stderr for _, stderr in outputs if "is being written by crucible run --experiment twice" in stderr]
-    assert len(waited) == 1
-    assert "iteration 1: already materialized" in waited[0] and "iteration 2: already materialized" in waited[0]
-    with instance_of(environment) as instance:
-        for number in (1, 2):
-            partition = f"twice|{number:04d}"
-            trained = instance.fetch_materializations(
-                AssetRecordsFilter(AssetKey("checkpoint"), asset_partitions=[partition]), limit=10).records
-            assert len(trained) == 1, partition
-    assert_one_lineage(crucible, "twice", 2)
-    assert DatasetStore(crucible.storage_root).has_partition("evaluations", "twice", 2)
-
-
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's (scripts/install-system-packages browser); never a download
 # Flags for a machine without a network or a screen: no background services, no sandbox for root.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -212,14 +212,24 @@ def wait_for_runs(environment, experiment: str, count: int, timeout_s: float = 1
     pytest.fail(f"{count} runs of {experiment} did not finish within {timeout_s} s")
 
 
+def crucible_run_ids(environment, experiment: str) -> list[str]:
+    """The iteration runs of `experiment` that succeeded (those made by `crucible run` above)."""
+    with instance_of(environment) as instance:
+        records = instance.get_run_records(RunsFilter(job_name="iteration", statuses=[DagsterRunStatus.SUCCESS],
+                                                      tags={"dagster/partition/experiment": experiment}))
+    assert len(records) == 2, [record.dagster_run.run_id for record in records]
+    return [record.dagster_run.run_id for record in records]
+
+
 def test_the_ui_launches_an_iteration_then_a_backfill_of_two_more_in_order(
         environment, crucible, mini_set, graphql, workdir):
     """A real browser (Debian's chromium, driven by Playwright) through the Dagster UI, as an
-    operator clicks: one iteration, then a backfill of the next two; screenshots are kept
+    operator clicks: one iteration, then a backfill of the next two; the job's runs page lists
+    those `crucible run` made above beside them; screenshots are kept
     (CRUCIBLE_UI_SCREENSHOTS=DIR copies them there, as the README's were made)."""
     if not CHROMIUM.exists():
         skip_unless_required("browser", f"no {CHROMIUM}: scripts/install-system-packages browser installs it")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     create_experiment(environment, crucible, "clicked", mini_set)
     with instance_of(environment) as instance:
@@ -234,6 +244,10 @@ def test_the_ui_launches_an_iteration_then_a_backfill_of_two_more_in_order(
         wait_for_runs(environment, "clicked", 1)
         launch_from_the_job_page(page, base_url, "clicked", ["0002", "0003"], "Launch backfill")
         runs = wait_for_runs(environment, "clicked", 3)
+        crucible_runs = crucible_run_ids(environment, "twice")
+        page.goto(f"{base_url}/locations/pipelines.definitions/jobs/iteration/runs")
+        for run_id in crucible_runs:  # `crucible run`'s runs are listed under the job, as the UI's own are
+            expect(page.get_by_text(run_id[:8], exact=True).first).to_be_visible()
         for name, path in (("runs", "/runs"), ("checkpoint-eval-partitions", "/assets/checkpoint_eval?view=partitions"),
                            ("lineage", "/assets/checkpoint?view=lineage")):
             page.goto(base_url + path)

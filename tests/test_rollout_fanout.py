@@ -24,7 +24,6 @@ from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from task_sets.loader import load_task_set
 from training.experiment import BasePolicySettings, ExperimentConfig
 from training.iteration import Iteration
-from training.policy.writer_lock import LOCK_FILE
 
 ROOT = Path(__file__).parent.parent
 
@@ -65,13 +64,12 @@ def fanned_out(tmp_path_factory) -> dict:
         # Three processes: the executor counts the planning step's until it has exited, and the
         # pool's two slots still keep the shards at two.
         samples = {processes: _materialize(environment, crucible, "rollouts", processes) for processes in (1, 3)}
-        last, steps, run_pid = _last_run()
-        lock = json.loads((crucible.experiment_dir("fan") / LOCK_FILE).read_text())  # its last holder's record
+        last, steps = _last_run()
         # The same rollouts graded whole in the run's process, then in two shards in a process each.
         verified = {shards: _materialize(environment, crucible, "verified_rollouts", processes, grading_shards=shards)
                     for shards, processes in ((1, 1), (2, 3))}
-        grading_run, grading_steps, _ = _last_run()
-    return {"samples": samples, "steps": steps, "run": last, "run_pid": run_pid, "lock": lock, "workdir": workdir,
+        grading_run, grading_steps = _last_run()
+    return {"samples": samples, "steps": steps, "run": last, "workdir": workdir,
             "verified": verified, "grading_run": grading_run, "grading_steps": grading_steps}
 
 
@@ -86,14 +84,13 @@ def _materialize(environment: dict[str, str], crucible: CrucibleResource, asset:
     return [_untimed(json.loads(row["record"])) for row in sorted(rows, key=lambda row: row["index"])]
 
 
-def _last_run() -> tuple[DagsterRun, list[EventLogEntry], int]:
-    """The latest run, its steps' starts (and launches) and successes, and the pid of its process."""
+def _last_run() -> tuple[DagsterRun, list[EventLogEntry]]:
+    """The latest run, and its steps' starts (and launches) and successes."""
     with DagsterInstance.get() as instance:
         [last, *_] = instance.get_runs(limit=1)
         kinds = {DagsterEventType.STEP_WORKER_STARTING, DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS}
         steps = [record.event_log_entry for record in instance.get_records_for_run(last.run_id, of_type=kinds).records]
-        [run_start] = instance.all_logs(last.run_id, of_type=DagsterEventType.RUN_START)
-    return last, steps, run_start.dagster_event.pid
+    return last, steps
 
 
 def _untimed(value: object) -> object:
@@ -121,13 +118,6 @@ def test_with_two_processes_both_shards_are_launched_before_either_ends_each_in_
     starts = {step: pid for kind, step, pid in shard_events if kind == DagsterEventType.STEP_START}
     assert sorted(starts) == ["rollouts.sample_rollout_shard[shard_0]", "rollouts.sample_rollout_shard[shard_1]"]
     assert len(set(starts.values())) == 2
-
-
-def test_the_process_that_runs_the_steps_holds_the_experiment_for_the_whole_run(fanned_out):
-    shard_pids = {entry.dagster_event.pid for entry in fanned_out["steps"]
-                  if "shard" in entry.step_key and entry.dagster_event.event_type == DagsterEventType.STEP_START}
-    assert fanned_out["lock"]["purpose"] == f"Dagster run {fanned_out['run'].run_id}"
-    assert fanned_out["lock"]["pid"] == fanned_out["run_pid"] and fanned_out["lock"]["pid"] not in shard_pids
 
 
 def test_the_shards_hand_overs_are_deleted_once_gathered(fanned_out):

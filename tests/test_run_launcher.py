@@ -92,7 +92,7 @@ def test_crucible_run_queues_the_iteration_and_follows_it_to_its_end(launched):
     finished, _ = launched
     assert finished.returncode == 0, finished.stderr[-4000:]
     assert "queued as run" in finished.stderr
-    assert "checkpoint  step success" in finished.stderr  # the steps' progress, read back from the event log
+    assert "checkpoint: step success" in finished.stderr  # the steps' progress, read back from the event log
     assert "experiment 'boxed'" in finished.stdout
 
 
