@@ -33,7 +33,7 @@ from dagster import (
 from assets.charts import eval_curve_png, markdown_table, png_markdown
 from assets.datasets import report_stored
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
-from assets.partitions import iterations, parse_iteration_key
+from assets.partitions import iterations, parse_iteration_key, refuse_beside_other_writers
 from assets.policy import stored_experiment
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
@@ -98,6 +98,7 @@ def task_set(
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
+    refuse_beside_other_writers(context.instance, context.run_id, iteration.experiment.name)
     backend = crucible.sandbox_backend
     proven = iteration.prove_unproven()
     usable = iteration.task_set

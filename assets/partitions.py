@@ -11,7 +11,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from dagster import DagsterInstance, DynamicPartitionsDefinition, MultiPartitionKey, MultiPartitionsDefinition
+from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
+    DynamicPartitionsDefinition,
+    Failure,
+    MultiPartitionKey,
+    MultiPartitionsDefinition,
+    RunsFilter,
+)
 
 experiments = DynamicPartitionsDefinition(name="experiments")
 # Not "iterations": instances from before experiments were a dimension hold `<experiment>-<NNNN>` keys there.
@@ -43,6 +51,22 @@ def experiment_of_run(tags: Mapping[str, str]) -> str | None:
         return tags["dagster/partition/experiment"]
     partition = tags.get("dagster/partition")
     return partition if partition and "|" not in partition else None
+
+
+def refuse_beside_other_writers(instance: DagsterInstance, run_id: str, experiment: str) -> None:
+    """Fail unless this run is the only one of the experiment under way. The queue keeps one
+    iteration run of an experiment at a time, and one base-policy run, but cannot keep the two
+    apart (their runs carry different tags), nor order a run executed outside it (`materialize()`,
+    `dagster asset materialize`): a base policy rebuilt under an iteration would change the model
+    it samples or trains."""
+    under_way = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+    for tags in ({"dagster/partition/experiment": experiment}, {"dagster/partition": experiment}):
+        for record in instance.get_run_records(RunsFilter(tags=tags, statuses=under_way)):
+            other = record.dagster_run
+            if other.run_id != run_id:
+                raise Failure(f"experiment {experiment!r} is being written by run {other.run_id} ({other.job_name}, "
+                              f"{other.tags.get('dagster/partition')}); launch this one again once that has ended",
+                              allow_retries=False)
 
 
 def add_experiment(instance: DagsterInstance, experiment: str) -> None:

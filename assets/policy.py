@@ -4,7 +4,7 @@ experiment, as its settings describe it."""
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.lineage_check import report_off_lineage
-from assets.partitions import experiments
+from assets.partitions import experiments, refuse_beside_other_writers
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from training.base_policy import make_base_policy
@@ -42,6 +42,7 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     single replies (and, with `episode_demonstrations`, as episodes of actions), `base.sft_steps`
     steps. Rebuilding one experiment's base policy never touches another's."""
     experiment = stored_experiment(crucible, context.partition_key)
+    refuse_beside_other_writers(context.instance, context.run_id, experiment.name)
     out_dir = crucible.base_policy_dir(experiment.name)
     # Warmed up on what the iterations may sample: an imported set's tasks proven gradable only.
     iteration = Iteration(crucible, experiment, 0, log=context.log.info)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -234,3 +235,31 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent.parent))
     SNAPSHOT.write_text(json.dumps(definitions_snapshot(), indent=2, sort_keys=True) + "\n")
     print(f"wrote {SNAPSHOT}")
+
+
+def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_under_way(instance, crucible):
+    """The queue cannot keep an experiment's base-policy run and its iteration runs apart (their
+    tags differ): the base policy refuses, naming the run, before it writes anything."""
+    from dagster import Failure, asset, materialize
+
+    from assets.policy import base_policy
+
+    started, release = threading.Event(), threading.Event()
+
+    @asset(partitions_def=iterations, name="an_iteration_under_way")
+    def under_way() -> None:
+        started.set()
+        release.wait(timeout=60)
+
+    key = add_iteration(instance, "exp", 1)
+    holder = threading.Thread(target=materialize, args=([under_way],), kwargs={"instance": instance, "partition_key": key})
+    holder.start()
+    try:
+        assert started.wait(timeout=60)
+        refusal = r"experiment 'exp' is being written by run \S+ \(__ephemeral_asset_job__, exp\|0001\)"
+        with pytest.raises(Failure, match=refusal):
+            materialize([base_policy], instance=instance, partition_key="exp", resources={"crucible": crucible})
+    finally:
+        release.set()
+        holder.join()
+    assert not Path(crucible.base_policy_dir("exp")).exists()
