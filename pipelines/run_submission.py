@@ -45,8 +45,8 @@ def submit(workspace: Path, job_name: str, tags: dict[str, str], run_config: dic
         yaml.safe_dump(run_config, config)
         config.flush()
         launched = subprocess.run(
-            [console_script("dagster"), "job", "launch", "-w", str(workspace), "-j", job_name, "--tags", json.dumps(tags),
-             "--run-id", run_id, "--config", config.name],
+            [console_script("dagster"), "job", "launch", "-w", str(workspace), "-j", job_name,
+             "--tags", json.dumps(tags), "--run-id", run_id, "--config", config.name],
             cwd=PROJECT_DIR, env=os.environ, capture_output=True, text=True,
         )
     if launched.returncode != 0:

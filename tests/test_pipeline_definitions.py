@@ -252,7 +252,8 @@ def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_un
         release.wait(timeout=60)
 
     key = add_iteration(instance, "exp", 1)
-    holder = threading.Thread(target=materialize, args=([under_way],), kwargs={"instance": instance, "partition_key": key})
+    holder = threading.Thread(target=materialize, args=([under_way],),
+                              kwargs={"instance": instance, "partition_key": key})
     holder.start()
     try:
         assert started.wait(timeout=60)
