@@ -27,10 +27,11 @@ from datastore import catalog
 from datastore.results import FORMATS as RESULT_FORMATS
 from datastore.results import write_result
 from datastore.store import DatasetStore, StorageUnavailable
-from pipelines import env_cli, environment, eval_cli, tasks_cli, verify_cli
+from pipelines import env_cli, eval_cli, tasks_cli, verify_cli
 from pipelines.errors import RunFailed, UserError
 from pipelines.hints import crucible_command, storage_words, this_crucible
 from pipelines.instance import prepare_instance
+from pipelines.settings import BACKEND_HELP, Settings, load_settings, settings_for
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.spec import Limits, SandboxSpec
@@ -42,60 +43,36 @@ console = Console(width=shutil.get_terminal_size((140, 40)).columns)
 errors = Console(stderr=True, soft_wrap=True)  # an error stays one line, however long
 
 
-def _check_settings() -> None:
-    """Settings from the environment that would otherwise fail minutes in, or with a traceback."""
-    from assets.training_step import TRAIN_CLIENTS
-
-    if environment.train_client() not in TRAIN_CLIENTS:
-        raise UserError(f"CRUCIBLE_TRAIN_CLIENT={environment.train_client()!r}: choose one of {', '.join(TRAIN_CLIENTS)}")
-    try:
-        environment.step_processes()
-        environment.grading_shards()
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    if not os.environ.get("CRUCIBLE_TRAIN_GPUS", "0").lstrip("-").isdigit():
-        raise UserError(f"CRUCIBLE_TRAIN_GPUS={os.environ['CRUCIBLE_TRAIN_GPUS']!r}: a whole number of GPUs (-1: all)")
-    if environment.train_client() == "docker" and not environment.train_image():
-        raise UserError("CRUCIBLE_TRAIN_CLIENT=docker needs CRUCIBLE_TRAIN_IMAGE: the tag scripts/build-project-image prints")
-    if environment.train_client() == "kubernetes":
+def _check_pod_template(settings: Settings) -> None:
+    """The kubernetes training step's PodTemplate file, read now rather than minutes in."""
+    if settings.train_client == "kubernetes":
         from assets.training_pod import PodTemplateError, load_template
 
-        if not environment.train_pod_template():
-            raise UserError("CRUCIBLE_TRAIN_CLIENT=kubernetes needs CRUCIBLE_TRAIN_POD_TEMPLATE: a PodTemplate file "
-                            "such as deploy/kubernetes/training-step.yaml")
         try:
-            load_template(environment.train_pod_template())
+            load_template(settings.train_pod_template)
         except PodTemplateError as error:
             raise UserError(f"CRUCIBLE_TRAIN_POD_TEMPLATE: {error}") from None
-    if environment.sandbox_backend() == "docker":
-        from sandbox.docker_hosts import configured_hosts
-
-        try:
-            configured_hosts()
-        except ValueError as error:
-            raise UserError(str(error)) from None
 
 
 def command_run(args: argparse.Namespace) -> int:
-    prepare_instance()
-    environment.use_storage(args.storage)
-    DatasetStore(environment.storage_root()).check()  # before minutes of set-up, not after
-    _check_settings()
-    environment.pin_locations()  # the daemon and its runs start from the project folder, not this one
+    settings = settings_for(args)
+    prepare_instance(settings)
+    DatasetStore(settings.storage_root).check()  # before minutes of set-up, not after
+    _check_pod_template(settings)
     # torch and dagster load only when running
     from pipelines.experiment_runner import ExperimentRunner
     from training.experiment import ExperimentFileError, load_experiment_file
 
-    settings = None
+    experiment = None
     if args.config:
         try:
-            settings = load_experiment_file(args.config)
+            experiment = load_experiment_file(args.config)
         except ExperimentFileError as error:
             raise UserError(str(error)) from None
-    name = settings.name if settings else args.experiment
+    name = experiment.name if experiment else args.experiment
     try:
-        runner = ExperimentRunner.for_experiment(name, settings, iterations=args.iterations,
-                                                 samples_per_task=args.samples_per_task)
+        runner = ExperimentRunner.for_experiment(name, deployment=settings, settings=experiment,
+                                                 iterations=args.iterations, samples_per_task=args.samples_per_task)
     except ExperimentFileError as error:  # the experiment's stored settings no longer validate
         raise UserError(f"{error}\n(stored by an older Crucible? start a new experiment, or `make clean`)") from None
     runner.run()
@@ -120,11 +97,10 @@ def run_hints(experiment: str, storage: str | None) -> list[tuple[str, str]]:
 def command_continue(args: argparse.Namespace) -> int:
     """Switch continuous training of one experiment on (or off): what the advance_iterations
     sensor, once switched on in the UI, follows."""
-    environment.use_storage(args.storage)
     from pipelines.resources import crucible_resource
     from training.experiment import ExperimentFileError
 
-    crucible = crucible_resource()
+    crucible = crucible_resource(settings_for(args))
     if not crucible.experiment_exists(args.experiment):
         raise UserError(f"experiment {args.experiment!r} has no stored settings: create it with "
                         f"`{crucible_command('run', '--config', 'FILE', *storage_words(args.storage))}` first")
@@ -189,16 +165,16 @@ def summary_table(experiment: str, rows: list[dict]) -> Table:
 
 
 def command_sql(args: argparse.Namespace) -> int:
-    environment.use_storage(args.storage)
+    storage_root = settings_for(args).storage_root
     if args.export_db:
-        return _export_database(args)
+        return _export_database(args, storage_root)
     if not args.query:
         raise UserError("give a query, or --export-db FILE.duckdb")
     if args.out and args.format == "table":
         raise UserError("--out needs --format csv, json or parquet")
     if args.format == "parquet" and not args.out:
         raise UserError("parquet is binary: give --out FILE")
-    con = catalog.connect(environment.storage_root())
+    con = catalog.connect(storage_root)
     try:
         if args.format != "table":
             relation = con.sql(args.query)  # None for a statement that returns no rows
@@ -226,11 +202,11 @@ def command_sql(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_database(args: argparse.Namespace) -> int:
+def _export_database(args: argparse.Namespace, storage_root: str) -> int:
     if args.query or args.out or args.format != "table":
         raise UserError("--export-db writes the views themselves: it takes no query, --out or --format")
     try:
-        catalog.export_database(environment.storage_root(), args.export_db)
+        catalog.export_database(storage_root, args.export_db)
     except (OSError, duckdb.Error) as error:
         raise UserError(f"{args.export_db}: cannot write: {error}") from None
     errors.print(f"wrote {args.export_db}: a snapshot of {', '.join(catalog.VIEWS)}", highlight=False)
@@ -248,16 +224,17 @@ CURVE_QUERY = """
 STORED_EXPERIMENTS_QUERY = "SELECT experiment FROM stages GROUP BY experiment ORDER BY max(started_at) DESC"
 
 
-def stored_experiment(con: duckdb.DuckDBPyConnection, name: str | None) -> str:
-    """`name`, or the most recent experiment when None; refused when the store has no such one."""
+def stored_experiment(con: duckdb.DuckDBPyConnection, name: str | None, storage_root: str) -> str:
+    """`name`, or the most recent experiment when None; refused when the store (`storage_root`,
+    which `con` reads) has no such one."""
     stored = [experiment for (experiment,) in con.execute(STORED_EXPERIMENTS_QUERY).fetchall()]
     if not stored:
-        raise UserError(f"no experiment has run under {environment.storage_root()}: run one first "
+        raise UserError(f"no experiment has run under {storage_root}: run one first "
                         f"({this_crucible()} run --help)")
     if name is None:
         return stored[0]
     if name not in stored:
-        raise UserError(f"no experiment {name!r} under {environment.storage_root()}; stored, the most recent "
+        raise UserError(f"no experiment {name!r} under {storage_root}; stored, the most recent "
                         f"first: {', '.join(stored)}")
     return name
 
@@ -266,13 +243,13 @@ def command_curve(args: argparse.Namespace) -> int:
     """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
     from assets.charts import eval_curve_png
 
-    environment.use_storage(args.storage)
-    con = catalog.connect(environment.storage_root())
-    experiment = stored_experiment(con, args.experiment)
+    storage_root = settings_for(args).storage_root
+    con = catalog.connect(storage_root)
+    experiment = stored_experiment(con, args.experiment, storage_root)
     rows = catalog.records(con, CURVE_QUERY, [experiment])
     if not rows or rows[0]["iteration"] != 0:
         raise UserError(f"experiment {experiment!r} has no scored evaluation of its base policy (iteration 0) "
-                        f"under {environment.storage_root()}: run it first")
+                        f"under {storage_root}: run it first")
     table = Table(title=f"{experiment}: held-out pass rate (iteration 0 = base policy)")
     for header in ("iteration", "pass rate", "stderr", "vs base", "paired stderr", "in stderrs",
                    "blanked", "feedback gap ± paired se", "in stderrs"):
@@ -297,14 +274,13 @@ def command_curve(args: argparse.Namespace) -> int:
 
 
 def command_ui(args: argparse.Namespace) -> int:
-    prepare_instance()
-    environment.use_storage(args.storage)
-    _check_settings()
-    environment.pin_locations()  # dagster dev runs from the project folder; the data is this folder's
+    settings = settings_for(args)
+    prepare_instance(settings)
+    _check_pod_template(settings)
     from datastore.trackers import how_to_open, tracker_root
 
     # The experiment trackers' own UIs, for what experiments reported to them (report_to).
-    trackers = tracker_root(environment.storage_root(), environment.checkpoint_root())
+    trackers = tracker_root(settings.storage_root, settings.checkpoint_root)
     for tracker, command in how_to_open(trackers, Path(sys.executable).parent).items():
         console.print(f"[bold]{tracker}[/bold]: {escape(command)}", soft_wrap=True)  # a command to copy whole
     # dagster dev started from a background shell would otherwise inherit ignored SIGINT/SIGTERM
@@ -313,7 +289,9 @@ def command_ui(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     dagster = shutil.which("dagster") or str(Path(sys.executable).parent / "dagster")
     os.chdir(PROJECT_DIR)
-    os.execv(dagster, [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(args.port)])
+    # dagster dev runs from the project folder; the settings (their paths absolute) are this one's.
+    os.execve(dagster, [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(args.port)],
+              {**os.environ, **settings.environment()})
     return 0  # not reached
 
 
@@ -384,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sandbox = commands.add_parser("sandbox", help="run commands in a sandbox").add_subparsers(dest="action", required=True)
     execute = sandbox.add_parser("exec", help="run one command in a fresh sandbox; prints the ExecResult as JSON")
-    execute.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
+    execute.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     execute.add_argument("--timeout", type=float, default=10.0, help="wall-clock seconds (default 10)")
     execute.add_argument("--memory", type=int, default=512, help="memory limit in MB (default 512)")
     execute.add_argument("--network", action="store_true", help="give the command a network")
@@ -401,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "backend", "") is None:  # not given: the deployment's
+            args.backend = load_settings().sandbox
         return args.handler(args)
     except (UserError, StorageUnavailable) as error:
         errors.print(f"[red]error:[/red] {error}", highlight=False)

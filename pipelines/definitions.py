@@ -19,24 +19,25 @@ from assets.regrades import regrades
 from assets.rollouts import rollouts
 from assets.step_outputs import STEP_OUTPUTS, step_outputs_dir
 from assets.verification import verified_rollouts
-from pipelines import environment
 from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
 from pipelines.executors import step_executor
 from pipelines.resources import crucible_resource, training_step_client
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
+from pipelines.settings import load_settings
 
 # Per-file "Loading weights" bars would fill a step's captured stderr; stages report their own progress.
 transformers_logging.disable_progress_bar()
 
+settings = load_settings()
 defs = Definitions(
     assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
             checkpoint_eval, reward_analytics, regrades, *DATASET_ASSETS],
     jobs=[iteration_job, evaluation_job, base_policy_job, analytics_job, create_experiment],
     schedules=[evaluate_latest_checkpoints],
     sensors=[advance_iterations, keep_analytics_current],
-    resources={"crucible": crucible_resource(), "training_step": training_step_client(),
-               "io_manager": DatasetIOManager(storage_root=environment.storage_root()),
-               STEP_OUTPUTS: FilesystemIOManager(base_dir=step_outputs_dir(environment.storage_root()))},
+    resources={"crucible": crucible_resource(settings), "training_step": training_step_client(settings),
+               "io_manager": DatasetIOManager(storage_root=settings.storage_root),
+               STEP_OUTPUTS: FilesystemIOManager(base_dir=step_outputs_dir(settings.storage_root))},
     # One executor for every launch, the UI's asset graph included (pipelines/executors.py).
-    executor=step_executor(),
+    executor=step_executor(settings.step_processes),
 )

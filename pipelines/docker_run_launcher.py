@@ -29,9 +29,8 @@ from dagster_docker import DockerRunLauncher
 from dagster_docker.container_context import DockerContainerContext
 
 from assets.training_step import container_environment, passed_files
-from pipelines import environment
+from pipelines.settings import Settings, load_settings
 from sandbox.docker_hosts import configured_hosts
-from task_sets.loader import library_dir
 
 RUN_LABEL = "crucible.run"  # on every run container: its run id
 
@@ -41,25 +40,25 @@ class CrucibleDockerRunLauncher(DockerRunLauncher):
     over whatever the instance's config adds."""
 
     def get_container_context(self, dagster_run: DagsterRun) -> DockerContainerContext:
-        ours = DockerContainerContext(env_vars=[f"{key}={value}" for key, value in run_environment().items()],
-                                      container_kwargs=run_container_kwargs(dagster_run.run_id))
+        settings = load_settings()  # the launching daemon's
+        ours = DockerContainerContext(env_vars=[f"{key}={value}" for key, value in run_environment(settings).items()],
+                                      container_kwargs=run_container_kwargs(settings, dagster_run.run_id))
         return ours.merge(super().get_container_context(dagster_run))
 
 
-def run_environment() -> dict[str, str]:
-    """The training step's variables, the instance's and the daemon's, this process's locations made
-    absolute, and a sandbox backend that works in a container."""
-    environment.pin_locations()
+def run_environment(settings: Settings) -> dict[str, str]:
+    """The training step's variables, the instance's and the daemon's, the settings (their paths
+    absolute), and a sandbox backend that works in a container."""
     here = {key: os.environ[key] for key in ("DAGSTER_HOME", "DOCKER_HOST") if key in os.environ}
-    return {**container_environment(), **here, "CRUCIBLE_SANDBOX": "docker", "HOME": "/tmp"}
+    return {**container_environment(), **settings.environment(), **here, "CRUCIBLE_SANDBOX": "docker",
+            "HOME": "/tmp"}
 
 
-def shared_paths() -> list[Path]:
+def shared_paths(settings: Settings) -> list[Path]:
     """What a run reads and writes as files, as the launching process names them."""
-    paths = [Path(environment.checkpoint_root()), Path(os.environ["DAGSTER_HOME"]).resolve(),
-             library_dir().resolve()]
-    if "://" not in environment.storage_root():
-        paths.append(Path(environment.storage_root()))
+    paths = [Path(settings.checkpoint_root), Path(os.environ["DAGSTER_HOME"]).resolve(), Path(settings.task_sets)]
+    if "://" not in settings.storage_root:
+        paths.append(Path(settings.storage_root))
     return paths
 
 
@@ -69,10 +68,10 @@ def docker_sockets() -> list[Path]:
     return sorted({Path(url.removeprefix("unix://")) for url in urls if url.startswith("unix://")})
 
 
-def run_container_kwargs(run_id: str) -> dict:
-    for path in shared_paths():
+def run_container_kwargs(settings: Settings, run_id: str) -> dict:
+    for path in shared_paths(settings):
         path.mkdir(parents=True, exist_ok=True)
-    volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in [*shared_paths(), *docker_sockets()]}
+    volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in [*shared_paths(settings), *docker_sockets()]}
     volumes |= passed_files()
     return {"volumes": volumes, "network_mode": "host", "user": f"{os.getuid()}:{os.getgid()}",
             "group_add": _socket_groups(), "working_dir": "/opt/crucible/src", "labels": {RUN_LABEL: run_id}}

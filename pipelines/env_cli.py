@@ -14,7 +14,7 @@ from environments.build import BuildError, build_all, images, remove_image
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
 from grading.gradability import repositories_of
-from pipelines import environment
+from pipelines.settings import BACKEND_HELP
 from pipelines.errors import UserError
 from pipelines.hints import crucible_command
 from sandbox.backends import BACKENDS
@@ -30,7 +30,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         dest="action", required=True)
     builder = env.add_parser("build", help="build every environment a task set declares (cached by digest)")
     builder.add_argument("task_set")
-    builder.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
+    builder.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     builder.set_defaults(handler=command_build)
     env.add_parser("list", help="built environments").set_defaults(handler=command_list)
     show = env.add_parser("show", help="one built environment's record")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipelines import environment
+from pipelines.settings import settings_for
 from pipelines.errors import UserError
 from pipelines.hints import crucible_command, storage_words
 
@@ -59,7 +59,7 @@ def command_eval(args: argparse.Namespace) -> int:
     from training.policy.completion import CompletionTemplateError, completion_template
     from training.policy.importing import ModelImportError, prompted_model, resolve_source
 
-    environment.use_storage(args.storage)
+    settings = settings_for(args)
     if args.engine == "openai":
         if not args.base_url:
             raise UserError("--engine openai needs --base-url (the server's root, e.g. http://127.0.0.1:8000)")
@@ -82,7 +82,7 @@ def command_eval(args: argparse.Namespace) -> int:
     except (ModelImportError, CompletionTemplateError) as error:
         hint = "; for a server's model, give its tokenizer with --tokenizer DIR" if args.engine == "openai" else ""
         raise UserError(f"{error}{hint}") from None
-    crucible = crucible_resource()
+    crucible = crucible_resource(settings)
     try:
         rows = evaluate_model(crucible, experiment, args.model, chat_dir, log=console.print)
     except ChatFormatError as error:

@@ -1,4 +1,4 @@
-"""The executor of every run, chosen by CRUCIBLE_STEP_PROCESSES (pipelines/environment.py).
+"""The executor of every run, chosen by the step_processes setting (CRUCIBLE_STEP_PROCESSES).
 
 - 1 (the default): Dagster's in-process executor, the run's steps one after another in its own
   process. An iteration's steps form a chain and each loads torch: a process per step would only
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from dagster import ExecutorDefinition, in_process_executor, multiprocess_executor
 
-from pipelines import environment
-
 FORKSERVER = {"forkserver": {"preload_modules": ["pipelines.definitions"]}}
 
 
-def step_executor() -> ExecutorDefinition:
-    processes = environment.step_processes()
+def step_executor(processes: int) -> ExecutorDefinition:
     if processes == 1:
         return in_process_executor
     return multiprocess_executor.configured({"max_concurrent": processes, "start_method": FORKSERVER})

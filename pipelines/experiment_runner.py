@@ -19,11 +19,11 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatu
 from rich.console import Console
 
 from assets.partitions import add_experiment, add_iteration
-from assets.resources import CrucibleResource
 from pipelines import run_submission
 from pipelines.errors import RunFailed, UserError
 from pipelines.local_daemon import LocalDaemon
 from pipelines.resources import crucible_resource, run_config
+from pipelines.settings import Settings
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError, checked_source
@@ -51,14 +51,15 @@ def reason(error: SerializableErrorInfo) -> str:
 
 
 class ExperimentRunner:
-    def __init__(self, instance: DagsterInstance, defs: Definitions, crucible: CrucibleResource,
-                 config: ExperimentConfig, through: int | None = None):
-        self.instance, self.defs, self.crucible, self.config = instance, defs, crucible, config
+    def __init__(self, instance: DagsterInstance, defs: Definitions, deployment: Settings, config: ExperimentConfig,
+                 through: int | None = None):
+        self.instance, self.defs, self.deployment, self.config = instance, defs, deployment, config
+        self.crucible = crucible_resource(deployment)
         self.through = through or config.iterations  # this run's last iteration
         self.daemon: LocalDaemon | None = None  # while run() runs
 
     @classmethod
-    def for_experiment(cls, name: str, settings: ExperimentConfig | None = None,
+    def for_experiment(cls, name: str, settings: ExperimentConfig | None = None, *, deployment: Settings,
                        **overrides: int | None) -> ExperimentRunner:
         """Stored settings of `name` (or `settings` from an experiment file, or the defaults),
         updated with the overrides that are set. An experiment that has run keeps its settings:
@@ -69,7 +70,7 @@ class ExperimentRunner:
             defs,  # after the caller has chosen the environment
         )
 
-        crucible = crucible_resource()
+        crucible = crucible_resource(deployment)
         exists = crucible.experiment_exists(name)
         stored = crucible.experiment(name)
         limit = stored.iterations if exists else 0  # never lowered
@@ -90,13 +91,13 @@ class ExperimentRunner:
         crucible.save_experiment(config)
         instance = DagsterInstance.get()
         add_experiment(instance, name)
-        return cls(instance, defs, crucible, config, through)
+        return cls(instance, defs, deployment, config, through)
 
     def run(self) -> None:
         """Base policy, then each iteration not yet evaluated, then the analytics."""
         self._refuse_old_instance()
         name = self.config.name
-        with LocalDaemon(self.instance) as self.daemon:
+        with LocalDaemon(self.instance, self.deployment.environment()) as self.daemon:
             self._ensure_base_policy()
             for iteration in range(1, self.through + 1):
                 key = add_iteration(self.instance, name, iteration)
@@ -161,7 +162,7 @@ class ExperimentRunner:
         while True:
             if self._follow_others(job_name, partition_key, tags, say):
                 return
-            run_id = run_submission.submit(self.daemon.workspace, job_name, tags, run_config())
+            run_id = run_submission.submit(self.daemon, job_name, tags, run_config(self.deployment))
             ours = self.instance.get_run_record_by_id(run_id).storage_id
             rivals = [r for r in self._unfinished(tags) if r.storage_id < ours]
             if not rivals:

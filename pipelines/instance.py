@@ -28,21 +28,24 @@ from urllib.parse import urlsplit
 import yaml
 
 from pipelines.errors import UserError
+from pipelines.settings import Settings, load_settings
 
-POSTGRES_URL_ENV = "CRUCIBLE_POSTGRES_URL"
+POSTGRES_URL_ENV = "CRUCIBLE_POSTGRES_URL"  # Dagster reads the URL from here: dagster.yaml names the variable
 RUN_LAUNCHER_ENV, RUN_IMAGE_ENV = "CRUCIBLE_RUN_LAUNCHER", "CRUCIBLE_RUN_IMAGE"
-RUN_LAUNCHERS = ("process", "docker")
 MARK = "# Written by Crucible"
 WRITTEN_BY = f"{MARK} (pipelines/instance.py): edit pipelines/dagster.yaml, or remove this line to keep your edits.\n"
 _TEMPLATES = Path(__file__).parent
 
 
-def prepare_instance() -> Path:
+def prepare_instance(settings: Settings | None = None) -> Path:
     """Point DAGSTER_HOME at ./.crucible/dagster (unless set), give it Crucible's dagster.yaml
-    for the current setting, and check that a Postgres instance answers."""
+    for the settings (these, or those of the environment), and check that a Postgres instance answers."""
+    settings = settings or load_settings()
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".crucible/dagster").resolve())))
     home.mkdir(parents=True, exist_ok=True)
-    url, launcher = postgres_url(), run_launcher()
+    url, launcher = settings.postgres_url or None, settings.run_launcher
+    if url is not None:  # from the settings file, perhaps: Dagster, in this process, reads it here
+        os.environ[POSTGRES_URL_ENV] = url
     config, wanted = home / "dagster.yaml", instance_yaml(postgres=url is not None, docker=launcher == "docker")
     current = config.read_text() if config.exists() else None
     if current is None or current.startswith(MARK) and current != wanted:
@@ -107,29 +110,6 @@ def _write_atomically(config: Path, text: str) -> None:
 def instance_yaml(postgres: bool, docker: bool = False) -> str:
     parts = ["dagster.yaml"] + ["dagster-postgres.yaml"] * postgres + ["dagster-docker.yaml"] * docker
     return WRITTEN_BY + "\n".join((_TEMPLATES / part).read_text() for part in parts)
-
-
-def run_launcher() -> str:
-    """CRUCIBLE_RUN_LAUNCHER: `process` (the default: the daemon launches a run worker process per run)
-    or `docker` (the daemon starts a container per run, of the image CRUCIBLE_RUN_IMAGE names)."""
-    launcher = os.environ.get(RUN_LAUNCHER_ENV, "").strip() or "process"
-    if launcher not in RUN_LAUNCHERS:
-        raise UserError(f"{RUN_LAUNCHER_ENV}={launcher!r}: choose one of {', '.join(RUN_LAUNCHERS)}")
-    if launcher == "docker" and not os.environ.get(RUN_IMAGE_ENV, "").strip():
-        raise UserError(f"{RUN_LAUNCHER_ENV}=docker needs {RUN_IMAGE_ENV}: the tag scripts/build-project-image prints")
-    return launcher
-
-
-def postgres_url() -> str | None:
-    """CRUCIBLE_POSTGRES_URL, checked to be a libpq URL; None when unset."""
-    url = os.environ.get(POSTGRES_URL_ENV, "").strip()
-    if not url:
-        return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres") or not parts.hostname or not parts.path.strip("/"):
-        raise UserError(f"{POSTGRES_URL_ENV} is not a libpq URL with a host and a database "
-                        "(postgresql://user:password@host:5432/database)")
-    return url
 
 
 def check_postgres(url: str) -> None:

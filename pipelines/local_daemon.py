@@ -17,6 +17,7 @@ worker is its child.
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import signal
 import subprocess
@@ -51,8 +52,10 @@ class LocalDaemon:
     """The daemon a command relies on: `ensure()` before it queues a run and while one waits,
     `close()` when it ends. `workspace` is what submissions load the code location from."""
 
-    def __init__(self, instance: DagsterInstance):
+    def __init__(self, instance: DagsterInstance, settings: dict[str, str]):
+        """`settings`: the variables the processes it starts read the deployment's settings from."""
         self.instance = instance
+        self.environment = {**os.environ, **settings}
         self.workspace = PROJECT_DIR / "workspace.yaml"
         self._lock = (Path(instance.root_directory) / ".local-daemon.lock").open("a")
         self._folder: Path | None = None  # our code server's socket, workspace file and logs
@@ -104,7 +107,7 @@ class LocalDaemon:
         self._code_server = _start(
             [console_script("dagster"), "api", "grpc", "--module-name", LOCATION, "--working-directory",
              str(PROJECT_DIR), "--location-name", LOCATION, "--socket", str(socket)],
-            self._folder / "code-server.log")
+            self._folder / "code-server.log", self.environment)
         self.workspace = self._folder / "workspace.yaml"
         self.workspace.write_text(yaml.safe_dump(
             {"load_from": [{"grpc_server": {"socket": str(socket), "location_name": LOCATION}}]}))
@@ -112,7 +115,8 @@ class LocalDaemon:
 
     def _start_daemon(self) -> None:
         log = self._folder / "daemon.log"
-        self._daemon = _start([console_script("dagster-daemon"), "run", "-w", str(self.workspace)], log)
+        self._daemon = _start([console_script("dagster-daemon"), "run", "-w", str(self.workspace)], log,
+                              self.environment)
         self._wait_for(lambda: daemon_heartbeating(self.instance), "the Dagster daemon", self._daemon, log)
 
     def _wait_for(self, ready, what: str, process: subprocess.Popen, log: Path) -> None:
@@ -142,11 +146,11 @@ def console_script(name: str) -> str:
     return str(beside) if beside.exists() else name
 
 
-def _start(command: list[str], log: Path) -> subprocess.Popen:
+def _start(command: list[str], log: Path, environment: dict[str, str]) -> subprocess.Popen:
     """A service process that ends with this one however it ends (the kernel sends it SIGTERM)."""
     with log.open("ab") as out:
-        return subprocess.Popen(["setpriv", "--pdeathsig", "TERM", *command], cwd=PROJECT_DIR, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(["setpriv", "--pdeathsig", "TERM", *command], cwd=PROJECT_DIR, env=environment,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _stop(process: subprocess.Popen) -> None:

@@ -1,34 +1,34 @@
-"""Resources per environment, chosen in one place (see pipelines/environment.py)."""
+"""Resources and their run config, from the deployment's settings (pipelines/settings.py)."""
 
 from __future__ import annotations
 
 from assets.resources import CrucibleResource
 from assets.step_outputs import STEP_OUTPUTS, step_outputs_dir
 from assets.training_step import TrainingStepClient
-from pipelines import environment
+from pipelines.settings import Settings
 
 
-def crucible_resource() -> CrucibleResource:
+def crucible_resource(settings: Settings) -> CrucibleResource:
     return CrucibleResource(
-        storage_root=environment.storage_root(),
-        checkpoint_root=environment.checkpoint_root(),
-        sandbox_backend=environment.sandbox_backend(),
-        grading_shards=environment.grading_shards(),
-        train_launcher=environment.train_launcher(),
+        storage_root=settings.storage_root,
+        checkpoint_root=settings.checkpoint_root,
+        sandbox_backend=settings.sandbox,
+        grading_shards=settings.grading_shards,
+        train_launcher=settings.train_launcher,
     )
 
 
-def training_step_client() -> TrainingStepClient:
-    return TrainingStepClient(client=environment.train_client(), image=environment.train_image(),
-                              gpus=environment.train_gpus(), pod_template=environment.train_pod_template())
+def training_step_client(settings: Settings) -> TrainingStepClient:
+    return TrainingStepClient(client=settings.train_client, image=settings.train_image, gpus=settings.train_gpus,
+                              pod_template=settings.train_pod_template)
 
 
-def run_config() -> dict:
-    """Where this process keeps things, as the run config of a run it submits: a run launched by
-    a daemon of another environment (a UI's) still reads and writes where this command was told."""
-    storage = environment.storage_root()
+def run_config(settings: Settings) -> dict:
+    """Where these settings keep things, as the run config of a run submitted with them: a run
+    launched by a daemon of another environment (a UI's) still reads and writes where the
+    submitting command was told."""
     return {"resources": {
-        "crucible": {"config": crucible_resource().model_dump(exclude_unset=True)},
-        "io_manager": {"config": {"storage_root": storage}},
-        STEP_OUTPUTS: {"config": {"base_dir": step_outputs_dir(storage)}},
+        "crucible": {"config": crucible_resource(settings).model_dump(exclude_unset=True)},
+        "io_manager": {"config": {"storage_root": settings.storage_root}},
+        STEP_OUTPUTS: {"config": {"base_dir": step_outputs_dir(settings.storage_root)}},
     }}

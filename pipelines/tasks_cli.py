@@ -15,7 +15,7 @@ from rich.table import Table
 
 from grading.gradability import ProofLedger, lock_environments, needs_proof, prove
 from grading.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
-from pipelines import environment
+from pipelines.settings import BACKEND_HELP
 from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
 from pipelines.hints import crucible_command
@@ -68,15 +68,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     importer.add_argument("--no-proof", action="store_true",
                           help="skip building the environments and proving each task gradable (reference passes, "
                           "empty fails) now; the first iteration's task_set, or crucible tasks validate, does it")
-    importer.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend(),
-                          help="the backend the tasks are proven gradable on")
+    importer.add_argument("--backend", choices=BACKENDS,
+                          help=f"the backend the tasks are proven gradable on; {BACKEND_HELP}")
     importer.add_argument("--workers", type=int, default=2)
     importer.set_defaults(handler=command_import)
 
     listing = tasks.add_parser("list", help="task sets, or the tasks of one set")
     listing.add_argument("--task-set", help="list this set's tasks")
-    listing.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend(),
-                         help="whose proofs of gradability to show")
+    listing.add_argument("--backend", choices=BACKENDS, help=f"whose proofs of gradability to show; {BACKEND_HELP}")
     listing.set_defaults(handler=command_list)
 
     show = tasks.add_parser("show", help="one task in full")
@@ -88,7 +87,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                              "wrong submissions fail, nothing flaky")
     check.add_argument("task_set")
     check.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="reference runs per task (default 3)")
-    check.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
+    check.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     check.add_argument("--workers", type=int, default=2)
     check.add_argument("--out", type=Path, help="also write the report here (JSON)")
     check.set_defaults(handler=command_validate)

