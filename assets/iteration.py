@@ -103,7 +103,8 @@ def task_set(
     proven = iteration.prove_unproven()
     usable = iteration.task_set
     # Every environment the usable tasks declare (the held-out tasks' too), built once for this backend.
-    failed = build_environments([t for t in usable if t.id not in usable.unusable], backend, progress=context.log.info)
+    failed = build_environments([t for t in usable if t.id not in usable.unusable], backend, crucible.environment_store(),
+                                progress=context.log.info)
     if failed:
         raise Failure(next(iter(failed.values())))
     if needs_proof(usable) and not usable.train():

@@ -14,8 +14,10 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from datastore.store import DatasetStore
+from environments.store import EnvironmentStore
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import Session
+from sandbox.docker_hosts import DockerHost, parse_hosts
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.schema import Task
 from training.agent.sessions import episode_session
@@ -27,7 +29,10 @@ class CrucibleResource(ConfigurableResource):
 
     storage_root: str = ".crucible/data"
     checkpoint_root: str = ".crucible/checkpoints"
+    task_sets: str = Field(".crucible/task_sets", description="the imported task-set library")
+    environments: str = Field(".crucible/environments", description="where task environments are built")
     sandbox_backend: str = "local"
+    docker_hosts: str = Field("", description="the docker backend's daemons, URL=CAPACITY,…; empty: DOCKER_HOST's")
     # A fresh sandbox's start is partly kernel latency (namespaces, mounts), so one grade more
     # than the cores keeps them busy: on 2 cores 200 grades took 30 ms each with 3 workers, 38 ms
     # with 2, 31 ms with 4; a repair iteration's 1,024 took 35-49 s instead of 45-50.
@@ -55,7 +60,7 @@ class CrucibleResource(ConfigurableResource):
         if self.sandbox_backend not in BACKENDS:
             raise ValueError(f"sandbox backend {self.sandbox_backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
         return SandboxPool(
-            lambda spec: open_sandbox(self.sandbox_backend, spec),
+            lambda spec: open_sandbox(self.sandbox_backend, spec, self.hosts()),
             PoolConfig(cpu_slots=max(1, self.grading_workers // shares)),
             is_infra_failure=is_infra_failure,
         )
@@ -63,7 +68,15 @@ class CrucibleResource(ConfigurableResource):
     def open_session(self, task: Task, previous: Session | None = None, /) -> Session:
         """A session for an episode on `task`, holding its starting files (see
         training/agent/sessions.py: `previous`, reset, where it can serve)."""
-        return episode_session(self.sandbox_backend, task, previous)
+        return episode_session(self.sandbox_backend, task, previous, store=self.environment_store(),
+                               hosts=self.hosts())
+
+    def environment_store(self) -> EnvironmentStore:
+        return EnvironmentStore(self.environments)
+
+    def hosts(self) -> tuple[DockerHost, ...]:
+        """The docker backend's daemons; none configured, open_sandbox uses DOCKER_HOST's."""
+        return parse_hosts(self.docker_hosts) if self.docker_hosts else ()
 
     def _experiments_dir(self) -> str:
         return f"{self.storage_root.rstrip('/')}/experiments"

@@ -67,11 +67,10 @@ def build(spec: EnvironmentSpec, store: EnvironmentStore, backend: str = "local"
     return built
 
 
-def build_all(specs: Iterable[EnvironmentSpec], backend: str, store: EnvironmentStore | None = None,
+def build_all(specs: Iterable[EnvironmentSpec], backend: str, store: EnvironmentStore,
               progress: Callable[[str], None] = lambda line: None, repositories: Repositories | None = None
               ) -> list[Built]:
-    """Every distinct environment of `specs`, built for `backend` (nothing to do when all are)."""
-    store = store or EnvironmentStore()
+    """Every distinct environment of `specs`, built for `backend` into `store` (nothing to do when all are)."""
     distinct = {spec.digest: spec for spec in specs}
     return [build(spec, store, backend, progress, repositories) for spec in distinct.values()]
 

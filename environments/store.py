@@ -1,6 +1,6 @@
 """Where built environments live: one directory per digest, complete or absent.
 
-    $CRUCIBLE_ENVIRONMENTS (default ./.crucible/environments)/
+    <root> (the environments setting: CRUCIBLE_ENVIRONMENTS, default ./.crucible/environments)/
         <digest>/environment.json   what was built: the spec, when, what pip installed, the image
         <digest>/site-packages/     Python packages (pip --target, for the sandbox's python3)
         <digest>/venv/              or a virtual environment of the spec's Python (environments/virtualenv.py)
@@ -26,13 +26,8 @@ from pathlib import Path
 
 from environments.spec import WORKSPACE_LAYER
 
-STORE_ENV = "CRUCIBLE_ENVIRONMENTS"
 RECORD = "environment.json"
 IMAGE_REPOSITORY = "crucible-env"
-
-
-def default_root() -> Path:
-    return Path(os.environ.get(STORE_ENV) or Path.cwd() / ".crucible" / "environments")
 
 
 def image_tag(digest: str) -> str:
@@ -64,8 +59,10 @@ class Built:
 
 
 class EnvironmentStore:
-    def __init__(self, root: Path | None = None):
-        self.root = Path(root or default_root())
+    """Built environments under `root` (the environments setting's folder), a folder each by digest."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
 
     def path(self, digest: str) -> Path:
         return self.root / digest

@@ -68,8 +68,9 @@ class Proof:
 class ProofLedger:
     """The proofs of one environment store, per backend and task version."""
 
-    def __init__(self, store: EnvironmentStore | None = None):
-        self.root = (store or EnvironmentStore()).root / PROOFS
+    def __init__(self, store: EnvironmentStore):
+        self.store = store
+        self.root = store.root / PROOFS
 
     def get(self, task: Task, backend: str) -> Proof | None:
         try:
@@ -98,11 +99,10 @@ def needs_proof(task_set: TaskSet) -> bool:
     return not task_set.built_in
 
 
-def with_proofs(task_set: TaskSet, backend: str, ledger: ProofLedger | None = None) -> TaskSet:
+def with_proofs(task_set: TaskSet, backend: str, ledger: ProofLedger) -> TaskSet:
     """`task_set` with every task that is not proven usable on `backend` left out of its splits."""
     if not needs_proof(task_set):
         return task_set
-    ledger = ledger or ProofLedger()
     unusable = {}
     for task in task_set:
         status, reason = ledger.status(task_set, task, backend)
@@ -111,25 +111,23 @@ def with_proofs(task_set: TaskSet, backend: str, ledger: ProofLedger | None = No
     return dataclasses.replace(task_set, unusable=unusable)
 
 
-def unproven(task_set: TaskSet, backend: str, ledger: ProofLedger | None = None) -> list[Task]:
-    ledger = ledger or ProofLedger()
+def unproven(task_set: TaskSet, backend: str, ledger: ProofLedger) -> list[Task]:
     if not needs_proof(task_set):
         return []
     return [task for task in task_set if (proof := ledger.get(task, backend)) is None or not proof.final]
 
 
-def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofLedger | None = None,
+def prove(tasks: Iterable[Task], backend: str, pool: SandboxPool, ledger: ProofLedger,
           repeats: int = 1, progress: Callable[[str], None] = lambda line: None, task_set: str = "") -> ValidationReport:
     """Build each task's environment, grade its reference `repeats` times and its wrong
     submissions once (grading/validation.py), and record a proof per task: usable when the
     validation's verdict is "ok". A task whose environment does not build is broken for that
     reason; the others are graded through `pool`."""
-    ledger = ledger or ProofLedger()
     tasks = list(tasks)
-    failed = build_environments(tasks, backend, EnvironmentStore(ledger.root.parent), progress)
+    failed = build_environments(tasks, backend, ledger.store, progress)
     unbuilt = [t for t in tasks if t.environment and t.environment.digest in failed]
-    report = validate([t for t in tasks if not (t.environment and t.environment.digest in failed)], pool, repeats,
-                      task_set, progress=lambda done, total: _every(25, done, total, progress))
+    report = validate([t for t in tasks if not (t.environment and t.environment.digest in failed)], pool, ledger.store,
+                      repeats, task_set, progress=lambda done, total: _every(25, done, total, progress))
     report.tasks += [TaskReport(t.id, "broken", (f"its environment does not build: {failed[t.environment.digest]}",))
                      for t in unbuilt]
     versions, unbuilt_ids = {t.id: t.version for t in tasks}, {t.id for t in unbuilt}
@@ -145,12 +143,11 @@ def _every(step: int, done: int, total: int, progress: Callable[[str], None]) ->
         progress(f"graded {done}/{total} tasks' reference and wrong submissions")
 
 
-def build_environments(tasks: Iterable[Task], backend: str, store: EnvironmentStore | None = None,
+def build_environments(tasks: Iterable[Task], backend: str, store: EnvironmentStore,
                        progress: Callable[[str], None] = lambda line: None, at_once: int = BUILDS_AT_ONCE
                        ) -> dict[str, str]:
-    """Build every distinct environment of `tasks` for `backend`, `at_once` at a time; the ones
-    that failed, by digest, with the sentence that says why (the others are built)."""
-    store = store or EnvironmentStore()
+    """Build every distinct environment of `tasks` for `backend` into `store`, `at_once` at a
+    time; the ones that failed, by digest, with the sentence that says why (the others are built)."""
     tasks = list(tasks)
     repositories = repositories_of(tasks)
 
@@ -166,12 +163,11 @@ def build_environments(tasks: Iterable[Task], backend: str, store: EnvironmentSt
         return {spec.digest: why for spec, why in zip(specs, builds.map(failure, specs)) if why is not None}
 
 
-def lock_environments(tasks: Iterable[Task], store: EnvironmentStore | None = None,
+def lock_environments(tasks: Iterable[Task], store: EnvironmentStore,
                       progress: Callable[[str], None] = lambda line: None) -> list[Task]:
     """`tasks` with each environment of a named Python locked to the exact pins it resolves to
     today (environments/build.py, `locked`), so that the set, once written, builds the same next
     month. An environment that does not build stays as declared: its proof says why."""
-    store = store or EnvironmentStore()
     tasks = list(tasks)
     repositories = repositories_of(tasks)
     pinned = {}

@@ -38,11 +38,13 @@ HIDDEN_TESTS_FILE = "test_hidden.py"
 
 def sandbox_spec(task: Task, store: EnvironmentStore | None = None) -> SandboxSpec:
     """How `task` runs: its limits and network, in its environment where it declares one (the
-    Docker image built for it, or on the local backend its built tree from `store`)."""
+    Docker image built for it, or on the local backend its built tree from `store`, which such a
+    task needs)."""
     limits = task.limits
     environment = task.environment
     defaults = SandboxSpec()
-    store = store or EnvironmentStore()
+    if environment and store is None:
+        raise ValueError(f"task {task.id} declares an environment: give the store it is built in")
     built = store.get(environment.digest) if environment else None
     return SandboxSpec(
         image=image_tag(environment.digest) if environment else task.image,

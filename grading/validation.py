@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
+from environments.store import EnvironmentStore
 from grading.submission import grade_solution, sandbox_spec
 from grading.verdict import GradeResult
 from sandbox.pool import SandboxPool
@@ -63,16 +64,17 @@ def wrong_submissions(task: Task) -> dict[str, str]:
 
 
 def validate(
-    tasks: Iterable[Task], pool: SandboxPool, repeats: int = DEFAULT_REPEATS, task_set: str = "",
-    progress: Callable[[int, int], None] | None = None,
+    tasks: Iterable[Task], pool: SandboxPool, store: EnvironmentStore | None = None, repeats: int = DEFAULT_REPEATS,
+    task_set: str = "", progress: Callable[[int, int], None] | None = None,
 ) -> ValidationReport:
-    """Grade every task's reference `repeats` times and its wrong submissions once, through `pool`."""
+    """Grade every task's reference `repeats` times and its wrong submissions once, through `pool`
+    (in their environments, built in `store`, for tasks that declare one)."""
     tasks = list(tasks)
     jobs = {
         task.id: (
-            [pool.submit(sandbox_spec(task), partial(grade_solution, task, task.reference_solution))
+            [pool.submit(sandbox_spec(task, store), partial(grade_solution, task, task.reference_solution))
              for _ in range(repeats)],
-            {name: pool.submit(sandbox_spec(task), partial(grade_solution, task, submission))
+            {name: pool.submit(sandbox_spec(task, store), partial(grade_solution, task, submission))
              for name, submission in wrong_submissions(task).items()},
         )
         for task in tasks

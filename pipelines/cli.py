@@ -31,7 +31,7 @@ from pipelines import env_cli, eval_cli, tasks_cli, verify_cli
 from pipelines.errors import RunFailed, UserError
 from pipelines.hints import crucible_command, storage_words, this_crucible
 from pipelines.instance import prepare_instance
-from pipelines.settings import BACKEND_HELP, Settings, load_settings, settings_for
+from pipelines.settings import BACKEND_HELP, Settings, load_settings, sandbox_hosts, settings_for
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.spec import Limits, SandboxSpec
@@ -310,7 +310,7 @@ def command_sandbox_exec(args: argparse.Namespace) -> int:
     limits = Limits(wall_s=args.timeout, cpu_s=max(1, math.ceil(args.timeout)), memory_mb=args.memory)
     spec = SandboxSpec(limits=limits, network=args.network)
     try:
-        result = open_sandbox(args.backend, spec).run(command, files)
+        result = open_sandbox(args.backend, spec, sandbox_hosts(load_settings())).run(command, files)
     except SandboxUnavailable as e:
         raise UserError(f"the {args.backend} sandbox is unavailable: {e}") from None
     print(json.dumps(result.to_dict(), indent=2))

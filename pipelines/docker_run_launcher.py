@@ -30,7 +30,7 @@ from dagster_docker.container_context import DockerContainerContext
 
 from assets.training_step import container_environment, passed_files
 from pipelines.settings import Settings, load_settings
-from sandbox.docker_hosts import configured_hosts
+from sandbox.docker_hosts import docker_host_default, parse_hosts
 
 RUN_LABEL = "crucible.run"  # on every run container: its run id
 
@@ -62,21 +62,22 @@ def shared_paths(settings: Settings) -> list[Path]:
     return paths
 
 
-def docker_sockets() -> list[Path]:
+def docker_sockets(settings: Settings) -> list[Path]:
     """The unix sockets of the sandbox daemons and of this launcher's: mounted, they answer inside."""
-    urls = [host.url for host in configured_hosts()] + [os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"]
+    sandboxes = parse_hosts(settings.docker_hosts) if settings.docker_hosts else ()
+    urls = [host.url for host in (*sandboxes, *docker_host_default())]
     return sorted({Path(url.removeprefix("unix://")) for url in urls if url.startswith("unix://")})
 
 
 def run_container_kwargs(settings: Settings, run_id: str) -> dict:
     for path in shared_paths(settings):
         path.mkdir(parents=True, exist_ok=True)
-    volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in [*shared_paths(settings), *docker_sockets()]}
+    volumes = {str(path): {"bind": str(path), "mode": "rw"} for path in [*shared_paths(settings), *docker_sockets(settings)]}
     volumes |= passed_files()
     return {"volumes": volumes, "network_mode": "host", "user": f"{os.getuid()}:{os.getgid()}",
-            "group_add": _socket_groups(), "working_dir": "/opt/crucible/src", "labels": {RUN_LABEL: run_id}}
+            "group_add": _socket_groups(settings), "working_dir": "/opt/crucible/src", "labels": {RUN_LABEL: run_id}}
 
 
-def _socket_groups() -> list[str]:
+def _socket_groups(settings: Settings) -> list[str]:
     """The groups that own the Docker sockets: a user who is not root reaches them through those."""
-    return sorted({str(path.stat().st_gid) for path in docker_sockets() if path.exists()})
+    return sorted({str(path.stat().st_gid) for path in docker_sockets(settings) if path.exists()})

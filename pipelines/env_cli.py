@@ -6,6 +6,7 @@ import argparse
 import datetime
 import json
 import shutil
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -14,7 +15,7 @@ from environments.build import BuildError, build_all, images, remove_image
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
 from grading.gradability import repositories_of
-from pipelines.settings import BACKEND_HELP
+from pipelines.settings import BACKEND_HELP, load_settings
 from pipelines.errors import UserError
 from pipelines.hints import crucible_command
 from sandbox.backends import BACKENDS
@@ -51,19 +52,21 @@ def environments_of(tasks: list[Task] | tuple[Task, ...]) -> dict[str, tuple[Env
     return found
 
 
-def ensure_built(tasks: list[Task] | tuple[Task, ...], backend: str) -> None:
-    """Build what the tasks' environments lack for `backend` (nothing when all are built)."""
+def ensure_built(tasks: list[Task] | tuple[Task, ...], backend: str, store: EnvironmentStore) -> None:
+    """Build what the tasks' environments lack for `backend` into `store` (nothing when all are built)."""
     specs = [spec for spec, _ in environments_of(tasks).values()]
     try:
-        build_all(specs, backend, progress=lambda line: errors.print(line, highlight=False),
+        build_all(specs, backend, store, progress=lambda line: errors.print(line, highlight=False),
                   repositories=repositories_of(tasks))
     except BuildError as e:
         raise UserError(str(e)) from None
 
 
 def command_build(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    store = EnvironmentStore(settings.environments)
     try:
-        task_set = load_task_set(args.task_set)
+        task_set = load_task_set(args.task_set, Path(settings.task_sets))
     except TaskSetError as e:
         raise UserError(str(e)) from None
     found = environments_of(task_set.tasks)
@@ -71,11 +74,10 @@ def command_build(args: argparse.Namespace) -> int:
         console.print(f"task set {task_set.name!r} declares no environment: its tasks run in the sandbox image as it is",
                       highlight=False)
         return 0
-    ensure_built(task_set.tasks, args.backend)
+    ensure_built(task_set.tasks, args.backend, store)
     table = Table(title=f"task set {task_set.name!r}: {len(found)} environment(s) built for {args.backend}")
     for column in ("environment", "tasks", "interpreter", "requirements", "debian", "packages installed", "build s"):
         table.add_column(column)
-    store = EnvironmentStore()
     for digest, (spec, count) in found.items():
         record = store.get(digest).record
         interpreter = record.get("interpreter", {}).get("version", "the sandbox's python3")
@@ -86,7 +88,8 @@ def command_build(args: argparse.Namespace) -> int:
 
 
 def command_list(args: argparse.Namespace) -> int:
-    store, users = EnvironmentStore(), _users()
+    settings = load_settings()
+    store, users = EnvironmentStore(settings.environments), _users(Path(settings.task_sets))
     docker_images = images(store)
     built = store.all()
     table = Table(title=f"{len(built)} built environment(s) in {store.root}")
@@ -103,17 +106,19 @@ def command_list(args: argparse.Namespace) -> int:
 
 
 def command_show(args: argparse.Namespace) -> int:
-    found = EnvironmentStore().find(args.digest)
+    store = EnvironmentStore(load_settings().environments)
+    found = store.find(args.digest)
     if found is None:
         raise UserError(f"no single built environment starts with {args.digest!r} ({crucible_command('env', 'list')})")
     console.print_json(json.dumps({**found.record, "path": str(found.path),
-                                   "docker_image": image_tag(found.digest) if found.digest in images(EnvironmentStore())
+                                   "docker_image": image_tag(found.digest) if found.digest in images(store)
                                    else None}))
     return 0
 
 
 def command_prune(args: argparse.Namespace) -> int:
-    store, users = EnvironmentStore(), ({} if args.all else _users())
+    settings = load_settings()
+    store, users = EnvironmentStore(settings.environments), ({} if args.all else _users(Path(settings.task_sets)))
     docker_images, removed = images(store), []
     for digest in sorted({built.digest for built in store.all()} | set(docker_images)):
         if digest not in users:
@@ -126,12 +131,12 @@ def command_prune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _users() -> dict[str, set[str]]:
-    """Digest -> the known task sets (library and built-in) that declare it."""
+def _users(library: Path) -> dict[str, set[str]]:
+    """Digest -> the known task sets (imported into `library`, and built-in) that declare it."""
     users: dict[str, set[str]] = {}
-    for name in sorted({*library_task_set_names(), *builtin_task_set_names()}):
+    for name in sorted({*library_task_set_names(library), *builtin_task_set_names()}):
         try:
-            tasks = load_task_set(name).tasks
+            tasks = load_task_set(name, library).tasks
         except TaskSetError:
             continue  # a broken set declares nothing it could run
         for digest in environments_of(tasks):

@@ -12,7 +12,10 @@ def crucible_resource(settings: Settings) -> CrucibleResource:
     return CrucibleResource(
         storage_root=settings.storage_root,
         checkpoint_root=settings.checkpoint_root,
+        task_sets=settings.task_sets,
+        environments=settings.environments,
         sandbox_backend=settings.sandbox,
+        docker_hosts=settings.docker_hosts,
         grading_shards=settings.grading_shards,
         train_launcher=settings.train_launcher,
     )

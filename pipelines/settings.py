@@ -1,11 +1,11 @@
 """Crucible's deployment settings: one typed object, read once, passed down as values.
 
-Each field is read from its CRUCIBLE_<FIELD> environment variable, else it has its default. The
-CLI builds it (a command's --storage given over the variable) and so do the Dagster definitions,
-and pass its values down. A process this one starts (the daemon, a run's container) gets them back
-as variables (`environment()`), relative paths made absolute. Three are still read from the
-environment by the library module that uses them (task_sets, environments, docker_hosts), which
-is why they are given to every process started and why there is no settings file yet.
+Each field is read from its CRUCIBLE_<FIELD> environment variable, else from the optional TOML
+file CRUCIBLE_SETTINGS names (default ./.crucible/settings.toml; the same names, lower case),
+else it has its default. The CLI builds it (a command's --storage over both) and so do the Dagster
+definitions, and pass its values down: no library module reads a setting from the environment. A
+process this one starts (the daemon, a run's container) gets them back as variables
+(`environment()`), relative paths made absolute.
 
 Other tools' conventions stay theirs: DOCKER_HOST, torchrun's rank variables, DAGSTER_HOME, and
 the API key variable an inference server's settings name.
@@ -13,17 +13,19 @@ the API key variable an inference server's settings name.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from pipelines.errors import UserError
-from sandbox.docker_hosts import parse_hosts
+from sandbox.docker_hosts import DockerHost, parse_hosts
 
 PREFIX = "CRUCIBLE_"
+FILE_VARIABLE = "CRUCIBLE_SETTINGS"
 BACKEND_HELP = "sandbox backend (default: the sandbox setting, CRUCIBLE_SANDBOX, else local)"
 DEFAULT_HOME = Path(".crucible")
 
@@ -31,8 +33,8 @@ DEFAULT_HOME = Path(".crucible")
 class Settings(BaseSettings):
     """Where this deployment keeps things and how it runs them."""
 
-    # Unknown CRUCIBLE_* variables are ignored: some are tests' (CRUCIBLE_REQUIRE_BACKENDS).
-    model_config = SettingsConfigDict(env_prefix=PREFIX, frozen=True, extra="ignore")
+    # Unknown CRUCIBLE_* variables are ignored (some are tests'); an unknown key in the file is a typo.
+    model_config = SettingsConfigDict(env_prefix=PREFIX, frozen=True, extra="forbid")
 
     storage_root: str = Field(str(DEFAULT_HOME / "data"), description="datasets: a directory or any fsspec URI (s3://…)")
     checkpoint_root: str = Field(str(DEFAULT_HOME / "checkpoints"), description="checkpoints: a local directory")
@@ -59,6 +61,12 @@ class Settings(BaseSettings):
         "process", description="where the daemon launches runs: a process each, or a container each "
                                "(pipelines/docker_run_launcher.py)")
     run_image: str = Field("", description="the docker run launcher's image (scripts/build-project-image prints its tag)")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, **_: PydanticBaseSettingsSource
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=settings_file())
 
     @field_validator("storage_root", "checkpoint_root", "task_sets", "environments")
     @classmethod
@@ -101,9 +109,18 @@ class Settings(BaseSettings):
         return {f"{PREFIX}{name.upper()}": str(value) for name, value in self.model_dump().items()}
 
 
+def settings_file() -> Path:
+    return Path(os.environ.get(FILE_VARIABLE) or DEFAULT_HOME / "settings.toml")
+
+
+def sandbox_hosts(settings: Settings) -> tuple[DockerHost, ...]:
+    """The docker backend's daemons the settings list (none: open_sandbox uses DOCKER_HOST's)."""
+    return parse_hosts(settings.docker_hosts) if settings.docker_hosts else ()
+
+
 def load_settings(**given: str | None) -> Settings:
-    """The settings, with a command's own options (those given) over the environment; what is
-    wrong, one line per setting."""
+    """The settings, with a command's own options (those given) over the environment and the file;
+    what is wrong, one line per setting."""
     try:
         return Settings(**{name: value for name, value in given.items() if value is not None})
     except ValidationError as error:
@@ -111,7 +128,7 @@ def load_settings(**given: str | None) -> Settings:
 
 
 def settings_for(args: object) -> Settings:
-    """A command's settings: its --storage (where it has one) over the environment."""
+    """A command's settings: its --storage (where it has one) over the environment and the file."""
     return load_settings(storage_root=getattr(args, "storage", None))
 
 
@@ -120,6 +137,8 @@ def _problem(problem: dict) -> str:
     if not problem["loc"]:  # a rule across settings: its message names them
         return message
     field = str(problem["loc"][0])
+    if problem["type"] == "extra_forbidden":  # only the file can name a field that does not exist
+        return f"{settings_file()}: {field!r} is not a setting; the settings are {', '.join(Settings.model_fields)}"
     if problem["type"] == "literal_error":
         message = f"choose one of {', '.join(get_args(Settings.model_fields[field].annotation))}"
     variable = f"{PREFIX}{field.upper()}"

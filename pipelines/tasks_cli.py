@@ -13,9 +13,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from environments.store import EnvironmentStore
 from grading.gradability import ProofLedger, lock_environments, needs_proof, prove
 from grading.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
-from pipelines.settings import BACKEND_HELP
+from pipelines.settings import BACKEND_HELP, Settings, load_settings, sandbox_hosts
 from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
 from pipelines.hints import crucible_command
@@ -36,7 +37,6 @@ from task_sets.loader import (
     TaskSet,
     TaskSetError,
     builtin_task_set_names,
-    library_dir,
     library_task_set_names,
     load_task_set,
 )
@@ -113,15 +113,17 @@ def command_import(args: argparse.Namespace) -> int:
         errors.print(f"[yellow]note[/yellow] {warning}", highlight=False, markup=True)
     if not imported.tasks:
         raise UserError(f"{args.path}: no valid {args.format} records; nothing imported")
-    tasks = imported.tasks if args.no_proof else lock_environments(imported.tasks, progress=_note)
-    target = write_task_set(tasks, library_dir() / args.name)
+    settings = load_settings()
+    store = EnvironmentStore(settings.environments)
+    tasks = imported.tasks if args.no_proof else lock_environments(imported.tasks, store, progress=_note)
+    target = write_task_set(tasks, Path(settings.task_sets) / args.name)
     splits = Counter(task.split for task in tasks)
     console.print(f"imported {len(tasks)} tasks ({splits['train']} train, {splits['eval']} eval), "
                   f"rejected {len(imported.rejected)}: task set {args.name!r} in {target}", highlight=False)
     if not args.no_proof:
-        task_set = load(args.name)
-        with grading_pool(args.backend, args.workers) as pool:
-            report = prove(task_set, args.backend, pool, progress=_note, task_set=task_set.name)
+        task_set = load(args.name, settings)
+        with grading_pool(args.backend, args.workers, settings) as pool:
+            report = prove(task_set, args.backend, pool, ProofLedger(store), progress=_note, task_set=task_set.name)
         _print_proofs(report, args.backend)
     return 0
 
@@ -142,15 +144,19 @@ def _print_proofs(report: ValidationReport, backend: str) -> None:
 
 
 def command_list(args: argparse.Namespace) -> int:
+    settings = load_settings()
     if args.task_set:
-        console.print(_tasks_table(load(args.task_set), args.backend))
+        ledger = ProofLedger(EnvironmentStore(settings.environments))
+        console.print(_tasks_table(load(args.task_set, settings), args.backend, ledger))
         return 0
     table = Table(title="task sets")
     for column in ("name", "source", "tasks", "train", "eval", "difficulty (easy/medium/hard)", "version", "reward"):
         table.add_column(column, justify="right" if column in ("tasks", "train", "eval") else "left")
-    sources = {**{n: "built-in" for n in builtin_task_set_names()}, **{n: str(library_dir()) for n in library_task_set_names()}}
+    library = Path(settings.task_sets)
+    sources = {**{n: "built-in" for n in builtin_task_set_names()}, **dict.fromkeys(library_task_set_names(library),
+                                                                                     str(library))}
     for name, source in sorted(sources.items()):
-        task_set = load(name)
+        task_set = load(name, settings)
         difficulty = Counter(task.difficulty for task in task_set)
         table.add_row(name, source, str(len(task_set)), str(len(task_set.train())), str(len(task_set.eval())),
                       f"{difficulty['easy']}/{difficulty['medium']}/{difficulty['hard']}", task_set.version,
@@ -159,12 +165,11 @@ def command_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tasks_table(task_set: TaskSet, backend: str) -> Table:
+def _tasks_table(task_set: TaskSet, backend: str, ledger: ProofLedger) -> Table:
     table = Table(title=f"task set {task_set.name!r} ({len(task_set)} tasks, version {task_set.version}, "
                         f"reward {task_set.reward.version})")
     for column in ("id", "kind", "split", "difficulty", "family", "what is graded", "version", f"gradable ({backend})"):
         table.add_column(column)
-    ledger = ProofLedger()
     for task in task_set:
         status, reason = ledger.status(task_set, task, backend)
         table.add_row(task.id, task.kind, task.split, task.difficulty, task.family, _graded(task), task.version,
@@ -179,7 +184,7 @@ def _graded(task: Task) -> str:
 
 
 def command_show(args: argparse.Namespace) -> int:
-    task_set = load(args.task_set or args.task_id.split("/", 1)[0])
+    task_set = load(args.task_set or args.task_id.split("/", 1)[0], load_settings())
     task = task_set.by_id.get(args.task_id)
     if task is None:
         raise UserError(f"no task {args.task_id!r} in task set {task_set.name!r} "
@@ -219,9 +224,10 @@ def _sections(header: str, sections: list[tuple[str, str]]) -> str:
     return header + "".join(f"\n\n── {title} ──\n{body.rstrip()}" for title, body in sections)
 
 
-def load(name: str) -> TaskSet:
+def load(name: str, settings: Settings) -> TaskSet:
+    """The set `name` (imported into the settings' library, or built in, or at a path)."""
     try:
-        return load_task_set(name)
+        return load_task_set(name, Path(settings.task_sets))
     except TaskSetError as e:
         raise UserError(str(e)) from None
 
@@ -231,14 +237,18 @@ def load(name: str) -> TaskSet:
 
 def command_validate(args: argparse.Namespace) -> int:
     """Exit 0 when every task is fit to judge with and no eval prompt is copied into train, else 1."""
-    task_set = load(args.task_set)
+    settings = load_settings()
+    store = EnvironmentStore(settings.environments)
+    task_set = load(args.task_set, settings)
     if not needs_proof(task_set):
-        ensure_built(task_set.tasks, args.backend)
-    with grading_pool(args.backend, args.workers) as pool:
+        ensure_built(task_set.tasks, args.backend, store)
+    with grading_pool(args.backend, args.workers, settings) as pool:
         if needs_proof(task_set):  # what it finds is recorded: unusable tasks are left out of sampling
-            report = prove(task_set, args.backend, pool, repeats=args.repeats, progress=_note, task_set=task_set.name)
+            report = prove(task_set, args.backend, pool, ProofLedger(store), repeats=args.repeats, progress=_note,
+                           task_set=task_set.name)
         else:
-            report = validate(task_set, pool, args.repeats, task_set.name, progress=_show_progress("validated"))
+            report = validate(task_set, pool, store, args.repeats, task_set.name,
+                              progress=_show_progress("validated"))
     if report.problems:
         console.print(_validation_table(report))
     else:
@@ -275,10 +285,11 @@ def _validation_table(report: ValidationReport) -> Table:
     return table
 
 
-def grading_pool(backend: str, workers: int) -> SandboxPool:
+def grading_pool(backend: str, workers: int, settings: Settings) -> SandboxPool:
+    hosts = sandbox_hosts(settings)
     try:
-        open_sandbox(backend)  # fail once, clearly, rather than once per submission
+        open_sandbox(backend, hosts=hosts)  # fail once, clearly, rather than once per submission
     except SandboxUnavailable as e:
         raise UserError(f"the {backend} sandbox is unavailable: {e}") from None
-    return SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=workers),
+    return SandboxPool(lambda spec: open_sandbox(backend, spec, hosts), PoolConfig(cpu_slots=workers),
                        is_infra_failure=lambda grade: grade.reward_status is RewardStatus.INFRA_ERROR)

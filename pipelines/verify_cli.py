@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from environments.store import EnvironmentStore
 from grading.diagnosis import excerpt
 from grading.samples import (
     RESULT_FORMATS,
@@ -25,7 +26,7 @@ from grading.samples import (
 )
 from grading.submission import grade_solution, sandbox_spec
 from grading.verdict import HARNESS_IN_SANDBOX, GradeResult
-from pipelines.settings import BACKEND_HELP
+from pipelines.settings import BACKEND_HELP, load_settings
 from pipelines.env_cli import ensure_built
 from pipelines.errors import UserError
 from pipelines.tasks_cli import grading_pool, load
@@ -51,15 +52,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def command_verify(args: argparse.Namespace) -> int:
-    task_set = load(args.task_set)
+    settings = load_settings()
+    store = EnvironmentStore(settings.environments)
+    task_set = load(args.task_set, settings)
     try:
         read = read_samples(args.solutions, task_set)
     except SamplesError as e:
         raise UserError(f"--solutions {e}") from None
     grades: dict[int, GradeResult] = {}
-    ensure_built([sample.task for sample in read.samples], args.backend)
-    with grading_pool(args.backend, args.workers) as pool:
-        futures = [(sample, pool.submit(sandbox_spec(sample.task), partial(grade_solution, sample.task,
+    ensure_built([sample.task for sample in read.samples], args.backend, store)
+    with grading_pool(args.backend, args.workers, settings) as pool:
+        futures = [(sample, pool.submit(sandbox_spec(sample.task, store), partial(grade_solution, sample.task,
                                                                            sample.solution, reward=task_set.reward)))
                    for sample in read.samples]
         for done, (sample, future) in enumerate(futures, start=1):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from sandbox.base import Sandbox
+from sandbox.docker_hosts import DockerHost
 from sandbox.spec import SandboxSpec
 
 BACKENDS = ("local", "docker")
 
 
-def open_sandbox(backend: str, spec: SandboxSpec = SandboxSpec()) -> Sandbox:  # noqa: B008 (frozen)
-    """A sandbox of `backend`; SandboxUnavailable if this host cannot run it as `spec` asks."""
+def open_sandbox(backend: str, spec: SandboxSpec = SandboxSpec(),  # noqa: B008 (frozen)
+                 hosts: tuple[DockerHost, ...] = ()) -> Sandbox:
+    """A sandbox of `backend` (`hosts`: the docker backend's daemons; none given, DOCKER_HOST's);
+    SandboxUnavailable if this host cannot run it as `spec` asks."""
     if backend == "local":
         from sandbox.local import LocalSandbox
 
@@ -17,5 +20,5 @@ def open_sandbox(backend: str, spec: SandboxSpec = SandboxSpec()) -> Sandbox:  #
     if backend == "docker":  # imported on demand: the docker SDK is needed only here
         from sandbox.docker import DockerSandbox
 
-        return DockerSandbox(spec)
+        return DockerSandbox(spec, hosts=hosts or None)
     raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -51,7 +51,7 @@ from sandbox.base import (
     run_once,
 )
 from sandbox.capture import OutputCapture
-from sandbox.docker_hosts import Daemon, DockerHost, NoDaemon, configured_hosts, fleet
+from sandbox.docker_hosts import Daemon, DockerHost, NoDaemon, docker_host_default, fleet
 from sandbox.result import ExecResult
 from sandbox.spec import SandboxSpec
 from sandbox.workspace import files_to_tar, regular_files_from_tar, regular_files_in_tar, safe_relative
@@ -97,11 +97,11 @@ class DockerSandbox:
         DEFAULT_IMAGE. The spec is recorded with the image's digest, so results name exactly
         what they ran in; a daemon whose image differs gets none of this sandbox's sessions.
         `labels` are added to every container (tests use them to find theirs). `hosts`: the
-        daemons sessions are spread over (default: sandbox/docker_hosts.py's settings).
+        daemons sessions are spread over (default: the one DOCKER_HOST names).
 
         Raises SandboxUnavailable when no daemon answers or none has the image."""
         try:
-            self.fleet = fleet(hosts or configured_hosts(), _API_TIMEOUT_S)
+            self.fleet = fleet(hosts or docker_host_default(), _API_TIMEOUT_S)
         except ValueError as e:
             raise SandboxUnavailable(str(e)) from None
         answering = self.fleet.answering()

@@ -61,11 +61,8 @@ def parse_hosts(text: str) -> tuple[DockerHost, ...]:
     return tuple(hosts)
 
 
-def configured_hosts() -> tuple[DockerHost, ...]:
-    """The daemons this process uses: CRUCIBLE_DOCKER_HOSTS, else the one DOCKER_HOST names."""
-    listed = os.environ.get("CRUCIBLE_DOCKER_HOSTS", "").strip()
-    if listed:
-        return parse_hosts(listed)
+def docker_host_default() -> tuple[DockerHost, ...]:
+    """The daemon Docker's own convention names (DOCKER_HOST), when none are configured."""
     return (DockerHost(os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"),)
 
 

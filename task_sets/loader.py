@@ -31,7 +31,6 @@ from task_sets.rewards import DEFAULT, RewardError, RewardFunction, load_reward_
 from task_sets.schema import TASK_KINDS, Split, Task, parse_task
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-LIBRARY_ENV = "CRUCIBLE_TASK_SETS"
 TASK_FILE_SUFFIXES = (".jsonl", ".yaml", ".yml")
 TASK_SET_NAME = re.compile(r"[A-Za-z0-9_\-]+")  # no dot or slash: anything else is a path
 
@@ -85,17 +84,13 @@ class TaskSet:
         return iter(self.tasks)
 
 
-def library_dir() -> Path:
-    """Where imported task sets live."""
-    return Path(os.environ.get(LIBRARY_ENV, ".crucible/task_sets"))
-
-
 def builtin_task_set_names() -> list[str]:
     return _set_names(BUILTIN_DIR)
 
 
-def library_task_set_names() -> list[str]:
-    return _set_names(library_dir())
+def library_task_set_names(library: Path) -> list[str]:
+    """The sets imported into `library` (the task_sets setting's folder)."""
+    return _set_names(library)
 
 
 def _set_names(directory: Path) -> list[str]:
@@ -104,9 +99,10 @@ def _set_names(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.is_dir() and p.name[0] not in "._")
 
 
-def load_task_set(name_or_path: str | os.PathLike[str]) -> TaskSet:
-    """Load a built-in set by bare name, or a task file or directory by path."""
-    root, name = _resolve(name_or_path)
+def load_task_set(name_or_path: str | os.PathLike[str], library: Path | None = None) -> TaskSet:
+    """Load a set by bare name, imported into `library` or built in, or a task file or directory
+    by path."""
+    root, name = _resolve(name_or_path, library)
     environment = _set_environment(root) if root.is_dir() else None
     tasks = _validate_all((where, _with_environment(record, environment)) for where, record in _records(root))
     if not tasks:
@@ -171,14 +167,16 @@ def _with_environment(record: object, environment: dict | None) -> object:
     return {**record, "environment": merged}
 
 
-def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, str]:
+def _resolve(name_or_path: str | os.PathLike[str], library: Path | None) -> tuple[Path, str]:
     """The set's root file or directory, and the set's name."""
     if isinstance(name_or_path, str) and TASK_SET_NAME.fullmatch(name_or_path):
-        for directory in (library_dir(), BUILTIN_DIR):
-            if (directory / name_or_path).is_dir():
-                return directory / name_or_path, name_or_path
-        available = ", ".join(sorted({*library_task_set_names(), *builtin_task_set_names()})) or "none"
-        raise TaskSetError(f"unknown task set {name_or_path!r}; available: {available}")
+        for directory in filter(None, (library, BUILTIN_DIR)):
+            if (Path(directory) / name_or_path).is_dir():
+                return Path(directory) / name_or_path, name_or_path
+        imported = library_task_set_names(Path(library)) if library else []
+        available = ", ".join(sorted({*imported, *builtin_task_set_names()})) or "none"
+        where = f" (imported sets are looked up in {library})" if library else ""
+        raise TaskSetError(f"unknown task set {name_or_path!r}{where}; available: {available}")
     root = Path(name_or_path).resolve()
     if root.is_dir():
         return root, root.name

@@ -34,9 +34,8 @@ SOLUTION = "import tomli_w\n\ndef dump(value):\n    return tomli_w.dumps(value)\
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch) -> Iterator[EnvironmentStore]:
-    monkeypatch.setenv("CRUCIBLE_ENVIRONMENTS", str(tmp_path / "environments"))
-    store = EnvironmentStore()
+def store(tmp_path) -> Iterator[EnvironmentStore]:
+    store = EnvironmentStore(tmp_path / "environments")
     yield store
     for digest in images(store):  # the daemon outlives the test's store
         remove_image(digest)
@@ -115,7 +114,7 @@ def test_a_debian_package_is_installed_into_the_docker_image(store):
     session = open_sandbox("docker", sandbox_spec(parse_task({
         "id": "env/sl", "prompt": "p", "entry_point": "f", "reference_solution": "def f():\n    pass\n",
         "tests": "def test_f():\n    pass\n", "difficulty": "easy", "family": "env", "split": "eval",
-        "environment": spec.model_dump()}))).session({})
+        "environment": spec.model_dump()}), store)).session({})
     with session:
         assert session.exec(["test", "-x", "/usr/games/sl"]).ok
     assert image_tag(spec.digest) == f"crucible-env:{spec.digest[:16]}"
@@ -124,8 +123,8 @@ def test_a_debian_package_is_installed_into_the_docker_image(store):
 @pytest.mark.parametrize("make_task", [function_task, repository_task], ids=["function", "repository"])
 def test_tests_that_need_a_package_pass_in_their_environment_on_every_backend(make_task, backend_name, store):
     task = make_task(TOMLI_W)
-    build_all([TOMLI_W], backend_name)
-    graded = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task)))
+    build_all([TOMLI_W], backend_name, store)
+    graded = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task, store)))
     assert (graded.passed, graded.failure) == (True, None)
 
 
@@ -141,7 +140,7 @@ def test_an_unbuilt_environment_is_refused_with_the_command_that_builds_it(store
     from sandbox.base import SandboxUnavailable
 
     with pytest.raises(SandboxUnavailable, match="crucible env build"):
-        open_sandbox("local", sandbox_spec(function_task(TOMLI_W)))
+        open_sandbox("local", sandbox_spec(function_task(TOMLI_W), store))
 
 
 # -- a task set's environment.toml and the commands --------------------------------------------

@@ -46,44 +46,48 @@ TASKS = [
 
 
 @pytest.fixture
-def outside(tmp_path, monkeypatch):
-    """The set as a user's folder, and an environment store of the test's own."""
-    monkeypatch.setenv("CRUCIBLE_ENVIRONMENTS", str(tmp_path / "environments"))
+def outside(tmp_path):
+    """The set as a user's folder."""
     write_task_set(TASKS, tmp_path / "outside")
     return load_task_set(tmp_path / "outside")
 
 
-def prove_on(backend: str, tasks) -> None:
+@pytest.fixture
+def ledger(tmp_path) -> ProofLedger:
+    """The proofs of an environment store of the test's own."""
+    return ProofLedger(EnvironmentStore(tmp_path / "environments"))
+
+
+def prove_on(backend: str, tasks, ledger: ProofLedger) -> None:
     with SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=2)) as pool:
-        prove(tasks, backend, pool)
+        prove(tasks, backend, pool, ledger)
 
 
-def test_an_unproven_task_is_left_out_of_sampling_and_evaluation(outside):
-    unproven_set = with_proofs(outside, "local")
+def test_an_unproven_task_is_left_out_of_sampling_and_evaluation(outside, ledger):
+    unproven_set = with_proofs(outside, "local", ledger)
     assert unproven_set.train() == [] and unproven_set.eval() == []
     assert "not yet proven gradable on the local backend" in unproven_set.unusable["outside/good-train"]
-    assert len(unproven(outside, "local")) == len(TASKS)
+    assert len(unproven(outside, "local", ledger)) == len(TASKS)
 
 
-def test_proven_tasks_are_sampled_and_the_others_left_out_with_their_reason(outside):
-    prove_on("local", outside)
-    proven = with_proofs(outside, "local")
+def test_proven_tasks_are_sampled_and_the_others_left_out_with_their_reason(outside, ledger):
+    prove_on("local", outside, ledger)
+    proven = with_proofs(outside, "local", ledger)
     assert [t.id for t in proven.train()] == ["outside/good-train"] and [t.id for t in proven.eval()] == ["outside/good-eval"]
     assert proven.unusable["outside/lax"] == "the entry point returning None passes every test"
     assert "needs Python 3.4; available:" in proven.unusable["outside/no-python"]
     assert len(proven) == len(TASKS) and proven.version == outside.version  # nothing removed from the set itself
 
 
-def test_a_task_whose_environment_did_not_build_is_proven_again_next_time_and_left_out_meanwhile(outside):
-    prove_on("local", outside)
+def test_a_task_whose_environment_did_not_build_is_proven_again_next_time_and_left_out_meanwhile(outside, ledger):
+    prove_on("local", outside, ledger)
     # A build can fail for a while (the package index down): only that proof is sought again.
-    assert [t.id for t in unproven(outside, "local")] == ["outside/no-python"]
-    assert "outside/no-python" in with_proofs(outside, "local").unusable
+    assert [t.id for t in unproven(outside, "local", ledger)] == ["outside/no-python"]
+    assert "outside/no-python" in with_proofs(outside, "local", ledger).unusable
 
 
-def test_a_proof_holds_for_its_backend_and_its_task_version_only(outside):
-    prove_on("local", [outside.by_id["outside/good-train"]])
-    ledger = ProofLedger()
+def test_a_proof_holds_for_its_backend_and_its_task_version_only(outside, ledger):
+    prove_on("local", [outside.by_id["outside/good-train"]], ledger)
     good = outside.by_id["outside/good-train"]
     assert ledger.status(outside, good, "local") == (Gradability.USABLE, "")
     assert ledger.status(outside, good, "docker") == (Gradability.UNPROVEN, "")
@@ -91,17 +95,17 @@ def test_a_proof_holds_for_its_backend_and_its_task_version_only(outside):
     assert ledger.get(edited, "local") is None
 
 
-def test_a_built_in_set_needs_no_proof():
+def test_a_built_in_set_needs_no_proof(ledger):
     shopcart = load_task_set("shopcart")
-    assert with_proofs(shopcart, "local") is shopcart and unproven(shopcart, "local") == []
-    assert ProofLedger().status(shopcart, shopcart.tasks[0], "local") == (Gradability.BUILT_IN, "")
+    assert with_proofs(shopcart, "local", ledger) is shopcart and unproven(shopcart, "local", ledger) == []
+    assert ledger.status(shopcart, shopcart.tasks[0], "local") == (Gradability.BUILT_IN, "")
 
 
-def test_tasks_list_shows_each_tasks_gradability(outside, tmp_path):
-    prove_on("local", outside)
+def test_tasks_list_shows_each_tasks_gradability(outside, ledger, tmp_path):
+    prove_on("local", outside, ledger)
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "list", "--task-set", str(tmp_path / "outside"),
                            "--backend", "local"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "250"})
+                          env={**os.environ, "COLUMNS": "250", "CRUCIBLE_ENVIRONMENTS": str(tmp_path / "environments")})
     rows = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in done.stdout.splitlines()
             if line.startswith("│ outside/")}
     assert rows["outside/good-train"] == "usable"
@@ -109,7 +113,8 @@ def test_tasks_list_shows_each_tasks_gradability(outside, tmp_path):
 
 
 def test_the_task_set_asset_proves_what_is_unproven_and_counts_what_it_leaves_out(outside, tmp_path):
-    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"),
+                                environments=str(tmp_path / "environments"))
     crucible.save_experiment(ExperimentConfig(name="exp", task_set=str(tmp_path / "outside"), samples_per_task=2))
     with DagsterInstance.ephemeral() as instance:
         result = materialize([task_set_asset], partition_key=add_iteration(instance, "exp", 1), instance=instance,
@@ -124,13 +129,13 @@ def test_the_task_set_asset_proves_what_is_unproven_and_counts_what_it_leaves_ou
     # The next iteration proves only what may pass now: the task whose environment did not build.
     assert Iteration(crucible, crucible.experiment("exp"), 2, log=lambda line: None).prove_unproven() == 1
     assert "outside/lax" in metadata["unusable_tasks"] and "needs Python 3.4" in metadata["unusable_tasks"]
-    assert ProofLedger(EnvironmentStore()).get(outside.by_id["outside/good-eval"], "local").usable
+    assert ProofLedger(crucible.environment_store()).get(outside.by_id["outside/good-eval"], "local").usable
 
 
-def test_an_iteration_with_no_usable_train_task_fails_saying_so(tmp_path, monkeypatch):
-    monkeypatch.setenv("CRUCIBLE_ENVIRONMENTS", str(tmp_path / "environments"))
+def test_an_iteration_with_no_usable_train_task_fails_saying_so(tmp_path):
     write_task_set([TASKS[1], TASKS[2]], tmp_path / "lax-only")  # the only train task is lax
-    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
+    crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"),
+                                environments=str(tmp_path / "environments"))
     crucible.save_experiment(ExperimentConfig(name="exp", task_set=str(tmp_path / "lax-only"), samples_per_task=2))
     with DagsterInstance.ephemeral() as instance:
         result = materialize([task_set_asset], partition_key=add_iteration(instance, "exp", 1), instance=instance,

@@ -25,9 +25,8 @@ pytestmark = pytest.mark.usefixtures("local_backend")
 
 
 @pytest.fixture
-def environments(tmp_path, monkeypatch) -> Iterator[EnvironmentStore]:
-    monkeypatch.setenv("CRUCIBLE_ENVIRONMENTS", str(tmp_path / "environments"))
-    store = EnvironmentStore()
+def environments(tmp_path) -> Iterator[EnvironmentStore]:
+    store = EnvironmentStore(tmp_path / "environments")
     yield store
     for digest in images(store):
         remove_image(digest)
@@ -58,8 +57,8 @@ def test_a_test_sh_that_fetches_from_the_network_is_reported_at_import(imported)
 
 def test_grading_it_without_the_network_is_an_environment_error(imported, environments):
     task = next(t for t in imported.tasks if t.id == "cookbook/simple-task")
-    build_all([task.environment], "local")
-    graded = grade_solution(task, task.reference_solution, open_sandbox("local", sandbox_spec(task)))
+    build_all([task.environment], "local", environments)
+    graded = grade_solution(task, task.reference_solution, open_sandbox("local", sandbox_spec(task, environments)))
     assert (graded.reward_status, graded.reward, graded.tamper_flags) == (RewardStatus.ENV_ERROR, None, ())
     assert graded.failure.reason in (FailureReason.NETWORK_UNAVAILABLE, FailureReason.MISSING_COMMAND)
 
@@ -68,7 +67,7 @@ def test_on_docker_the_tasks_dockerfile_is_built_or_its_missing_base_named(impor
     require("docker")
     with pytest.raises(BuildError, match="the task's Dockerfile is FROM ubuntu:24.04, which this Docker daemon "
                                          "does not have"):
-        build_all([imported.tasks[0].environment], "docker")
+        build_all([imported.tasks[0].environment], "docker", environments)
     task_dir = tmp_path / "own-image"
     for path, text in {"instruction.md": "Say hello.", "task.toml": "[verifier]\ntimeout_sec = 60.0\n",
                        "environment/Dockerfile": f"FROM {DEFAULT_IMAGE}\nCOPY data.txt /opt/data.txt\nWORKDIR /app\n",
@@ -81,8 +80,8 @@ def test_on_docker_the_tasks_dockerfile_is_built_or_its_missing_base_named(impor
         (task_dir / path).parent.mkdir(parents=True, exist_ok=True)
         (task_dir / path).write_text(text)
     [task] = import_tasks("harbor", task_dir, ImportOptions("own")).tasks
-    build_all([task.environment], "docker")
-    sandbox = open_sandbox("docker", sandbox_spec(task))
+    build_all([task.environment], "docker", environments)
+    sandbox = open_sandbox("docker", sandbox_spec(task, environments))
     assert grade_solution(task, task.reference_solution, sandbox).passed
     assert not grade_solution(task, "", sandbox).passed
 
@@ -121,9 +120,9 @@ def test_reward_json_is_the_verdict_every_metric_must_reach_one(performance, run
 def test_validate_names_the_environment_error_of_both_tasks(imported, environments):
     from grading.validation import validate
 
-    build_all([t.environment for t in imported.tasks], "local")
+    build_all([t.environment for t in imported.tasks], "local", environments)
     with SandboxPool(lambda spec: open_sandbox("local", spec), PoolConfig(cpu_slots=2)) as pool:
-        report = validate(imported.tasks, pool, repeats=1, task_set="cookbook")
+        report = validate(imported.tasks, pool, environments, repeats=1, task_set="cookbook")
     assert [(t.verdict, t.reasons[0].split(":")[0]) for t in report.tasks] == [
         ("broken", "reference fails (env_error, network_unavailable)")] * 2
 
@@ -202,9 +201,9 @@ def test_with_what_test_sh_fetches_provided_both_recipes_judge_cleanly(imported,
     (tmp_path / "cookbook" / "environment.toml").write_text(OFFLINE_TOOLS)
     tasks = load_task_set(tmp_path / "cookbook").tasks
     assert all(t.environment.dockerfile and "uv==0.9.7" in t.environment.python for t in tasks)
-    build_all([t.environment for t in tasks], "local")
+    build_all([t.environment for t in tasks], "local", environments)
     with SandboxPool(lambda spec: open_sandbox("local", spec), PoolConfig(cpu_slots=2)) as pool:
-        report = validate(tasks, pool, repeats=1, task_set="cookbook")
+        report = validate(tasks, pool, environments, repeats=1, task_set="cookbook")
     assert [(t.task_id, t.verdict) for t in report.tasks] == [("cookbook/multi-reward", "ok"),
                                                               ("cookbook/simple-task", "ok")]
     multi = next(t for t in tasks if t.id == "cookbook/multi-reward")

@@ -35,7 +35,6 @@ from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints
 from pipelines.settings import load_settings
-from task_sets.loader import library_dir
 from training.experiment import ExperimentConfig
 
 SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
@@ -232,7 +231,7 @@ def test_settings_made_in_one_folder_hold_in_a_process_started_in_another(tmp_pa
     assert settings.storage_root == str(tmp_path / ".crucible" / "data")
     assert settings.checkpoint_root == str(tmp_path / ".crucible" / "checkpoints")
     assert crucible_resource(settings).storage_root == str(tmp_path / ".crucible" / "data")
-    assert library_dir() == tmp_path / ".crucible" / "task_sets"
+    assert settings.task_sets == str(tmp_path / ".crucible" / "task_sets")
 
 
 if __name__ == "__main__":

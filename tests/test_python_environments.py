@@ -42,13 +42,10 @@ def other_python() -> str:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Iterator[EnvironmentStore]:
-    patch = pytest.MonkeyPatch()
-    root = tmp_path_factory.mktemp("environments")
-    patch.setenv("CRUCIBLE_ENVIRONMENTS", str(root))
-    yield EnvironmentStore(root)
-    for digest in images(EnvironmentStore(root)):
+    store = EnvironmentStore(tmp_path_factory.mktemp("environments"))
+    yield store
+    for digest in images(store):
         remove_image(digest)
-    patch.undo()
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +72,7 @@ def test_the_build_records_its_interpreter_its_lock_and_the_files_the_install_ma
 def test_gold_passes_and_the_empty_diff_fails_in_the_environments_python_on_every_backend(spec, store,
                                                                                           backend_name):
     build(spec, store, backend_name, repositories={REPOSITORY: FILES})
-    graded = {name: grade_solution(task(spec), diff, open_sandbox(backend_name, sandbox_spec(task(spec))))
+    graded = {name: grade_solution(task(spec), diff, open_sandbox(backend_name, sandbox_spec(task(spec), store)))
               for name, diff in (("gold", FIX), ("empty", ""))}
     assert (graded["gold"].passed, graded["gold"].failure) == (True, None), graded["gold"].exec.stdout[-2000:]
     assert (graded["empty"].reward, graded["empty"].failure.reason.value) == (0.0, "tests_failed")
@@ -130,5 +127,5 @@ def test_what_a_setup_step_downloads_into_the_repository_is_there_offline_at_tes
         "        socket.create_connection(('pypi.org', 443), timeout=5)\n")},
         "pass_to_pass": ("tests/test_data.py::test_the_fetched_wheel_is_here", "tests/test_data.py::test_there_is_no_network")})
     build(prefetch, store, repositories={REPOSITORY: FILES})
-    graded = grade_solution(offline, FIX, open_sandbox("local", sandbox_spec(offline)))
+    graded = grade_solution(offline, FIX, open_sandbox("local", sandbox_spec(offline, store)))
     assert (graded.passed, graded.failure) == (True, None), graded.exec.stdout[-2000:]

@@ -105,10 +105,20 @@ def swebench(tmp_path_factory) -> Iterator[Path]:
     (root / "instances.jsonl").write_text("\n".join(lines) + "\n")
     # Its specification, in the shape SWE-bench publishes them (acme/calc is not in the table).
     (root / "specs.json").write_text(json.dumps(SPECS))
-    patch = pytest.MonkeyPatch()  # its environment built in a store of its own
-    patch.setenv("CRUCIBLE_ENVIRONMENTS", str(root / ".environments"))
+    patch = pytest.MonkeyPatch()  # its environment built in a store of its own (the CLI's setting too)
+    patch.setenv("CRUCIBLE_ENVIRONMENTS", str(store_of(root).root))
     yield root
     patch.undo()
+
+
+def store_of(root: Path) -> EnvironmentStore:
+    """The environment store of a module's tasks."""
+    return EnvironmentStore(root / ".environments")
+
+
+def local(task, root: Path):
+    """A local sandbox for `task`, in its environment built in `root`'s store."""
+    return open_sandbox("local", sandbox_spec(task, store_of(root)))
 
 
 SPECS = {"acme/calc": {"1.0": {"python": "3.11", "pip_packages": ["pytest==7.4.4"], "test_cmd": "python -m pytest -rA"}}}
@@ -147,8 +157,8 @@ def test_bad_swebench_instances_are_rejected_with_position_and_reason(swebench):
 
 def test_the_imported_gold_patch_passes_in_the_sandbox_and_nothing_fails(swebench):
     [task] = import_tasks("swebench", swebench / "instances.jsonl", options(swebench)).tasks
-    assert build_environments([task], "local") == {}
-    gold, empty = grade_solution(task, task.reference_solution), grade_solution(task, "")
+    assert build_environments([task], "local", store_of(swebench)) == {}
+    gold, empty = (grade_solution(task, solution, local(task, swebench)) for solution in (task.reference_solution, ""))
     assert (gold.reward, gold.tamper_flags, set(gold.outcomes.values())) == (1.0, (), {"passed"})
     assert empty.outcomes == {"tests/test_ops.py::test_divide_by_zero_raises_value_error": "failed",
                               "tests/test_ops.py::test_add": "passed", "tests/test_ops.py::test_divide": "passed"}
@@ -222,23 +232,20 @@ def harbor(tmp_path_factory) -> Iterator[Path]:
     """Harbor task directories, and a store of their own for the environments their Dockerfiles
     make (removed with their Docker images after the module)."""
     root = tmp_path_factory.mktemp("harbor")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("CRUCIBLE_ENVIRONMENTS", str(root / ".environments"))
     harbor_task(root, "greet")
     harbor_task(root, "no-instruction", **{"instruction.md": None})
     harbor_task(root, "bad-toml", **{"task.toml": "[metadata\n"})
     harbor_task(root, "solve-fails", **{"solution/solve.sh": "#!/bin/bash\necho cannot >&2\nexit 3\n"})
     harbor_task(root, "no-tests", **{"tests/test_outputs.py": "def helper():\n    pass\n"})
     yield root
-    for digest in images(EnvironmentStore()):
+    for digest in images(store_of(root)):
         remove_image(digest)
-    patch.undo()
 
 
 def greet_task(harbor: Path, backend: str = "local"):
     """The greet task, its environment built for `backend`."""
     task = import_tasks("harbor", harbor / "greet", ImportOptions("hb")).tasks[0]
-    build_all([task.environment], backend)
+    build_all([task.environment], backend, store_of(harbor))
     return task
 
 
@@ -261,12 +268,13 @@ def test_harbor_task_directories_import_with_a_reference_diff_from_solve_sh(harb
 
 def test_a_harbor_task_is_graded_by_its_test_sh_and_verdict_file(harbor):
     task = greet_task(harbor)
-    solved, untouched = grade_solution(task, task.reference_solution), grade_solution(task, "")
+    solved, untouched = (grade_solution(task, solution, local(task, harbor))
+                         for solution in (task.reference_solution, ""))
     assert (solved.reward, solved.tamper_flags, set(solved.outcomes.values())) == (1.0, (), {"passed"})
     assert (untouched.reward, untouched.tamper_flags, set(untouched.outcomes.values())) == (0.0, (), {"failed"})
     half = task.reference_solution.replace("name.strip()", "name")
-    assert grade_solution(task, half).outcomes == {"test_outputs.py::test_greets_by_name": "passed",
-                                                   "test_outputs.py::test_strips_whitespace": "failed"}
+    assert grade_solution(task, half, local(task, harbor)).outcomes == {
+        "test_outputs.py::test_greets_by_name": "passed", "test_outputs.py::test_strips_whitespace": "failed"}
 
 
 def test_a_harbor_submission_cannot_write_the_verdict_for_failing_tests(harbor):
@@ -284,13 +292,14 @@ def test_a_harbor_submission_cannot_write_the_verdict_for_failing_tests(harbor):
          def greet(name):
              return "Hi"
         """)
-    g = grade_solution(task, cheat)
+    g = grade_solution(task, cheat, local(task, harbor))
     assert set(g.outcomes.values()) == {"failed"} and g.reward == 0.0
 
 
 def test_a_harbor_reference_passes_on_every_backend(harbor, backend_name):
     task = greet_task(harbor, backend_name)  # on Docker, an image built from the task's Dockerfile
-    g = grade_solution(task, task.reference_solution, open_sandbox(backend_name, sandbox_spec(task)))
+    sandbox = open_sandbox(backend_name, sandbox_spec(task, store_of(harbor)))
+    g = grade_solution(task, task.reference_solution, sandbox)
     assert (g.reward, g.exec.backend) == (1.0, backend_name)
 
 

@@ -18,7 +18,7 @@ from environments import interpreters
 from environments.build import images, remove_image
 from environments.store import EnvironmentStore
 from grading.gradability import ProofLedger, build_environments, prove
-from grading.submission import grade_solution
+from grading.submission import grade_solution, sandbox_spec
 from sandbox.backends import open_sandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from statuses import Outcome
@@ -41,14 +41,11 @@ def tasks():
 
 @pytest.fixture(scope="module")
 def environments(tmp_path_factory):
-    """A store of its own for the module (CRUCIBLE_ENVIRONMENTS), its Docker images removed after."""
-    root = tmp_path_factory.mktemp("environments")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("CRUCIBLE_ENVIRONMENTS", str(root))
-    yield EnvironmentStore(root)
-    for digest in images(EnvironmentStore(root)):
+    """A store of its own for the module, its Docker images removed after."""
+    store = EnvironmentStore(tmp_path_factory.mktemp("environments"))
+    yield store
+    for digest in images(store):
         remove_image(digest)
-    patch.undo()
 
 
 def test_the_instances_import_as_published_with_binary_files_and_environments(tasks):
@@ -93,7 +90,7 @@ EXPECTED = {
 def test_every_instance_is_proven_gradable_or_left_out_with_its_reason_on_every_backend(tasks, environments,
                                                                                          backend_name):
     with SandboxPool(lambda spec: open_sandbox(backend_name, spec), PoolConfig(cpu_slots=2)) as pool:
-        report = prove(tasks, backend_name, pool, task_set="swe")
+        report = prove(tasks, backend_name, pool, ProofLedger(environments), task_set="swe")
     found = {t.task_id.removeprefix("swe/"): "; ".join(t.reasons) or t.verdict for t in report.tasks}
     assert sorted(found) == sorted(EXPECTED)
     for instance, expected in EXPECTED.items():
@@ -105,7 +102,7 @@ def test_every_instance_is_proven_gradable_or_left_out_with_its_reason_on_every_
 
 def test_an_empty_patch_says_which_test_failed(tasks, environments):
     assert build_environments([tasks[0]], "local", environments) == {}
-    graded = grade_solution(tasks[0], "")
+    graded = grade_solution(tasks[0], "", open_sandbox("local", sandbox_spec(tasks[0], environments)))
     assert (graded.reward, graded.failure.reason.value) == (0.0, "tests_failed")
     assert "tests/test_config.py::test_config_from_file_toml" in graded.failure.detail
 
@@ -221,5 +218,6 @@ def test_a_module_in_src_named_like_the_standard_librarys_shadows_nothing(tasks,
     flask = tasks[0]
     assert build_environments([flask], "local", environments) == {}
     shadow = "--- /dev/null\n+++ b/src/argparse.py\n@@ -0,0 +1,2 @@\n+import os\n+os._exit(0)\n"
-    graded = grade_solution(flask, flask.reference_solution + shadow)
+    sandbox = open_sandbox("local", sandbox_spec(flask, environments))
+    graded = grade_solution(flask, flask.reference_solution + shadow, sandbox)
     assert (graded.passed, graded.tamper_flags) == (True, ())

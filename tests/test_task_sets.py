@@ -348,10 +348,13 @@ def test_bad_task_set_names_file_line_task_and_field(
     assert str(raised.value) == expected
 
 
-def test_unknown_builtin_lists_available_sets(monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("CRUCIBLE_TASK_SETS", str(tmp_path))  # an empty library
+def test_an_unknown_set_says_where_it_was_looked_for_and_what_there_is(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(TaskSetError, match=rf"^unknown task set 'nope' \(imported sets are looked up in {tmp_path}\); "
+                                           "available: compose, default, mine, repair, shopcart$"):
+        load_task_set("nope", tmp_path)
     with pytest.raises(TaskSetError, match=r"^unknown task set 'nope'; available: compose, default, repair, shopcart$"):
-        load_task_set("nope")
+        load_task_set("nope")  # no library: built-in sets only
 
 
 def test_missing_path_is_reported(tmp_path: Path) -> None:

@@ -41,7 +41,8 @@ import torch
 from datastore import catalog
 from datastore.schema import Observations
 from datastore.store import DatasetStore, rows_to_table
-from grading.gradability import prove, unproven, with_proofs
+from environments.store import EnvironmentStore
+from grading.gradability import ProofLedger, prove, unproven, with_proofs
 from grading.reproducibility import Agreement, agreement, regrade_sample
 from grading.rewards import Process
 from grading.submission import grade_solution, sandbox_spec
@@ -84,12 +85,14 @@ class Environment(Protocol):
     `crucible` resource is one)."""
 
     storage_root: str
+    task_sets: str  # the imported task-set library
     sandbox_backend: str  # where tasks are graded: what their proofs of gradability are for
 
     def store(self) -> DatasetStore: ...
     def sandbox_pool(self, is_infra_failure: Callable[[object], bool], shares: int = 1) -> SandboxPool: ...
     def open_session(self, task: Task, previous: Session | None = None, /) -> Session: ...
     def checkpoint_dir(self, experiment: str, iteration: int) -> Path: ...
+    def environment_store(self) -> EnvironmentStore: ...
     def base_policy_dir(self, experiment: str) -> Path: ...
 
 
@@ -149,25 +152,30 @@ class Iteration:
         return f"{self.experiment.name}-{self.number:04d}"
 
     @cached_property
+    def ledger(self) -> ProofLedger:
+        """The proofs of gradability of the environment store tasks are built in."""
+        return ProofLedger(self.env.environment_store())
+
+    @cached_property
     def loaded_task_set(self) -> TaskSet:
         """The experiment's set as its files have it, every task included."""
-        return load_task_set(self.experiment.task_set)
+        return load_task_set(self.experiment.task_set, Path(self.env.task_sets))
 
     @cached_property
     def task_set(self) -> TaskSet:
         """The set iterations sample and evaluate: its tasks not proven gradable on this
         backend are left out of its splits (grading/gradability.py; `prove_unproven` first)."""
-        return with_proofs(self.loaded_task_set, self.env.sandbox_backend)
+        return with_proofs(self.loaded_task_set, self.env.sandbox_backend, self.ledger)
 
     def prove_unproven(self) -> int:
         """Prove the set's tasks that have no proof on this backend yet: their reference and
         wrong submissions graded in their built environments. How many there were."""
-        pending = unproven(self.loaded_task_set, self.env.sandbox_backend)
+        pending = unproven(self.loaded_task_set, self.env.sandbox_backend, self.ledger)
         if pending:
             self.log(f"proving {len(pending)} task(s) of {self.loaded_task_set.name!r} gradable on the "
                      f"{self.env.sandbox_backend} backend: reference and wrong submissions")
             with self.env.sandbox_pool(is_infra_failure=lambda g: g.reward_status is RewardStatus.INFRA_ERROR) as pool:
-                prove(pending, self.env.sandbox_backend, pool, progress=self.log)
+                prove(pending, self.env.sandbox_backend, pool, self.ledger, progress=self.log)
         return len(pending)
 
     def sample_tasks(self) -> list[TaskBase]:
@@ -324,7 +332,8 @@ class Iteration:
         graded, progress = [], ProgressLines(self.log, "graded {done}/{total}")
         with self.env.sandbox_pool(is_infra_failure=lambda g: g.grade.reward_status is RewardStatus.INFRA_ERROR,
                                    shares=shares) as pool:
-            for done, result in enumerate(pool.map(lambda item: sandbox_spec(item[0]), verify, work), start=1):
+            store = self.env.environment_store()
+            for done, result in enumerate(pool.map(lambda item: sandbox_spec(item[0], store), verify, work), start=1):
                 graded.append(result)
                 progress(done, len(work))
         if pool.retries or pool.quarantined:

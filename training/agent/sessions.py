@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from environments.store import EnvironmentStore
 from grading.submission import repository_files, sandbox_spec
 from sandbox.backends import open_sandbox
 from sandbox.base import SandboxUnavailable, Session, WorkspacePathError
+from sandbox.docker_hosts import DockerHost
+from sandbox.spec import SandboxSpec
 from task_sets.schema import SOLUTION_FILE, RepositoryTask, Task
 
 
@@ -27,24 +30,26 @@ class OpenSession(Protocol):
     def __call__(self, task: Task, previous: Session | None = None, /) -> Session: ...
 
 
-def starting_files(task: Task) -> dict[str, str | bytes]:
-    """What an episode's workspace holds at the start: the task's files (a repository's binary
-    files and its environment's workspace layer included; for a function task, solution.py with
-    the task's prefix unless the files hold the solution.py to start from)."""
+def starting_files(task: Task, spec: SandboxSpec) -> dict[str, str | bytes]:
+    """What an episode's workspace holds at the start in the sandbox `spec` runs: the task's files
+    (a repository's binary files and its environment's workspace layer included; for a function
+    task, solution.py with the task's prefix unless the files hold the solution.py to start from)."""
     if isinstance(task, RepositoryTask):
-        return repository_files(task, sandbox_spec(task))
+        return repository_files(task, spec)
     return {SOLUTION_FILE: task.solution_prefix, **task.files}
 
 
-def episode_session(backend: str, task: Task, previous: Session | None = None) -> Session:
-    """An OpenSession on the named sandbox backend (bind the backend with functools.partial)."""
-    spec = sandbox_spec(task)
-    files = starting_files(task)
+def episode_session(backend: str, task: Task, previous: Session | None = None, *,
+                    store: EnvironmentStore | None = None, hosts: tuple[DockerHost, ...] = ()) -> Session:
+    """An OpenSession on the named sandbox backend (bind the backend, the environment store
+    tasks with an environment need and the Docker daemons with functools.partial)."""
+    spec = sandbox_spec(task, store)
+    files = starting_files(task, spec)
     if previous is not None:
         if previous.spec == spec and _reset(previous, files):
             return previous
         previous.close()
-    return open_sandbox(backend, spec).session(files)
+    return open_sandbox(backend, spec, hosts).session(files)
 
 
 def _reset(session: Session, files: dict[str, str | bytes]) -> bool:
