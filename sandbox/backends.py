@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sandbox.base import Sandbox
-from sandbox.docker_hosts import DockerHost
 from sandbox.spec import SandboxSpec
+
+if TYPE_CHECKING:  # the docker SDK loads only for the docker backend
+    from sandbox.docker_hosts import DockerHost
 
 BACKENDS = ("local", "docker")
 

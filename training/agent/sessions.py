@@ -12,14 +12,16 @@ replaced.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from environments.store import EnvironmentStore
 from grading.submission import repository_files, sandbox_spec
 from sandbox.backends import open_sandbox
 from sandbox.base import SandboxUnavailable, Session, WorkspacePathError
-from sandbox.docker_hosts import DockerHost
 from sandbox.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from environments.store import EnvironmentStore
+    from sandbox.docker_hosts import DockerHost
 from task_sets.schema import SOLUTION_FILE, RepositoryTask, Task
 
 
