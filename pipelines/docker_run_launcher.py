@@ -15,7 +15,7 @@ container knows too:
 - its user, so that checkpoints stay the operator's.
 
 A run container has no kernel namespaces of its own to spare, so its sandboxes are Docker
-containers beside it, on the daemon whose socket it is given (sandbox/docker_hosts.py copies
+containers beside it, on the daemon whose socket it is given (sandbox/docker_fleet.py copies
 grading's files to them: that daemon does not see the container's files).
 """
 

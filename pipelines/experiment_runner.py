@@ -13,6 +13,7 @@ experiment follows the first's runs and goes on after them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, Definitions, EventLogEntry
@@ -66,9 +67,7 @@ class ExperimentRunner:
         a file that changes more than how long it runs is refused (`updated_settings`). An `iterations` override is how far
         this run goes: it raises the stored limit (which the sensor and UI launches follow), and
         never lowers it."""
-        from pipelines.definitions import (
-            defs,  # after the caller has chosen the environment
-        )
+        from pipelines.definitions import defs  # its jobs only: runs take these settings as run config
 
         crucible = crucible_resource(deployment)
         exists = crucible.experiment_exists(name)
@@ -97,7 +96,8 @@ class ExperimentRunner:
         """Base policy, then each iteration not yet evaluated, then the analytics."""
         self._refuse_old_instance()
         name = self.config.name
-        with LocalDaemon(self.instance, self.deployment.environment()) as self.daemon:
+        say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
+        with LocalDaemon(self.instance, self.deployment.environment(), say) as self.daemon:
             self._ensure_base_policy()
             for iteration in range(1, self.through + 1):
                 key = add_iteration(self.instance, name, iteration)
@@ -105,7 +105,7 @@ class ExperimentRunner:
                     console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
                     continue
                 console.rule(f"iteration {iteration}/{self.through}  ({key})")
-                self._execute("iteration", partition_key=key)
+                self._execute("iteration", key, done=lambda key=key: self._evaluated(key))
             self._execute("reward_analytics_job")
 
     def _evaluated(self, key) -> bool:
@@ -123,7 +123,7 @@ class ExperimentRunner:
             made = f"import {self.config.base_model}" if self.config.base_model else "build the built-in model"
             warm = ", then warm it up on reference solutions" if self.config.base.sft_steps else ""
             console.rule(f"base policy of {self.config.name!r}: {made}{warm}")
-            self._execute("base_policy_job", partition_key=self.config.name)
+            self._execute("base_policy_job", self.config.name, done=self._base_policy_ready)
 
     def _check_base_model(self) -> None:
         """A base_model that cannot be post-trained is refused before any run starts."""
@@ -145,22 +145,25 @@ class ExperimentRunner:
             return False
         return True
 
-    def _execute(self, job_name: str, partition_key: str | None = None) -> None:
+    def _execute(self, job_name: str, partition_key: str | None = None, done: Callable[[], bool] = lambda: False):
+        """Run `job_name` for the partition unless `done()` says it is made (by another run
+        meanwhile: a UI launch, a sensor, another `crucible run`)."""
         started = time.perf_counter()
-        self._submit_and_follow(job_name, partition_key)
+        self._submit_and_follow(job_name, partition_key, done)
         console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
 
-    def _submit_and_follow(self, job_name: str, partition_key: str | None) -> None:
+    def _submit_and_follow(self, job_name: str, partition_key: str | None, done: Callable[[], bool]) -> None:
         """Queue the run and follow it to its end. A run of the partition already queued or under
         way (the UI, a sensor) is followed instead, and ours is cancelled if one was queued a moment
         before it: two runs of a partition would train the same iteration twice. One queued after
         ours is its launcher's to answer for (the queue runs it after ours, on the iteration ours
-        made)."""
+        made). Interrupted, our run is cancelled; another's is left to its launcher."""
         job = self.defs.resolve_job_def(job_name)
         tags = dict(job.partitions_def.get_tags_for_partition_key(str(partition_key))) if partition_key else {}
         say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
         while True:
-            if self._follow_others(job_name, partition_key, tags, say):
+            self._follow_others(job_name, partition_key, tags, say)
+            if done():  # looked at after the others' runs ended: their materializations are recorded by then
                 return
             run_id = run_submission.submit(self.daemon, job_name, tags, run_config(self.deployment))
             ours = self.instance.get_run_record_by_id(run_id).storage_id
@@ -170,28 +173,33 @@ class ExperimentRunner:
             self.instance.run_coordinator.cancel_run(run_id)
             say(f"{job_name} {partition_key}: run {rivals[0].dagster_run.run_id} was queued first; ours cancelled")
         say(f"{job_name} {partition_key or ''}: queued as run {run_id}")
-        run = run_submission.follow(self.instance, self.daemon, run_id, say)
+        try:
+            run = run_submission.follow(self.instance, self.daemon, run_id, say)
+        except KeyboardInterrupt:
+            self._cancel(run_id, say)
+            raise
         if run.status != DagsterRunStatus.SUCCESS:
-            raise RunFailed(f"{job_name} {partition_key or ''} {run.status.value.lower()} (run {run_id}):\n"
-                            + "\n".join(run_failures(self.instance, run_id)))
+            raise RunFailed(f"{job_name} {partition_key or ''} {run.status.value.lower()} (run {run.run_id}):\n"
+                            + "\n".join(run_failures(self.instance, run.run_id)))
+
+    def _cancel(self, run_id: str, say: Callable[[str], None]) -> None:
+        """Cancel our run (or the retry that replaced it) if it has not ended."""
+        run = self.instance.get_run_by_id(run_id)
+        while run.tags.get(run_submission.RETRY_TAG):
+            run = self.instance.get_run_by_id(run.tags[run_submission.RETRY_TAG])
+        if not run.is_finished:
+            say(f"run {run.run_id[:8]}: interrupted, cancelling it")
+            self.instance.run_coordinator.cancel_run(run.run_id)
 
     def _unfinished(self, tags: dict[str, str]) -> list:
         return run_submission.unfinished_runs(self.instance, tags) if tags else []
 
-    def _follow_others(self, job_name: str, partition_key: str | None, tags: dict[str, str], say) -> bool:
-        """Follow the partition's runs queued or under way; whether the partition is materialized
-        now (by them, or by one that ended a moment ago: its materializations are recorded before
-        it ends, so looking after the runs leaves no gap)."""
+    def _follow_others(self, job_name: str, partition_key: str | None, tags: dict[str, str], say) -> None:
+        """Follow the partition's runs queued or under way to their end."""
         for record in self._unfinished(tags):
             run = record.dagster_run
             say(f"{job_name} {partition_key}: run {run.run_id} is {run.status.value.lower()} already; following it")
             run_submission.follow(self.instance, self.daemon, run.run_id, say)
-        return partition_key is not None and self._materialized(job_name, partition_key)
-
-    def _materialized(self, job_name: str, partition_key: str) -> bool:
-        """Whether every asset of the job holds the partition (another run made them meanwhile)."""
-        assets = self.defs.resolve_job_def(job_name).asset_layer.executable_asset_keys
-        return all(partition_key in self.instance.get_materialized_partitions(key) for key in assets)
 
 
 def run_failures(instance: DagsterInstance, run_id: str) -> list[str]:

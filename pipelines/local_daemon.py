@@ -8,10 +8,14 @@ socket (pipelines/run_submission.py), so a submission does not import the projec
 
 Commands on one machine share the daemon one of them started: the starter holds a lock in
 DAGSTER_HOME while its daemon lives, and the others leave the launching to it. When the starter
-ends it stops its daemon, wipes its heartbeat (a stopped daemon's would look alive for a minute)
-and lets go of the lock; a command still waiting for runs then starts its own (`ensure`, called
-while a run waits). The code server stops last, once the runs it launched have ended: a run's
+ends it stops its daemon, records it as stopped (its last heartbeat would look alive for minutes)
+and lets go of the lock; a command still following runs then starts its own (`ensure`, called
+while it follows one). The code server stops last, once the runs it launched have ended: a run's
 worker is its child.
+
+While it lives, the daemon does all a daemon does: it evaluates the sensors that are on
+(`keep_analytics_current` is, and may queue a reward_analytics run between iterations), watches
+runs (monitoring) and retries those whose worker died.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -33,37 +38,47 @@ from pipelines.errors import RunFailed
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 LOCATION = "pipelines.definitions"  # workspace.yaml's code location: the UI lists the runs under it
-DEQUEUER = "QUEUED_RUN_COORDINATOR"  # the daemon that takes runs off the queue
-# The daemon heartbeats every 30 s: one silent for longer than two beats and a margin is gone.
-HEARTBEAT_FRESH_S = 75.0
+# A daemon heartbeats every 30 s: one silent for five beats is gone (a loaded machine delays beats).
+HEARTBEAT_FRESH_S = 150.0
+STOPPED_FILE = ".stopped-daemons"  # in DAGSTER_HOME: the ids of the daemons commands started and stopped
+GRPC_INFO_TAG = ".dagster/grpc_info"  # on a run: the code server that started its worker
 START_TIMEOUT_S = 600.0  # importing the code location on a loaded 2-core machine
 STOP_TIMEOUT_S = 60.0
 POLL_S = 1.0
 UNFINISHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
-def daemon_heartbeating(instance: DagsterInstance) -> bool:
-    """Whether a daemon takes runs off this instance's queue now."""
-    beat = instance.get_daemon_heartbeats().get(DEQUEUER)
-    return beat is not None and time.time() - beat.timestamp < HEARTBEAT_FRESH_S
+def live_daemons(instance: DagsterInstance) -> set[str]:
+    """The ids of the daemons heartbeating on this instance now, less those commands stopped."""
+    stopped_file = Path(instance.root_directory) / STOPPED_FILE
+    stopped = set(stopped_file.read_text().split()) if stopped_file.exists() else set()
+    return {beat.daemon_id for beat in instance.get_daemon_heartbeats().values()
+            if time.time() - beat.timestamp < HEARTBEAT_FRESH_S} - stopped
 
 
 class LocalDaemon:
     """The daemon a command relies on: `ensure()` before it queues a run and while one waits,
     `close()` when it ends. `workspace` is what submissions load the code location from."""
 
-    def __init__(self, instance: DagsterInstance, settings: dict[str, str]):
-        """`settings`: the variables the processes it starts read the deployment's settings from."""
-        self.instance = instance
+    def __init__(self, instance: DagsterInstance, settings: dict[str, str],
+                 say: Callable[[str], None] = lambda line: None):
+        """`settings`: the variables the processes it starts read the deployment's settings from;
+        `say`: where it tells what it waits for."""
+        self.instance, self.say = instance, say
         self.environment = {**os.environ, **settings}
         self.workspace = PROJECT_DIR / "workspace.yaml"
         self._lock = (Path(instance.root_directory) / ".local-daemon.lock").open("a")
         self._folder: Path | None = None  # our code server's socket, workspace file and logs
         self._code_server: subprocess.Popen | None = None
         self._daemon: subprocess.Popen | None = None
+        self._daemon_ids: set[str] = set()
 
     def __enter__(self) -> LocalDaemon:
-        self.ensure()
+        try:
+            self.ensure()
+        except BaseException:  # what started is stopped, and the lock given back
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -80,7 +95,7 @@ class LocalDaemon:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return  # another command on this machine runs (or is starting) the daemon
-        if daemon_heartbeating(self.instance):
+        if live_daemons(self.instance):
             fcntl.flock(self._lock, fcntl.LOCK_UN)  # the instance's own daemon
             return
         self._start_daemon()
@@ -91,7 +106,8 @@ class LocalDaemon:
         if self._daemon is not None:
             _stop(self._daemon)
             self._daemon = None
-            self.instance.wipe_daemon_heartbeats()
+            with (Path(self.instance.root_directory) / STOPPED_FILE).open("a") as stopped:
+                stopped.write("".join(f"{daemon_id}\n" for daemon_id in self._daemon_ids))
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
         if self._code_server is not None:
@@ -117,7 +133,8 @@ class LocalDaemon:
         log = self._folder / "daemon.log"
         self._daemon = _start([console_script("dagster-daemon"), "run", "-w", str(self.workspace)], log,
                               self.environment)
-        self._wait_for(lambda: daemon_heartbeating(self.instance), "the Dagster daemon", self._daemon, log)
+        self._wait_for(lambda: live_daemons(self.instance), "the Dagster daemon", self._daemon, log)
+        self._daemon_ids = live_daemons(self.instance)  # no other was live: we hold the lock and saw none
 
     def _wait_for(self, ready, what: str, process: subprocess.Popen, log: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -134,9 +151,12 @@ class LocalDaemon:
     def _wait_for_launched_runs(self) -> None:
         """Runs whose worker our code server started (a run of another command, launched by our
         daemon) end before it stops."""
-        socket = str(self._folder / "code.sock")
-        while any(socket in run.tags.get("dagster/grpc_info", "")
-                  for run in self.instance.get_runs(RunsFilter(statuses=UNFINISHED))):
+        socket, told = str(self._folder / "code.sock"), False
+        while launched := [run.run_id for run in self.instance.get_runs(RunsFilter(statuses=UNFINISHED))
+                           if socket in run.tags.get(GRPC_INFO_TAG, "")]:
+            if not told:
+                self.say(f"waiting for run {launched[0][:8]} to end: this command's code server runs its worker")
+                told = True
             time.sleep(POLL_S)
 
 

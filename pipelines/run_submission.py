@@ -24,7 +24,8 @@ from pipelines.logging import shown
 
 POLL_S = 2.0
 EVENTS_PER_READ = 1000
-DAEMON_CHECK_POLLS = 15  # while a run is queued, that a daemon still takes runs: every 30 s
+DAEMON_CHECK_POLLS = 5  # while a run is followed, that a daemon is still there: every 10 s
+RETRY_WAIT_S = 300.0  # the retry daemon's ticks are seconds apart; one that declines says nothing here
 # Dagster's tags on a failed run that its run retries will launch again, and on the run, its retry.
 WILL_RETRY_TAG, RETRY_TAG = "dagster/will_retry", "dagster/auto_retry_run_id"
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -55,30 +56,30 @@ def submit(daemon: LocalDaemon, job_name: str, tags: dict[str, str], run_config:
 
 def follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Callable[[str], None]) -> DagsterRun:
     """Wait for the run to end, saying meanwhile what its steps log and when each starts and ends;
-    the finished run, or, when the instance's run retries launch it again, the retry's. While it
-    is queued, a daemon is kept there to start it. Interrupted, the run is cancelled before the
-    interruption goes on."""
-    try:
-        while True:
-            run = _follow(instance, daemon, run_id, say)
-            if run.tags.get(WILL_RETRY_TAG) != "true":
-                return run
-            run_id = _retry(instance, daemon, run_id)
-            say(f"run {run.run_id[:8]} failed; Dagster's run retries launch it again as run {run_id[:8]}")
-    except KeyboardInterrupt:
-        run = instance.get_run_by_id(run_id)
-        if run is not None and not run.is_finished:
-            say(f"run {run_id[:8]}: interrupted, cancelling it")
-            instance.run_coordinator.cancel_run(run_id)
-        raise
+    the finished run, or, when the instance's run retries launch it again, the retry's. A daemon
+    is kept there meanwhile (one that stops, another command's, is replaced)."""
+    while True:
+        run = _follow(instance, daemon, run_id, say)
+        retry = _retry(instance, daemon, run)
+        if retry is None:
+            return run
+        say(f"run {run.run_id[:8]} failed; Dagster's run retries launch it again as run {retry[:8]}")
+        run_id = retry
 
 
-def _retry(instance: DagsterInstance, daemon: LocalDaemon, run_id: str) -> str:
-    """The id of the run that retries `run_id`, once the daemon has made it."""
-    while (retry := instance.get_run_by_id(run_id).tags.get(RETRY_TAG)) is None:
+def _retry(instance: DagsterInstance, daemon: LocalDaemon, run: DagsterRun) -> str | None:
+    """The id of the run that retries a failed `run`, once the daemon has made it; None when none
+    will. Dagster tags a failed run with whether it will be retried just after it fails."""
+    if run.status != DagsterRunStatus.FAILURE or not instance.run_retries_enabled:
+        return None
+    deadline = time.monotonic() + RETRY_WAIT_S
+    while time.monotonic() < deadline:
+        tags = instance.get_run_by_id(run.run_id).tags
+        if tags.get(RETRY_TAG) is not None or tags.get(WILL_RETRY_TAG) == "false":
+            return tags.get(RETRY_TAG)
         daemon.ensure()
         time.sleep(POLL_S)
-    return retry
+    return None  # the retry daemon declined, or never came: the failure stands
 
 
 def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Callable[[str], None]) -> DagsterRun:
@@ -88,7 +89,7 @@ def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Ca
         changed, status = run.status != status, run.status
         if changed and not run.is_finished:
             say(f"run {run_id[:8]}: {status.value.lower()}")
-        if status == DagsterRunStatus.QUEUED and polls % DAEMON_CHECK_POLLS == 0:
+        if polls % DAEMON_CHECK_POLLS == 0:  # queued, it waits for one; under way, run monitoring watches it
             daemon.ensure()
         records = instance.get_records_for_run(run_id, cursor=cursor, limit=EVENTS_PER_READ)
         for record in records.records:

@@ -51,7 +51,8 @@ from sandbox.base import (
     run_once,
 )
 from sandbox.capture import OutputCapture
-from sandbox.docker_hosts import Daemon, DockerHost, NoDaemon, docker_host_default, fleet
+from sandbox.docker_fleet import Daemon, NoDaemon, fleet
+from sandbox.docker_hosts import DockerHost, docker_host_default
 from sandbox.result import ExecResult
 from sandbox.spec import SandboxSpec
 from sandbox.workspace import files_to_tar, regular_files_from_tar, regular_files_in_tar, safe_relative

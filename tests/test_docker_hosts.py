@@ -1,4 +1,4 @@
-"""Docker sessions spread over several daemons (sandbox/docker_hosts.py): the main daemon and a
+"""Docker sessions spread over several daemons (sandbox/docker_fleet.py): the main daemon and a
 second one on its own socket (scripts/docker-daemon with CRUCIBLE_DOCKERD_NAME), stopped in the
 middle of a batch of MBPP gradings."""
 

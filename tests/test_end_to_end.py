@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import psycopg2
 import pytest
 from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance, materialize
@@ -123,6 +124,21 @@ def test_crucible_run_completes_an_iteration_and_prints_the_summary(finished_run
     assert "experiment 'tiny'" in finished_run.stdout
     assert "crucible sql" in finished_run.stdout and "crucible ui" in finished_run.stdout
     assert "sampled 4/4 tasks" in finished_run.stderr  # the assets' progress lines reach the terminal
+
+
+def test_crucible_runs_runs_went_through_the_queue_to_a_daemon_it_stopped_when_done(finished_run, environment):
+    """With no daemon on the instance, `crucible run` starts one for its own duration: its runs
+    are queued, launched by that daemon (each in a run worker of its code location, which is
+    what the UI lists), and nothing of it outlives the command."""
+    with _run_instance(environment) as instance:
+        [run] = [record.dagster_run for record in instance.get_run_records()
+                 if record.dagster_run.tags.get("dagster/partition") == "tiny|0001"]
+        assert run.job_name == "iteration" and run.remote_job_origin is not None
+        assert run.remote_job_origin.location_name == "pipelines.definitions"
+        assert instance.get_daemon_heartbeats() == {}  # wiped when it stopped: the next command starts its own
+    left = [process.info["cmdline"] for process in psutil.process_iter(["cmdline", "environ"])
+            if (process.info["environ"] or {}).get("DAGSTER_HOME") == environment["DAGSTER_HOME"]]
+    assert left == []
 
 
 @contextlib.contextmanager
