@@ -45,7 +45,8 @@ from assets.io_manager import DatasetIOManager  # noqa: E402
 from assets.iteration import task_set  # noqa: E402
 from assets.partitions import add_iteration, experiments  # noqa: E402
 from assets.policy import base_policy  # noqa: E402
-from assets.resources import CrucibleResource  # noqa: E402
+from pipelines.resources import crucible_resource  # noqa: E402
+from pipelines.settings import load_settings  # noqa: E402
 from datastore.store import DatasetStore  # noqa: E402
 from pipelines.instance import prepare_instance  # noqa: E402
 from training.experiment import BasePolicySettings, ExperimentConfig  # noqa: E402
@@ -95,7 +96,7 @@ def main() -> None:
                    "CRUCIBLE_CHECKPOINT_ROOT": str(scratch / "checkpoints"), "HF_HUB_OFFLINE": "1"}
     os.environ.update(environment)
     prepare_instance()
-    crucible = CrucibleResource(storage_root=str(scratch / "data"), checkpoint_root=str(scratch / "checkpoints"))
+    crucible = crucible_resource(load_settings())  # the variables above, and the task-set library's
     settings = ExperimentConfig(name=NAME, task_set=args.task_set, tasks_per_iteration=args.tasks,
                                 samples_per_task=args.samples, max_turns=args.turns, temperature=0.6,
                                 base=BasePolicySettings(sft_steps=args.warmup_steps, warmup_fraction=0.5))

@@ -27,11 +27,13 @@ def training_step_client(settings: Settings) -> TrainingStepClient:
 
 
 def run_config(settings: Settings) -> dict:
-    """Where these settings keep things, as the run config of a run submitted with them: a run
-    launched by a daemon of another environment (a UI's) still reads and writes where the
-    submitting command was told."""
+    """These settings' resources, as the run config of a run submitted with them: a run launched
+    by a daemon of another environment (a UI's) still reads and writes where the submitting
+    command was told, and trains where it was told. The executor (step_processes) is the code
+    location's, the launching daemon's setting."""
     return {"resources": {
         "crucible": {"config": crucible_resource(settings).model_dump(exclude_unset=True)},
+        "training_step": {"config": training_step_client(settings).model_dump(exclude_unset=True)},
         "io_manager": {"config": {"storage_root": settings.storage_root}},
         STEP_OUTPUTS: {"config": {"base_dir": step_outputs_dir(settings.storage_root)}},
     }}

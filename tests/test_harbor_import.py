@@ -207,5 +207,5 @@ def test_with_what_test_sh_fetches_provided_both_recipes_judge_cleanly(imported,
     assert [(t.task_id, t.verdict) for t in report.tasks] == [("cookbook/multi-reward", "ok"),
                                                               ("cookbook/simple-task", "ok")]
     multi = next(t for t in tasks if t.id == "cookbook/multi-reward")
-    graded = grade_solution(multi, multi.reference_solution)
+    graded = grade_solution(multi, multi.reference_solution, open_sandbox("local", sandbox_spec(multi, environments)))
     assert (graded.passed, graded.tests_collected, graded.tamper_flags) == (True, 8, ())

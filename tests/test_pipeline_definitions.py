@@ -234,12 +234,6 @@ def test_settings_made_in_one_folder_hold_in_a_process_started_in_another(tmp_pa
     assert settings.task_sets == str(tmp_path / ".crucible" / "task_sets")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent.parent))
-    SNAPSHOT.write_text(json.dumps(definitions_snapshot(), indent=2, sort_keys=True) + "\n")
-    print(f"wrote {SNAPSHOT}")
-
-
 def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_under_way(instance, crucible):
     """The queue cannot keep an experiment's base-policy run and its iteration runs apart (their
     tags differ): the base policy refuses, naming the run, before it writes anything."""
@@ -267,3 +261,9 @@ def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_un
         release.set()
         holder.join()
     assert not Path(crucible.base_policy_dir("exp")).exists()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    SNAPSHOT.write_text(json.dumps(definitions_snapshot(), indent=2, sort_keys=True) + "\n")
+    print(f"wrote {SNAPSHOT}")
