@@ -116,11 +116,12 @@ def advance_iterations(context: SensorEvaluationContext, crucible: CrucibleResou
         experiments.build_add_request(names), iteration_numbers.build_add_request([f"{n:04d}" for n in numbers])])
 
 
-# Running by default, in the daemon (`crucible ui` starts one): reward_analytics follows every
-# iteration, from the UI, a backfill, the sensor above or `crucible run`.
+# Running by default, in the daemon (`crucible ui` or `crucible run` starts one): reward_analytics
+# follows every iteration, from the UI, a backfill, the sensor above or `crucible run`. Its runs
+# yield to the iterations waiting in the queue beside them (a lower priority).
 keep_analytics_current = AutomationConditionSensorDefinition(
     "keep_analytics_current", target=AssetSelection.assets("reward_analytics"),
-    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30, run_tags={"dagster/priority": "-1"},
 )
 
 
