@@ -44,6 +44,7 @@ STOPPED_FILE = ".stopped-daemons"  # in DAGSTER_HOME: the ids of the daemons com
 GRPC_INFO_TAG = ".dagster/grpc_info"  # on a run: the code server that started its worker
 START_TIMEOUT_S = 600.0  # importing the code location on a loaded 2-core machine
 STOP_TIMEOUT_S = 60.0
+CODE_SERVER_GRACE_S = 3.0
 POLL_S = 1.0
 UNFINISHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
@@ -112,7 +113,9 @@ class LocalDaemon:
         self._lock.close()
         if self._code_server is not None:
             self._wait_for_launched_runs()
-            _stop(self._code_server)
+            # An interrupt that lands while it serves a request is taken for that request's and the
+            # server goes on; with no run left to serve it holds nothing, so it is not waited for long.
+            _stop(self._code_server, CODE_SERVER_GRACE_S)
             self._code_server = None
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
@@ -173,10 +176,11 @@ def _start(command: list[str], log: Path, environment: dict[str, str]) -> subpro
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)  # both shut down cleanly on an interrupt
+def _stop(process: subprocess.Popen, grace_s: float = STOP_TIMEOUT_S) -> None:
+    """Interrupt it (the daemon then stops its threads cleanly), and kill it after `grace_s`."""
+    process.send_signal(signal.SIGINT)
     try:
-        process.wait(timeout=STOP_TIMEOUT_S)
+        process.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
