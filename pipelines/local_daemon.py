@@ -113,8 +113,8 @@ class LocalDaemon:
         self._lock.close()
         if self._code_server is not None:
             self._wait_for_launched_runs()
-            # An interrupt that lands while it serves a request is taken for that request's and the
-            # server goes on; with no run left to serve it holds nothing, so it is not waited for long.
+            # `dagster api grpc` defers interrupts and serves on; with no run of its left it holds
+            # nothing, so it is killed after a moment.
             _stop(self._code_server, CODE_SERVER_GRACE_S)
             self._code_server = None
         if self._folder is not None:
@@ -126,7 +126,7 @@ class LocalDaemon:
         self._code_server = _start(
             [console_script("dagster"), "api", "grpc", "--module-name", LOCATION, "--working-directory",
              str(PROJECT_DIR), "--location-name", LOCATION, "--socket", str(socket)],
-            self._folder / "code-server.log", self.environment)
+            self._folder / "code-server.log", self.environment, dies_with=signal.SIGKILL)
         self.workspace = self._folder / "workspace.yaml"
         self.workspace.write_text(yaml.safe_dump(
             {"load_from": [{"grpc_server": {"socket": str(socket), "location_name": LOCATION}}]}))
@@ -169,10 +169,14 @@ def console_script(name: str) -> str:
     return str(beside) if beside.exists() else name
 
 
-def _start(command: list[str], log: Path, environment: dict[str, str]) -> subprocess.Popen:
-    """A service process that ends with this one however it ends (the kernel sends it SIGTERM)."""
+def _start(command: list[str], log: Path, environment: dict[str, str],
+           dies_with: signal.Signals = signal.SIGTERM) -> subprocess.Popen:
+    """A service process that ends with this one however it ends: the kernel sends it `dies_with`
+    (the daemon stops cleanly on SIGTERM; `dagster api grpc` defers interrupts and serves on, so
+    it is killed, and a run worker it started goes on to its run's end)."""
     with log.open("ab") as out:
-        return subprocess.Popen(["setpriv", "--pdeathsig", "TERM", *command], cwd=PROJECT_DIR, env=environment,
+        return subprocess.Popen(["setpriv", "--pdeathsig", dies_with.name.removeprefix("SIG"), *command],
+                                cwd=PROJECT_DIR, env=environment,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
