@@ -44,7 +44,7 @@ STOPPED_FILE = ".stopped-daemons"  # in DAGSTER_HOME: the ids of the daemons com
 GRPC_INFO_TAG = ".dagster/grpc_info"  # on a run: the code server that started its worker
 START_TIMEOUT_S = 600.0  # importing the code location on a loaded 2-core machine
 STOP_TIMEOUT_S = 60.0
-CODE_SERVER_GRACE_S = 3.0
+CODE_SERVER_GRACE_S = 1.0
 POLL_S = 1.0
 UNFINISHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
