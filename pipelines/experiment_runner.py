@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 console = Console(stderr=True)
 
 
+def say(line: str) -> None:
+    """A line of a run's progress as the run wrote it: one line however wide, never rich markup."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
     """The error at the bottom of a chain: Dagster wraps what a resource or an asset raised
     ("Error executing resource_fn …"), and that is the sentence that says what happened."""
@@ -96,7 +101,6 @@ class ExperimentRunner:
         """Base policy, then each iteration not yet evaluated, then the analytics."""
         self._refuse_old_instance()
         name = self.config.name
-        say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
         with LocalDaemon(self.instance, self.deployment.environment(), say) as self.daemon:
             self._ensure_base_policy()
             for iteration in range(1, self.through + 1):
@@ -160,7 +164,6 @@ class ExperimentRunner:
         made). Interrupted, our run is cancelled; another's is left to its launcher."""
         job = self.defs.resolve_job_def(job_name)
         tags = dict(job.partitions_def.get_tags_for_partition_key(str(partition_key))) if partition_key else {}
-        say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
         while True:
             self._follow_others(job_name, partition_key, tags, say)
             if done():  # looked at after the others' runs ended: their materializations are recorded by then
