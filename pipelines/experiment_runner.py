@@ -100,6 +100,8 @@ class ExperimentRunner:
     def run(self) -> None:
         """Base policy, then each iteration not yet evaluated, then the analytics."""
         self._refuse_old_instance()
+        if not self._base_policy_ready():
+            self._check_base_model()  # before a daemon starts: a refusal takes a second, not a minute
         name = self.config.name
         with LocalDaemon(self.instance, self.deployment.environment(), say) as self.daemon:
             self._ensure_base_policy()
@@ -123,7 +125,6 @@ class ExperimentRunner:
 
     def _ensure_base_policy(self) -> None:
         if not self._base_policy_ready():
-            self._check_base_model()
             made = f"import {self.config.base_model}" if self.config.base_model else "build the built-in model"
             warm = ", then warm it up on reference solutions" if self.config.base.sft_steps else ""
             console.rule(f"base policy of {self.config.name!r}: {made}{warm}")
