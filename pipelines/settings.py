@@ -106,7 +106,8 @@ class Settings(BaseSettings):
     def environment(self) -> dict[str, str]:
         """These settings as the variables a process started from this one reads them from (the
         unset ones too, so that a file's or this command's values are the ones it sees)."""
-        return {f"{PREFIX}{name.upper()}": str(value) for name, value in self.model_dump().items()}
+        values = {f"{PREFIX}{name.upper()}": str(value) for name, value in self.model_dump().items()}
+        return {**values, FILE_VARIABLE: str(settings_file().resolve())}  # the same file, wherever it starts
 
 
 def settings_file() -> Path:
