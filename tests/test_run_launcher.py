@@ -70,7 +70,8 @@ def launched(cluster):
     write_task_set([*compose.train()[:6], *compose.eval()[:3]], workdir / "task_sets" / "mini")
     prepare_instance()
     crucible = CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
-                                checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"])
+                                checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"],
+                                task_sets=environment["CRUCIBLE_TASK_SETS"])
     crucible.save_experiment(ExperimentConfig(
         name="boxed", task_set="mini", tasks_per_iteration=4, samples_per_task=2, max_new_tokens=24, eval_tasks=3,
         eval_samples=2, refill_rounds=1, base=TINY_BASE, max_turns=1))
