@@ -26,14 +26,21 @@ def training_step_client(settings: Settings) -> TrainingStepClient:
                               pod_template=settings.train_pod_template)
 
 
+# Where data lives, of the crucible resource's settings: what a run launched by another
+# environment's daemon must still share with the command that submitted it (the Docker run
+# launcher mounts these three at their paths). Built environments are each machine's own.
+DATA_PLACES = ("storage_root", "checkpoint_root", "task_sets")
+
+
 def run_config(settings: Settings) -> dict:
-    """These settings' resources, as the run config of a run submitted with them: a run launched
-    by a daemon of another environment (a UI's) still reads and writes where the submitting
-    command was told, and trains where it was told. The executor (step_processes) is the code
-    location's, the launching daemon's setting."""
+    """The data places of these settings, as the run config of a run submitted with them: a run
+    launched by a daemon of another environment (a UI's) still reads and writes where the
+    submitting command was told. How a run executes (sandbox backend, training step, executor)
+    is the launching daemon's environment: a run container, say, grades in Docker whatever the
+    submitter's backend; the daemon a command starts itself has the command's settings."""
+    crucible = crucible_resource(settings).model_dump(include=set(DATA_PLACES))
     return {"resources": {
-        "crucible": {"config": crucible_resource(settings).model_dump(exclude_unset=True)},
-        "training_step": {"config": training_step_client(settings).model_dump(exclude_unset=True)},
+        "crucible": {"config": crucible},
         "io_manager": {"config": {"storage_root": settings.storage_root}},
         STEP_OUTPUTS: {"config": {"base_dir": step_outputs_dir(settings.storage_root)}},
     }}
