@@ -23,7 +23,7 @@ from assets.partitions import add_experiment, add_iteration
 from pipelines import run_submission
 from pipelines.errors import RunFailed, UserError
 from pipelines.local_daemon import LocalDaemon
-from pipelines.resources import crucible_resource, run_config
+from pipelines.resources import crucible_resource
 from pipelines.settings import Settings
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
@@ -72,7 +72,7 @@ class ExperimentRunner:
         a file that changes more than how long it runs is refused (`updated_settings`). An `iterations` override is how far
         this run goes: it raises the stored limit (which the sensor and UI launches follow), and
         never lowers it."""
-        from pipelines.definitions import defs  # its jobs only: runs take these settings as run config
+        from pipelines.definitions import defs  # its jobs only: a run's resources are made where it executes
 
         crucible = crucible_resource(deployment)
         exists = crucible.experiment_exists(name)
@@ -169,7 +169,7 @@ class ExperimentRunner:
             self._follow_others(job_name, partition_key, tags, say)
             if done():  # looked at after the others' runs ended: their materializations are recorded by then
                 return
-            run_id = run_submission.submit(self.daemon, job_name, tags, run_config(self.deployment))
+            run_id = run_submission.submit(self.daemon, job_name, tags)
             ours = self.instance.get_run_record_by_id(run_id).storage_id
             rivals = [r for r in self._unfinished(tags) if r.storage_id < ours]
             if not rivals:

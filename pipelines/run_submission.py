@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 
-import yaml
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
 
 from pipelines.errors import RunFailed
@@ -37,17 +35,16 @@ def unfinished_runs(instance: DagsterInstance, tags: dict[str, str]) -> list[Run
     return sorted(instance.get_run_records(RunsFilter(tags=tags, statuses=WAITING)), key=lambda r: r.storage_id)
 
 
-def submit(daemon: LocalDaemon, job_name: str, tags: dict[str, str], run_config: dict) -> str:
-    """Queue a run of `job_name` with `tags` and `run_config` on the daemon's workspace; its run id."""
+def submit(daemon: LocalDaemon, job_name: str, tags: dict[str, str]) -> str:
+    """Queue a run of `job_name` with `tags` on the daemon's workspace; its run id. Its resources
+    are the code location's, made where the run executes from that environment's settings (the
+    daemon a command starts has the command's)."""
     run_id = str(uuid.uuid4())
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
-        yaml.safe_dump(run_config, config)
-        config.flush()
-        launched = subprocess.run(
-            [console_script("dagster"), "job", "launch", "-w", str(daemon.workspace), "-j", job_name,
-             "--tags", json.dumps(tags), "--run-id", run_id, "--config", config.name],
-            cwd=PROJECT_DIR, env=daemon.environment, capture_output=True, text=True,
-        )
+    launched = subprocess.run(
+        [console_script("dagster"), "job", "launch", "-w", str(daemon.workspace), "-j", job_name,
+         "--tags", json.dumps(tags), "--run-id", run_id],
+        cwd=PROJECT_DIR, env=daemon.environment, capture_output=True, text=True,
+    )
     if launched.returncode != 0:
         last = (launched.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RunFailed(f"{job_name} could not be queued: {last}")
