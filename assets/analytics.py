@@ -39,7 +39,7 @@ from assets.iteration import (
     trajectories,
 )
 from assets.resources import CrucibleResource
-from datastore import catalog
+from datastore import catalog, metrics
 from training.evaluation.monitors import SAMPLE_CHECKS, judge_samples
 
 ITERATION_MEASURES = ("tasks", "samples", "scored", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",
@@ -75,22 +75,16 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     iteration = this_iteration(context, crucible)
     experiment, con = iteration.experiment, catalog.connect(crucible.storage_root)
     where = [experiment.name, iteration.number]
-    found = catalog.records(con, "SELECT * FROM iteration_rewards WHERE experiment = ? AND iteration = ?", where)
+    found = metrics.of_iteration(con, "iteration_rewards", *where)
     if not found:
         raise Failure(f"no trajectories stored for {experiment.name} iteration {iteration.number}")
     [stats] = found
-    tasks = catalog.records(con, "SELECT * FROM task_rewards WHERE experiment = ? AND iteration = ? "
-                          "ORDER BY pass_rate, task_id", where)
-    rewards = [r for (r,) in con.execute("SELECT reward FROM trajectories WHERE experiment = ? AND iteration = ? "
-                                          "AND reward IS NOT NULL", where).fetchall()]
-    flags = catalog.records(con, "SELECT flag, count(*) AS samples FROM (SELECT unnest(tamper_flags) AS flag FROM "
-                          "trajectories WHERE experiment = ? AND iteration = ?) GROUP BY flag ORDER BY samples DESC",
-                     where)
-    [episodes] = catalog.records(con, "SELECT * FROM turn_analytics WHERE experiment = ? AND iteration = ?", where)
-    by_turns = catalog.records(con, "SELECT turns, episodes, pass_rate FROM pass_rate_by_turns WHERE experiment = ? "
-                               "AND iteration = ? ORDER BY turns", where)
-    failures = catalog.records(con, "SELECT failure, runs FROM failing_observations WHERE experiment = ? AND "
-                               "iteration = ? ORDER BY runs DESC, failure LIMIT 10", where)
+    tasks = metrics.of_iteration(con, "task_rewards", *where, order_by="pass_rate, task_id")
+    rewards = metrics.scored_rewards(con, *where)
+    flags = metrics.tamper_flags(con, *where)
+    [episodes] = metrics.of_iteration(con, "turn_analytics", *where)
+    by_turns = metrics.of_iteration(con, "pass_rate_by_turns", *where, order_by="turns")
+    failures = metrics.of_iteration(con, "failing_observations", *where, order_by="runs DESC, failure", limit=10)
     verdicts = judge_samples(stats, experiment.monitors)
     if stats["scored"]:
         scored = f"pass rate {stats['pass_rate']:.3f}, reward {stats['reward_mean']:.3f} ± {stats['reward_std']:.3f}"
@@ -128,13 +122,10 @@ def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource)
     reward curve, and the pass rate by difficulty."""
     con = catalog.connect(crucible.storage_root)
     # Iteration 0 (the base policy) has an evaluation but no samples.
-    rows = catalog.records(con, "SELECT i.experiment, i.iteration, r.* EXCLUDE (experiment, iteration), i.eval_pass_rate, "
-                         "i.eval_stderr FROM iterations i LEFT JOIN iteration_rewards r USING (experiment, iteration) "
-                         "ORDER BY i.experiment, i.iteration")
-    by_difficulty = catalog.records(con, "SELECT experiment, iteration, difficulty, pass_rate FROM difficulty_rewards "
-                                        "ORDER BY ALL")
+    rows = metrics.rewards_beside_evaluation(con)
+    by_difficulty = metrics.every_iteration(con, "difficulty_rewards")
     context.log.info(f"{len(rows)} iterations summarised")
-    every = catalog.records(con, "SELECT * FROM iterations ORDER BY experiment, iteration")
+    every = metrics.every_iteration(con, "iterations")
     per_experiment = {}
     for experiment in sorted({row["experiment"] for row in every}):
         mine = [row for row in every if row["experiment"] == experiment]

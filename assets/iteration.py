@@ -1,5 +1,5 @@
 """One RL iteration as assets, partitioned by experiment and iteration number (assets/partitions.py):
-thin functions over training/iteration.py, which holds the rules (`rollouts` and
+thin functions over training/iteration/, which holds the rules, a module per stage (`rollouts` and
 `verified_rollouts`, fan-outs over shards, are in assets/rollouts.py and assets/verification.py).
 
     base_policy[experiment] -> task_set -> rollouts -> verified_rollouts -> trajectories -> iteration_rewards
@@ -7,7 +7,7 @@ thin functions over training/iteration.py, which holds the rules (`rollouts` and
 
 Iteration N samples from checkpoint N-1 (the experiment's base policy for N = 1). Dagster maps a
 partition to an earlier one only on a time dimension, so that edge is not drawn: the data path
-checks it instead (training/iteration.py refuses a checkpoint whose lineage does not hold), and the
+checks it instead (training/iteration/lineage.py refuses a checkpoint whose lineage does not hold), and the
 run queue runs one iteration of an experiment at a time (pipelines/dagster.yaml).
 """
 
@@ -50,13 +50,19 @@ from task_sets.separation import separation
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
 from training.inference.engines import gpu_released
-from training.iteration import NOTHING_LEARNED, Iteration, Refused
+from training.iteration import evaluation, tasks
+from training.iteration.context import IterationRef, Refused
+from training.iteration.evaluation import Evaluation
+from training.iteration.lineage import Checkpoints
+from training.iteration.sampling import Sampler
+from training.iteration.training_step import NOTHING_LEARNED, judge_step, train_job
+from training.iteration.verification import Grader
 from training.rl.trainer import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
 
-def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible: CrucibleResource) -> Iteration:
+def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible: CrucibleResource) -> IterationRef:
     """The partition's iteration, with the experiment's stored settings, logging to the run."""
     try:
         name, number = parse_iteration_key(context.partition_key)
@@ -67,7 +73,7 @@ def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible
         raise Failure(f"iteration {number} is beyond experiment {name!r}'s limit of {experiment.iterations}: raise it "
                       f"first (`crucible run --experiment {name} --iterations {number}`, or the create_experiment job "
                       f"with iterations = {number})", allow_retries=False)
-    return Iteration(crucible, experiment, number, log=context.log.info)
+    return IterationRef(experiment, number)
 
 
 @contextmanager
@@ -98,10 +104,10 @@ def task_set(
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
-    refuse_beside_other_writers(context.instance, context.run_id, iteration.experiment.name)
+    refuse_beside_other_writers(context.instance, context.run_id, iteration.name)
     backend = crucible.sandbox_backend
-    proven = iteration.prove_unproven()
-    usable = iteration.task_set
+    proven = tasks.prove_unproven(crucible, iteration.experiment, context.log.info)
+    usable = tasks.usable_task_set(crucible, iteration.experiment)
     # Every environment the usable tasks declare (the held-out tasks' too), built once for this backend.
     failed = build_environments([t for t in usable if t.id not in usable.unusable], backend, crucible.environment_store(),
                                 progress=context.log.info)
@@ -111,17 +117,18 @@ def task_set(
         raise Failure(f"no train task of {usable.name!r} is proven gradable on the {backend} backend, so there is "
                       f"nothing to sample: {len(usable.unusable)} left out (crucible tasks list --task-set "
                       f"{usable.name} says why)")
-    tasks = iteration.sample_tasks()
-    store, name, number = crucible.store(), iteration.experiment.name, iteration.number
-    store.write_partition("tasks", name, number, rows_to_table("tasks", iteration.task_rows(tasks)))
+    sampled = tasks.sample_tasks(iteration, usable)
+    store, name, number = crucible.store(), iteration.name, iteration.number
+    store.write_partition("tasks", name, number, rows_to_table("tasks", tasks.task_rows(usable, sampled)))
     report_stored(context, store, "tasks", name, number)
-    by_difficulty = Counter(task.difficulty for task in tasks)
-    digests = sorted({t.environment.digest[:16] for t in iteration.loaded_task_set if t.environment})
-    yield Output(tasks, metadata={"tasks": len(tasks), "environments": ", ".join(digests)
-                                  or "none (the sandbox image as it is)",
-                                  **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")},
-                                  **_gradability_metadata(iteration.task_set, proven)})
-    yield eval_split_held_out(iteration.task_set, tasks)
+    by_difficulty = Counter(task.difficulty for task in sampled)
+    digests = sorted({t.environment.digest[:16] for t in tasks.loaded_task_set(crucible, iteration.experiment)
+                      if t.environment})
+    yield Output(sampled, metadata={"tasks": len(sampled), "environments": ", ".join(digests)
+                                    or "none (the sandbox image as it is)",
+                                    **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")},
+                                    **_gradability_metadata(usable, proven)})
+    yield eval_split_held_out(usable, sampled)
 
 
 def eval_split_held_out(task_set: TaskSet, sampled: list[TaskBase]) -> AssetCheckResult:
@@ -156,11 +163,12 @@ def trajectories(
 ) -> MaterializeResult:
     """The iteration's samples as one atomically written Parquet partition."""
     iteration = this_iteration(context, crucible)
-    name, number, store = iteration.experiment.name, iteration.number, crucible.store()
+    name, number, store = iteration.name, iteration.number, crucible.store()
     with timed_stage(store, name, number, "trajectories"):
         table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
         # A re-run replaces the partition, but never deletes what a checkpoint's lineage names.
-        path = store.write_partition("trajectories", name, number, table, keep=iteration.trained_on())
+        path = store.write_partition("trajectories", name, number, table,
+                                     keep=Checkpoints(crucible, name).trained_on(number))
     return MaterializeResult(
         metadata={"path": MetadataValue.path(store.uri_of(path)), "rows": table.num_rows}
     )
@@ -201,15 +209,16 @@ def checkpoint(
     of assets/training_step.py); then the stability monitors, as asset checks, on the new
     checkpoint."""
     iteration = this_iteration(context, crucible)
-    name, number, store = iteration.experiment.name, iteration.number, crucible.store()
-    replaced = iteration.recorded_hash()  # None: a first training step
+    name, number, store = iteration.name, iteration.number, crucible.store()
+    checkpoints = Checkpoints(crucible, name)
+    replaced = checkpoints.recorded_hash(number)  # None: a first training step
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint"):
-        job = iteration.train_job()
+        job = train_job(iteration, crucible, tasks.usable_task_set(crucible, iteration.experiment).version)
         with gpu_released():
             invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
         reported = invocation.get_materialize_result().metadata or {}
-        record = iteration.judge_step(job)
+        record = judge_step(iteration, crucible, job)
         if not record.learned:
             context.log.info(NOTHING_LEARNED)
         store.write_partition("checkpoints", name, number, rows_to_table("checkpoints", [record.row]))
@@ -219,7 +228,7 @@ def checkpoint(
         report_stored(context, store, dataset, name, number)
     if replaced not in (None, record.row["content_hash"]):
         report_off_lineage(context.instance, name, f"the re-run of iteration {number}", number + 1,
-                           iteration.later_trained())
+                           checkpoints.later_trained(number))
     return MaterializeResult(
         metadata={
             **reported,
@@ -241,16 +250,18 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     the base policy's on the same tasks (stored as iteration 0, evaluated again after a rebuild),
     and the curve across iterations; then the experiment's trackers (`report_to`) are told."""
     iteration = this_iteration(context, crucible)
-    store, name, number = crucible.store(), iteration.experiment.name, iteration.number
+    store, name, number = crucible.store(), iteration.name, iteration.number
+    usable, log = tasks.usable_task_set(crucible, iteration.experiment), context.log.info
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint_eval"):
-        evaluated = iteration.evaluate()
+        evaluated = Evaluation(iteration, crucible, usable, Sampler.of(crucible, iteration.experiment, usable, log),
+                               Grader.of(crucible, usable, log)).run()
     report_stored(context, store, "evaluations", name, number)
     with refusals_fail_the_run():
-        curve = iteration.held_out_curve()
+        curve = evaluation.held_out_curve(iteration, crucible.storage_root)
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
     context.log.info(f"held-out pass rate {now['pass_rate']:.3f} ± {now['stderr']:.3f} "
                      f"({now['improvement']:+.3f} over the base policy, {gain:+.1f} standard errors)")
-    blanked = iteration.feedback_curve()
+    blanked = evaluation.feedback_curve(iteration, crucible.storage_root)
     blind = blanked[-1] if blanked and blanked[-1]["iteration"] == number else None
     if blind:
         context.log.info(f"with observations blanked: {blind['blanked_pass_rate']:.3f}; what feedback is worth: "

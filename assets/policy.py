@@ -9,7 +9,7 @@ from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from training.base_policy import make_base_policy
 from training.experiment import ExperimentConfig, ExperimentFileError
-from training.iteration import Iteration
+from training.iteration.tasks import prove_unproven, usable_task_set
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError
 
@@ -45,9 +45,8 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     refuse_beside_other_writers(context.instance, context.run_id, experiment.name)
     out_dir = crucible.base_policy_dir(experiment.name)
     # Warmed up on what the iterations may sample: an imported set's tasks proven gradable only.
-    iteration = Iteration(crucible, experiment, 0, log=context.log.info)
-    iteration.prove_unproven()
-    task_set = iteration.task_set
+    prove_unproven(crucible, experiment, context.log.info)
+    task_set = usable_task_set(crucible, experiment)
 
     def report(step: int, total: int, loss: float) -> None:
         if step == total or step % max(1, total // 10) == 0:

@@ -11,6 +11,9 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
+from training.iteration import regrading
+from training.iteration.tasks import usable_task_set
+from training.iteration.verification import Grader
 
 
 @asset(**{**ITERATION, "group_name": "regrading"}, deps=["trajectories"])
@@ -18,10 +21,11 @@ def regrades(context: AssetExecutionContext, crucible: CrucibleResource) -> Mate
     """The iteration's trained-on submissions graded again in fresh sandboxes, stored under the
     current reward version."""
     iteration = this_iteration(context, crucible)
+    usable = usable_task_set(crucible, iteration.experiment)
     with refusals_fail_the_run():
-        regrade = iteration.regrade()
+        regrade = regrading.regrade(iteration, crucible, usable, Grader.of(crucible, usable, context.log.info))
     store, rows = crucible.store(), regrade.rows
-    path = store.write_partition("regrades", iteration.experiment.name, iteration.number,
+    path = store.write_partition("regrades", iteration.name, iteration.number,
                                  rows_to_table("regrades", rows), part=re.sub(r"[^\w@.-]", "_", regrade.reward_version))
     return MaterializeResult(metadata={
         "path": MetadataValue.path(store.uri_of(path)), "reward_version": regrade.reward_version,

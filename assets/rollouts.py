@@ -1,19 +1,15 @@
-"""The `rollouts` asset as a fan-out over shards of the sampled tasks, so that Dagster's executor
-spreads sampling over processes (the multiprocess executor, CRUCIBLE_STEP_PROCESSES; pods, with a
-Kubernetes executor, are not wired yet: docs/cluster.md):
+"""The `rollouts` asset as a fan-out over shards of the sampled tasks (assets/fan_out.py):
 
     task_set -> plan_rollout_shards -> sample_rollout_shard[shard_0], [shard_1], … -> gather_rollouts
 
-A shard is a contiguous slice of whole tasks (training/iteration.py `shards`) sampled by a step
-of its own with an engine of its own. Shards hand their samples to the gathering step through
-the storage root (assets/step_outputs.py), which every process and pod of a run reaches.
+A shard is a contiguous slice of whole tasks (training/iteration/sampling.py `shards`) sampled by a
+step of its own with an engine of its own; pods, with a Kubernetes executor, are not wired yet
+(docs/cluster.md).
 """
 
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 from dagster import (
     AssetIn,
@@ -29,6 +25,7 @@ from dagster import (
     op,
 )
 
+from assets.fan_out import Shard, ShardDone, gathered, planned
 from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
@@ -37,20 +34,10 @@ from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
 from datastore.schema import TRUNCATED
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
-
-@dataclass(frozen=True)
-class Shard:
-    index: int
-    count: int  # shards in all
-    tasks: list[TaskBase]
-    policy: tuple[Path, str]  # the checkpoint every shard samples: directory, content hash
-    planned_at: dt.datetime  # when the stage began, for its timing
-
-
-@dataclass(frozen=True)
-class ShardSamples:
-    shard: Shard
-    samples: list[Rollout]
+from training.iteration.lineage import Checkpoints
+from training.iteration import sampling
+from training.iteration.sampling import Sampler
+from training.iteration.tasks import usable_task_set
 
 
 @op(ins={"task_set": In(list[TaskBase]), "base_policy": In(Nothing)},
@@ -61,36 +48,34 @@ def plan_rollout_shards(context: OpExecutionContext, crucible: CrucibleResource,
     sample, checked once (its lineage and content hash) for all of them."""
     iteration, planned_at = this_iteration(context, crucible), dt.datetime.now(dt.timezone.utc)
     with refusals_fail_the_run():
-        policy = iteration.policy()
-    shards = iteration.shards(task_set)
-    for index, tasks in enumerate(shards):
-        yield DynamicOutput(Shard(index, len(shards), tasks, policy, planned_at), mapping_key=f"shard_{index}")
+        policy = Checkpoints(crucible, iteration.name).sampled_by(iteration.number)
+    yield from planned(sampling.shards(iteration.experiment, task_set), planned_at, policy)
 
 
-@op(out=Out(ShardSamples, io_manager_key=STEP_OUTPUTS), pool=ACCELERATOR)
-def sample_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource, shard: Shard) -> ShardSamples:
+@op(out=Out(ShardDone, io_manager_key=STEP_OUTPUTS), pool=ACCELERATOR)
+def sample_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource, shard: Shard) -> ShardDone:
     """K samples per task of one shard, from the previous iteration's checkpoint."""
     iteration = this_iteration(context, crucible)
+    sampler = Sampler.of(crucible, iteration.experiment, usable_task_set(crucible, iteration.experiment),
+                         context.log.info)
     with refusals_fail_the_run():
-        return ShardSamples(shard, iteration.sample_shard(shard.tasks, shard.index, shard.count, shard.policy))
+        return ShardDone(shard, sampler.sample_shard(iteration, shard.work, shard.index, shard.count, shard.policy))
 
 
 @op(out=Out(list[Rollout]))
 def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
-                    shards: list[ShardSamples]) -> Output[list[Rollout]]:
+                    shards: list[ShardDone]) -> Output[list[Rollout]]:
     """The shards' samples in the order of the tasks, and the stage's time, first plan to last
     shard. Once it has succeeded, the shards' hand-overs are deleted (assets/step_outputs.py)."""
     iteration = this_iteration(context, crucible)
-    ordered = sorted(shards, key=lambda done: done.shard.index)
-    samples = [rollout for done in ordered for rollout in done.samples]
-    record_stage(crucible.store(), iteration.experiment.name, iteration.number, "rollouts",
-                 started_at=ordered[0].shard.planned_at)
+    samples, first = gathered(shards)
+    record_stage(crucible.store(), iteration.name, iteration.number, "rollouts", started_at=first.planned_at)
     tokens, seconds = sum(r.sampled_tokens for r in samples), sum(r.generate_s for r in samples)
     return Output(samples, metadata={
-        "policy": MetadataValue.path(str(ordered[0].shard.policy[0])),
-        "policy_version": ordered[0].shard.policy[1],
+        "policy": MetadataValue.path(str(first.policy[0])),
+        "policy_version": first.policy[1],
         "samples": len(samples),
-        "shards": len(ordered),
+        "shards": first.count,
         "sampled_tokens": tokens,
         "sampled_tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
         "truncated": sum(r.finish_reason in TRUNCATED for r in samples),

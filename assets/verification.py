@@ -1,6 +1,5 @@
-"""The `verified_rollouts` asset as a fan-out over slices of the rollouts, so that Dagster's
-executor spreads grading over processes (the multiprocess executor, CRUCIBLE_STEP_PROCESSES) when
-one grading process is not enough (docs/cluster.md: ~50 Docker gradings a second):
+"""The `verified_rollouts` asset as a fan-out over slices of the rollouts (assets/fan_out.py), for
+when one grading process is not enough (docs/cluster.md):
 
     rollouts -> plan_grading_shards -> grade_rollout_shard[shard_0], [shard_1], … -> gather_verified_rollouts
 
@@ -16,7 +15,6 @@ re-grading of a seeded share that the `verdicts_reproducible` check reports.
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from dagster import (
     AssetCheckResult,
@@ -32,6 +30,7 @@ from dagster import (
     op,
 )
 
+from assets.fan_out import Shard, ShardDone, gathered, planned
 from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
@@ -40,66 +39,55 @@ from statuses import RewardStatus
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout
-from training.iteration import slices
+from training.iteration.context import slices
+from training.iteration.lineage import Checkpoints
+from training.iteration.sampling import Sampler
+from training.iteration.tasks import usable_task_set
+from training.iteration.verification import Grader, grading_work, verify
 
 CHECK = "verdicts_reproducible"
 
 
-@dataclass(frozen=True)
-class GradingShard:
-    index: int
-    count: int  # shards in all
-    work: list[tuple[TaskBase, Rollout]]  # a contiguous slice of the rollouts, each with its task
-    planned_at: dt.datetime  # when the stage began, for its timing
-
-
-@dataclass(frozen=True)
-class ShardGrades:
-    shard: GradingShard
-    graded: list[VerifiedRollout]
-
-
-@op(out=DynamicOut(GradingShard, io_manager_key=STEP_OUTPUTS))
+@op(out=DynamicOut(Shard, io_manager_key=STEP_OUTPUTS))
 def plan_grading_shards(context: OpExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase],
-                        rollouts: list[Rollout]) -> Iterator[DynamicOutput[GradingShard]]:
+                        rollouts: list[Rollout]) -> Iterator[DynamicOutput[Shard]]:
     """The rollouts, each with its task, in `grading_shards` contiguous slices."""
     planned_at = dt.datetime.now(dt.timezone.utc)
-    iteration = this_iteration(context, crucible)
-    shards = slices(iteration.grading_work(task_set, rollouts), crucible.grading_shards)
-    for index, work in enumerate(shards):
-        yield DynamicOutput(GradingShard(index, len(shards), work, planned_at), mapping_key=f"shard_{index}")
+    yield from planned(slices(grading_work(task_set, rollouts), crucible.grading_shards), planned_at)
 
 
-@op(out=Out(ShardGrades, io_manager_key=STEP_OUTPUTS))
-def grade_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource, shard: GradingShard) -> ShardGrades:
+@op(out=Out(ShardDone, io_manager_key=STEP_OUTPUTS))
+def grade_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource, shard: Shard) -> ShardDone:
     """Every rollout of the shard graded in a fresh sandbox against its task's hidden tests."""
     iteration = this_iteration(context, crucible)
     if shard.count > 1:
         context.log.info(f"grading shard {shard.index + 1}/{shard.count}: {len(shard.work)} rollouts")
+    grader = Grader.of(crucible, usable_task_set(crucible, iteration.experiment), context.log.info)
     with refusals_fail_the_run():
-        return ShardGrades(shard, iteration.grade(shard.work, shares=shard.count))
+        return ShardDone(shard, grader.grade(shard.work, shares=shard.count))
 
 
 @op(out={"result": Out(list[VerifiedRollout]), CHECK: Out()})
 def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleResource, task_set: list[TaskBase],
-                             rollouts: list[Rollout], shards: list[ShardGrades]) -> Iterator:
+                             rollouts: list[Rollout], shards: list[ShardDone]) -> Iterator:
     """The shards' grades in the rollouts' order, refilled and partly graded again; the stage's
     time, first plan to the end of this step. Once it has succeeded, the shards' hand-overs are
     deleted (assets/step_outputs.py)."""
-    iteration = this_iteration(context, crucible)
-    ordered = sorted(shards, key=lambda done: done.shard.index)
+    iteration, log = this_iteration(context, crucible), context.log.info
+    usable = usable_task_set(crucible, iteration.experiment)
+    sampler = Sampler.of(crucible, iteration.experiment, usable, log)
+    graded, first = gathered(shards)
     with refusals_fail_the_run():
-        verification = iteration.verify(task_set, rollouts, iteration.group_prefix,
-                                        [verified for done in ordered for verified in done.graded])
-    record_stage(crucible.store(), iteration.experiment.name, iteration.number, "verified_rollouts",
-                 started_at=ordered[0].shard.planned_at)
+        verification = verify(iteration, usable, task_set, rollouts, graded, Grader.of(crucible, usable, log), sampler,
+                              lambda: sampler.engine(Checkpoints(crucible, iteration.name).sampled_by(iteration.number)))
+    record_stage(crucible.store(), iteration.name, iteration.number, "verified_rollouts", started_at=first.planned_at)
     graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")
     statuses = Counter(v.grade.reward_status for v in graded.graded)
     yield Output(graded.graded, "result", metadata={
         "samples": len(graded.graded),
-        "grading_shards": len(ordered),
+        "grading_shards": first.count,
         "groups": graded.groups,
         "informative_groups": graded.informative,
         "refill_rounds": graded.rounds,
@@ -108,7 +96,7 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
         "invalid": statuses[RewardStatus.INVALID],
         "regraded": repeat.sampled,
         "regrade_agreement": repeat.rate,
-        "reward_function": iteration.task_set.reward.version,
+        "reward_function": usable.reward.version,
     })
     yield AssetCheckResult(
         asset_key="verified_rollouts",

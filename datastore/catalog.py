@@ -17,7 +17,7 @@ fail just because an experiment has not reached a stage.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import duckdb
@@ -137,13 +137,6 @@ def export_database(root_uri: str, path: Path) -> None:
             connect(root_uri, str(partial), snapshot=True).close()
         finally:
             Path(f"{partial}.wal").unlink(missing_ok=True)  # DuckDB's write-ahead log, if it failed midway
-
-
-def records(con: duckdb.DuckDBPyConnection, query: str, parameters: Sequence = ()) -> list[dict]:
-    """A query's rows as dicts keyed by column name."""
-    result = con.execute(query, parameters)
-    names = [column[0] for column in result.description]
-    return [dict(zip(names, values)) for values in result.fetchall()]
 
 
 def _sql_string(text: str) -> str:

@@ -45,6 +45,10 @@ Definitions:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import duckdb
+
 from datastore.schema import TRUNCATED
 
 SCORED = "reward_status = 'scored'"
@@ -242,3 +246,75 @@ METRIC_VIEWS = {
         FROM model_evaluations GROUP BY experiment
     """,
 }
+
+
+# Reading them: every query the product runs over the views above, on a connection the catalog
+# (datastore/catalog.py) opened.
+
+
+def records(con: duckdb.DuckDBPyConnection, query: str, parameters: Sequence = ()) -> list[dict]:
+    """A query's rows as dicts keyed by column name."""
+    result = con.execute(query, parameters)
+    names = [column[0] for column in result.description]
+    return [dict(zip(names, values)) for values in result.fetchall()]
+
+
+def of_iteration(con: duckdb.DuckDBPyConnection, view: str, experiment: str, iteration: int,
+                 order_by: str = "ALL", limit: int | None = None) -> list[dict]:
+    """The rows of `view` (one named above, or a dataset) for one iteration."""
+    bounded = f" LIMIT {int(limit)}" if limit is not None else ""
+    return records(con, f"SELECT * FROM {view} WHERE experiment = ? AND iteration = ? ORDER BY {order_by}{bounded}",
+                   [experiment, iteration])
+
+
+def curve(con: duckdb.DuckDBPyConnection, view: str, experiment: str, through: int | None = None) -> list[dict]:
+    """The rows of `view` for iterations 0 to `through` (None: every one) of an experiment, in order."""
+    bound = "" if through is None else f" AND iteration <= {int(through)}"
+    return records(con, f"SELECT * FROM {view} WHERE experiment = ?{bound} ORDER BY iteration", [experiment])
+
+
+def every_iteration(con: duckdb.DuckDBPyConnection, view: str) -> list[dict]:
+    """The rows of `view` for every iteration of every experiment, in order."""
+    return records(con, f"SELECT * FROM {view} ORDER BY experiment, iteration")
+
+
+def scored_rewards(con: duckdb.DuckDBPyConnection, experiment: str, iteration: int) -> list[float]:
+    """The reward of every scored sample of one iteration."""
+    return [reward for (reward,) in con.execute(
+        "SELECT reward FROM trajectories WHERE experiment = ? AND iteration = ? AND reward IS NOT NULL",
+        [experiment, iteration]).fetchall()]
+
+
+def tamper_flags(con: duckdb.DuckDBPyConnection, experiment: str, iteration: int) -> list[dict]:
+    """How many samples of one iteration raised each tamper flag, the commonest first."""
+    return records(con, "SELECT flag, count(*) AS samples FROM (SELECT unnest(tamper_flags) AS flag FROM trajectories "
+                   "WHERE experiment = ? AND iteration = ?) GROUP BY flag ORDER BY samples DESC, flag",
+                   [experiment, iteration])
+
+
+def held_out_with_feedback(con: duckdb.DuckDBPyConnection, experiment: str) -> list[dict]:
+    """The held-out curve of an experiment with the blanked evaluation beside each iteration that has one."""
+    return records(con, """
+        SELECT h.*, f.blanked_pass_rate, f.blanked_stderr, f.feedback_gap, f.feedback_gap_stderr,
+               f.feedback_gap_in_stderrs
+        FROM held_out h LEFT JOIN feedback_value f USING (experiment, iteration)
+        WHERE experiment = ? ORDER BY iteration""", [experiment])
+
+
+def rewards_beside_evaluation(con: duckdb.DuckDBPyConnection) -> list[dict]:
+    """Every iteration of every experiment: its reward analytics beside its held-out evaluation
+    (iteration 0, the base policy, has an evaluation but no samples)."""
+    return records(con, "SELECT i.experiment, i.iteration, r.* EXCLUDE (experiment, iteration), i.eval_pass_rate, "
+                   "i.eval_stderr FROM iterations i LEFT JOIN iteration_rewards r USING (experiment, iteration) "
+                   "ORDER BY i.experiment, i.iteration")
+
+
+def stored_experiments(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The experiments in the store, the most recent first: by the start of their latest stage."""
+    return [name for (name,) in con.execute(
+        "SELECT experiment FROM stages GROUP BY experiment ORDER BY max(started_at) DESC").fetchall()]
+
+
+def model_evaluation(con: duckdb.DuckDBPyConnection, view: str, evaluation: str) -> list[dict]:
+    """The rows of one of the model_eval_* views for one evaluation (`crucible eval --name`), in the view's order."""
+    return records(con, f"SELECT * FROM {view} WHERE evaluation = ?", [evaluation])

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.results import FORMATS as RESULT_FORMATS
 from datastore.results import write_result
 from datastore.store import DatasetStore, StorageUnavailable
@@ -120,11 +120,6 @@ def command_continue(args: argparse.Namespace) -> int:
     return 0
 
 
-SUMMARY_QUERY = """
-    SELECT iteration, pass_rate, reward_mean, sampled_tokens, eval_pass_rate, eval_stderr, eval_blanked_pass_rate,
-           rollouts, verified_rollouts, trajectories, checkpoint, checkpoint_eval
-    FROM iterations WHERE experiment = ? ORDER BY iteration
-"""
 # The iterations view's timing columns (one per stage, in the order they run), by what they do.
 STAGES = {"rollouts": "sampling", "verified_rollouts": "grading", "trajectories": "storing",
           "checkpoint": "training", "checkpoint_eval": "eval"}
@@ -139,7 +134,7 @@ def _cell(value, spec: str) -> str:
 def print_summary(storage_root: str, experiment: str, storage: str | None) -> None:
     """One row per iteration, read back from the stored datasets: what shows at a glance whether
     training helps; the command that shows every column under it (`storage`: the --storage given)."""
-    rows = catalog.records(catalog.connect(storage_root), SUMMARY_QUERY, [experiment])
+    rows = metrics.curve(catalog.connect(storage_root), "iterations", experiment)
     console.print(summary_table(experiment, rows))
     every_column = f"SELECT * FROM iterations WHERE experiment = '{experiment}'"
     console.print(f"every column: {escape(crucible_command('sql', *storage_words(storage), every_column))}",
@@ -147,7 +142,7 @@ def print_summary(storage_root: str, experiment: str, storage: str | None) -> No
 
 
 def summary_table(experiment: str, rows: list[dict]) -> Table:
-    """The summary's rows (SUMMARY_QUERY's) in 100 columns: train and held-out pass rates, the
+    """The summary's rows (the iterations view's) in 100 columns: train and held-out pass rates, the
     policy's tokens per sample, and where the time went."""
     table = Table(title=f"experiment {experiment!r}", caption="iteration 0: the base policy; tokens/sample: the "
                   "policy's own; seconds: its stages' sum")
@@ -213,21 +208,10 @@ def _export_database(args: argparse.Namespace, storage_root: str) -> int:
     return 0
 
 
-CURVE_QUERY = """
-    SELECT h.*, f.blanked_pass_rate, f.blanked_stderr, f.feedback_gap, f.feedback_gap_stderr, f.feedback_gap_in_stderrs
-    FROM held_out h LEFT JOIN feedback_value f USING (experiment, iteration)
-    WHERE experiment = ? ORDER BY iteration
-"""
-
-
-# Experiments in the store, the most recent first: by the start of their latest stage.
-STORED_EXPERIMENTS_QUERY = "SELECT experiment FROM stages GROUP BY experiment ORDER BY max(started_at) DESC"
-
-
 def stored_experiment(con: duckdb.DuckDBPyConnection, name: str | None, storage_root: str) -> str:
     """`name`, or the most recent experiment when None; refused when the store (`storage_root`,
     which `con` reads) has no such one."""
-    stored = [experiment for (experiment,) in con.execute(STORED_EXPERIMENTS_QUERY).fetchall()]
+    stored = metrics.stored_experiments(con)
     if not stored:
         raise UserError(f"no experiment has run under {storage_root}: run one first "
                         f"({this_crucible()} run --help)")
@@ -246,7 +230,7 @@ def command_curve(args: argparse.Namespace) -> int:
     storage_root = settings_for(args).storage_root
     con = catalog.connect(storage_root)
     experiment = stored_experiment(con, args.experiment, storage_root)
-    rows = catalog.records(con, CURVE_QUERY, [experiment])
+    rows = metrics.held_out_with_feedback(con, experiment)
     if not rows or rows[0]["iteration"] != 0:
         raise UserError(f"experiment {experiment!r} has no scored evaluation of its base policy (iteration 0) "
                         f"under {storage_root}: run it first")

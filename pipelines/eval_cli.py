@@ -109,34 +109,34 @@ def served_model(base_url: str) -> str:
     return listed[0]
 
 
+# Each section of the report: the model_eval_* view (datastore/metrics.py) and its columns shown, by header.
 REPORT = {
-    "Pass rate (mean over tasks ± standard error)": (
-        "SELECT task_set, domain, difficulty, tasks, samples, pass_rate, stderr FROM model_eval_pass_rates "
-        "WHERE evaluation = ?", ("task set", "domain", "difficulty", "tasks", "samples", "pass rate", "± se")),
-    "Stability across repeated samples of a task": (
-        "SELECT repeated_tasks, agreement, unanimous_share FROM model_eval_stability WHERE evaluation = ?",
-        ("tasks sampled ≥ 2×", "pairwise agreement", "tasks all runs agree")),
-    "Failure modes": (
-        "SELECT kind, value, samples FROM model_eval_failures WHERE evaluation = ?", ("kind", "value", "samples")),
-    "Cost": (
-        "SELECT samples, solutions, prompt_tokens_per_solution, sampled_tokens_per_solution, "
-        "observation_tokens_per_solution, sandbox_s_per_solution FROM model_eval_cost WHERE evaluation = ?",
-        ("samples", "solutions (passed)", "prompt tokens / solution", "sampled tokens / solution",
-         "observation tokens / solution", "sandbox s / solution")),
+    "Pass rate (mean over tasks ± standard error)": ("model_eval_pass_rates", {
+        "task set": "task_set", "domain": "domain", "difficulty": "difficulty", "tasks": "tasks",
+        "samples": "samples", "pass rate": "pass_rate", "± se": "stderr"}),
+    "Stability across repeated samples of a task": ("model_eval_stability", {
+        "tasks sampled ≥ 2×": "repeated_tasks", "pairwise agreement": "agreement",
+        "tasks all runs agree": "unanimous_share"}),
+    "Failure modes": ("model_eval_failures", {"kind": "kind", "value": "value", "samples": "samples"}),
+    "Cost": ("model_eval_cost", {
+        "samples": "samples", "solutions (passed)": "solutions", "prompt tokens / solution": "prompt_tokens_per_solution",
+        "sampled tokens / solution": "sampled_tokens_per_solution",
+        "observation tokens / solution": "observation_tokens_per_solution",
+        "sandbox s / solution": "sandbox_s_per_solution"}),
 }
+TEXT_COLUMNS = ("task set", "domain", "difficulty", "kind", "value")
 
 
 def print_report(storage_root: str, name: str) -> None:
-    from datastore import catalog
+    from datastore import catalog, metrics
 
     connection = catalog.connect(storage_root)
-    for title, (query, headers) in REPORT.items():
+    for title, (view, columns) in REPORT.items():
         table = Table(title=f"{title}: {name}")
-        for header in headers:
-            table.add_column(header, justify="left" if header in ("task set", "domain", "difficulty", "kind",
-                                                                   "value") else "right")
-        for row in connection.execute(query, [name]).fetchall():
-            table.add_row(*(_cell(value) for value in row))
+        for header in columns:
+            table.add_column(header, justify="left" if header in TEXT_COLUMNS else "right")
+        for row in metrics.model_evaluation(connection, view, name):
+            table.add_row(*(_cell(row[column]) for column in columns.values()))
         console.print(table)
 
 

@@ -25,7 +25,7 @@ from dagster import (
 
 from assets.partitions import experiments, iteration_key, iteration_numbers, parse_iteration_key
 from assets.resources import CrucibleResource
-from datastore import catalog
+from datastore import catalog, metrics
 from pipelines.jobs import evaluation_job, iteration_job
 from training.continuation import reason_to_stop
 from training.experiment import ExperimentFileError
@@ -85,8 +85,7 @@ def held_out_curves(crucible: CrucibleResource) -> Callable[[str], list[tuple[in
     def curve(name: str) -> list[tuple[int, float]]:
         nonlocal connection
         connection = connection or catalog.connect(crucible.storage_root)
-        rows = catalog.records(connection, "SELECT iteration, pass_rate FROM held_out WHERE experiment = ? "
-                               "ORDER BY iteration", [name])
+        rows = metrics.curve(connection, "held_out", name)
         return [(row["iteration"], row["pass_rate"]) for row in rows]
 
     return curve

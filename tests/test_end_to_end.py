@@ -26,7 +26,7 @@ from assets.datasets import WRITTEN_BY
 from assets.partitions import experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.store import DatasetStore
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from pipelines.jobs import ITERATION_ASSETS
@@ -313,7 +313,7 @@ def test_an_experiment_with_turns_runs_multi_turn_episodes(turns_run, environmen
     evaluated = store.read_partition("evaluations", "turns", 1).to_pylist()
     assert sorted(row["observations"] for row in evaluated) == ["blanked"] * 2 + ["shown"] * 4
     assert all(row["turns"] for row in evaluated)
-    blind = catalog.records(catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"]), "SELECT iteration, tasks FROM "
+    blind = metrics.records(catalog.connect(environment["CRUCIBLE_STORAGE_ROOT"]), "SELECT iteration, tasks FROM "
                             "feedback_value WHERE experiment = 'turns' ORDER BY iteration")
     assert blind == [{"iteration": 0, "tasks": 2}, {"iteration": 1, "tasks": 2}]
     curve = crucible_cli(environment, "curve", "--experiment", "turns", "--out", str(tmp_path / "turns.png"))

@@ -1,4 +1,4 @@
-"""training/iteration.py, without Dagster: which tasks an iteration samples, which checkpoint it
+"""training/iteration/, without Dagster: which tasks an iteration samples, which checkpoint it
 may sample from, train from and evaluate, and what it refuses."""
 
 from __future__ import annotations
@@ -10,7 +10,14 @@ from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
 from training.continuation import reason_to_stop
 from training.experiment import ExperimentConfig
-from training.iteration import Iteration, Refused
+from training.iteration import evaluation
+from training.iteration.context import IterationRef, Refused
+from training.iteration.evaluation import Evaluation
+from training.iteration.lineage import Checkpoints
+from training.iteration.sampling import Sampler, rollout_params
+from training.iteration.tasks import sample_tasks, task_rows, usable_task_set
+from training.iteration.training_step import train_job
+from training.iteration.verification import Grader
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
 
@@ -23,62 +30,80 @@ def crucible(tmp_path) -> CrucibleResource:
     return CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "checkpoints"))
 
 
-def iteration(crucible: CrucibleResource, number: int, **settings) -> Iteration:
-    return Iteration(crucible, ExperimentConfig(name="exp", **settings), number, log=lambda message: None)
+def ref(number: int, **settings) -> IterationRef:
+    return IterationRef(ExperimentConfig(name="exp", **settings), number)
+
+
+def sampled(crucible: CrucibleResource, number: int, **settings) -> list:
+    """The train tasks iteration `number` of an experiment with `settings` samples."""
+    iteration = ref(number, **settings)
+    return sample_tasks(iteration, usable_task_set(crucible, iteration.experiment))
+
+
+def evaluate(crucible: CrucibleResource, number: int, log=lambda message: None, **settings) -> list[dict]:
+    """Iteration `number`'s held-out evaluation, as its checkpoint_eval asset runs it."""
+    iteration = ref(number, **settings)
+    usable = usable_task_set(crucible, iteration.experiment)
+    return Evaluation(iteration, crucible, usable, Sampler.of(crucible, iteration.experiment, usable, log),
+                      Grader.of(crucible, usable, log)).run()
+
+
+def sampled_by(crucible: CrucibleResource, number: int) -> tuple:
+    return Checkpoints(crucible, "exp").sampled_by(number)
 
 
 def test_an_iteration_samples_a_seeded_subset_of_train_tasks_that_changes_each_iteration(crucible):
-    first, again, second = (iteration(crucible, n).sample_tasks() for n in (1, 1, 2))
+    first, again, second = (sampled(crucible, n) for n in (1, 1, 2))
     assert [t.id for t in first] == [t.id for t in again] and len(first) == 64
     assert {t.id for t in first} != {t.id for t in second}
     assert all(task.split == "train" for task in first + second)
-    other_seed = iteration(crucible, 1, seed=1).sample_tasks()
+    other_seed = sampled(crucible, 1, seed=1)
     assert {t.id for t in other_seed} != {t.id for t in first}
 
 
 def test_an_experiment_without_a_subset_samples_every_train_task(crucible):
-    rule = iteration(crucible, 1, tasks_per_iteration=None)
-    assert len(rule.sample_tasks()) == len(rule.task_set.train())
+    train = usable_task_set(crucible, ref(1).experiment).train()
+    assert len(sampled(crucible, 1, tasks_per_iteration=None)) == len(train)
 
 
 def test_an_experiment_warming_up_on_a_share_samples_only_the_train_tasks_the_warm_up_left_out(crucible):
-    rule = iteration(crucible, 1, task_set="repair", tasks_per_iteration=None, base={"warmup_fraction": 0.5})
-    warmed = {task.id for task in rule.experiment.warmup_tasks(rule.task_set)}
-    sampled = {task.id for task in rule.sample_tasks()}
-    assert warmed.isdisjoint(sampled) and warmed | sampled == {task.id for task in rule.task_set.train()}
-    assert len(warmed) == len(rule.task_set.train()) // 2
-    everything = iteration(crucible, 1, task_set="repair", tasks_per_iteration=None)
-    assert len(everything.experiment.warmup_tasks(everything.task_set)) == len(everything.sample_tasks())
+    half = ref(1, task_set="repair", tasks_per_iteration=None, base={"warmup_fraction": 0.5})
+    repair = usable_task_set(crucible, half.experiment)
+    warmed = {task.id for task in half.experiment.warmup_tasks(repair)}
+    chosen = {task.id for task in sample_tasks(half, repair)}
+    assert warmed.isdisjoint(chosen) and warmed | chosen == {task.id for task in repair.train()}
+    assert len(warmed) == len(repair.train()) // 2
+    everything = ref(1, task_set="repair", tasks_per_iteration=None)
+    assert len(everything.experiment.warmup_tasks(repair)) == len(sample_tasks(everything, repair))
 
 
 def test_a_warm_up_share_that_leaves_nothing_to_sample_is_refused_with_the_reason(crucible):
-    rule = iteration(crucible, 1, task_set="repair", base={"warmup_fraction": 0.9999})
     with pytest.raises(ValueError, match=r"warmup_fraction 0.9999 leaves none of task set 'repair'\'s 792 train tasks"):
-        rule.sample_tasks()
+        sampled(crucible, 1, task_set="repair", base={"warmup_fraction": 0.9999})
 
 
 def test_every_task_of_the_set_is_recorded_and_marked_sampled_or_not(crucible):
-    rule = iteration(crucible, 3)
-    sampled = rule.sample_tasks()
-    table = rows_to_table("tasks", rule.task_rows(sampled))
-    assert table.num_rows == len(rule.task_set)
-    assert sum(table["sampled"].to_pylist()) == len(sampled)
+    compose = usable_task_set(crucible, ref(3).experiment)
+    chosen = sample_tasks(ref(3), compose)
+    table = rows_to_table("tasks", task_rows(compose, chosen))
+    assert table.num_rows == len(compose)
+    assert sum(table["sampled"].to_pylist()) == len(chosen)
 
 
 def test_one_seed_drives_every_random_choice_of_an_iteration(crucible):
-    assert iteration(crucible, 7, seed=2).seed == iteration(crucible, 7, seed=2).rollout_params().seed
-    assert len({iteration(crucible, n, seed=s).seed for n in range(1, 50) for s in range(3)}) == 147
+    assert ref(7, seed=2).seed == rollout_params(ref(7, seed=2)).seed
+    assert len({ref(n, seed=s).seed for n in range(1, 50) for s in range(3)}) == 147
 
 
 def test_an_iteration_refuses_a_checkpoint_that_does_not_exist_and_says_what_to_do(crucible):
     with pytest.raises(Refused, match=r"iteration 3 samples from checkpoint 2, which is not usable: .* "
                                       r"Materialize iteration 2 \(or the experiment's base_policy\) first\."):
-        iteration(crucible, 3).policy()
+        sampled_by(crucible, 3)
 
 
 def test_an_evaluation_with_nothing_scored_is_refused(crucible):
     with pytest.raises(Refused, match=r"the base policy's held-out evaluation \(iteration 0\) has no scored sample"):
-        iteration(crucible, 1).held_out_curve()
+        evaluation.held_out_curve(ref(1), crucible.storage_root)
 
 
 def _checkpoint(crucible: CrucibleResource, iteration: int, recorded_hash: str | None = None, seed: int = 0,
@@ -105,7 +130,7 @@ def test_an_iteration_refuses_a_checkpoint_other_than_the_one_its_training_step_
     on_disk = _checkpoint(crucible, 1, recorded_hash="f" * 64)  # replaced by another run after its step
     with pytest.raises(Refused, match=f"checkpoint 1 on disk is {on_disk[:12]}, not ffffffffffff that iteration 1's "
                                       "training step recorded .* iteration 2 would sample from it"):
-        iteration(crucible, 2).policy()
+        sampled_by(crucible, 2)
 
 
 def test_a_rerun_of_an_earlier_iteration_leaves_later_checkpoints_unusable(crucible):
@@ -116,14 +141,14 @@ def test_a_rerun_of_an_earlier_iteration_leaves_later_checkpoints_unusable(cruci
     _checkpoint(crucible, 1, seed=1, recorded_hash=first, parent_hash=base)
     second = _checkpoint(crucible, 2, seed=2)
     _checkpoint(crucible, 2, seed=2, recorded_hash=second, parent_hash=first)
-    assert iteration(crucible, 3).policy()[1] == second  # one lineage: base -> 1 -> 2
+    assert sampled_by(crucible, 3)[1] == second  # one lineage: base -> 1 -> 2
     rerun = _checkpoint(crucible, 1, seed=3)
     _checkpoint(crucible, 1, seed=3, recorded_hash=rerun, parent_hash=base)  # iteration 1 again, other weights
     with pytest.raises(Refused, match=f"checkpoint 2 was trained from checkpoint 1 as it was \\({first[:12]}\\), which "
                                       f"has since been replaced \\({rerun[:12]}\\): materialize iterations 2 to 3 "
                                       "again, in order."):
-        iteration(crucible, 3).policy()
-    assert iteration(crucible, 2).policy()[1] == rerun  # iteration 2 again is what it takes
+        sampled_by(crucible, 3)
+    assert sampled_by(crucible, 2)[1] == rerun  # iteration 2 again is what it takes
 
 
 def test_the_whole_lineage_back_to_the_base_policy_is_checked(crucible):
@@ -133,21 +158,21 @@ def test_the_whole_lineage_back_to_the_base_policy_is_checked(crucible):
     for number in (1, 2, 3):
         hashes.append(_checkpoint(crucible, number, seed=number))
         _checkpoint(crucible, number, seed=number, recorded_hash=hashes[number], parent_hash=hashes[number - 1])
-    assert iteration(crucible, 4).policy()[1] == hashes[3]
+    assert sampled_by(crucible, 4)[1] == hashes[3]
     rerun = _checkpoint(crucible, 1, seed=9)
     _checkpoint(crucible, 1, seed=9, recorded_hash=rerun, parent_hash=hashes[0])
     with pytest.raises(Refused, match=f"checkpoint 2 was trained from checkpoint 1 as it was \\({hashes[1][:12]}\\).* "
                                       "materialize iterations 2 to 4 again, in order."):
-        iteration(crucible, 4).policy()
+        sampled_by(crucible, 4)
     _checkpoint(crucible, 0, seed=5)  # a rebuilt base policy breaks every lineage from it
     with pytest.raises(Refused, match="checkpoint 1 was trained from checkpoint 0 as it was"):
-        iteration(crucible, 2).policy()
+        sampled_by(crucible, 2)
 
 
 def test_an_iteration_refuses_a_checkpoint_its_training_step_never_recorded(crucible):
     _checkpoint(crucible, 1)
     with pytest.raises(Refused, match="checkpoint 1 has no record of the training step that made it"):
-        iteration(crucible, 2).policy()
+        sampled_by(crucible, 2)
 
 
 def test_training_refuses_trajectories_another_policy_sampled(crucible):
@@ -156,16 +181,16 @@ def test_training_refuses_trajectories_another_policy_sampled(crucible):
     crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
     with pytest.raises(Refused, match=f"iteration 1's trajectories were sampled by 0123456789ab, not by checkpoint 0 "
                                       f"as it is now \\({base[:12]}\\): materialize iteration 1 again"):
-        iteration(crucible, 1).train_job()
+        train_job(ref(1), crucible, task_set_version='v')
     rows = [{**row, "policy_version": base} for row in rows]
     crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
-    assert iteration(crucible, 1).train_job().lineage["parent"]["content_hash"] == base
+    assert train_job(ref(1), crucible, task_set_version='v').lineage["parent"]["content_hash"] == base
 
 
 def test_evaluation_refuses_a_checkpoint_replaced_after_its_training_step(crucible):
     _checkpoint(crucible, 1, recorded_hash="e" * 64)
     with pytest.raises(Refused, match="checkpoint 1 on disk is .* not eeeeeeeeeeee .* it would be evaluated"):
-        iteration(crucible, 1).evaluate()
+        evaluate(crucible, 1)
 
 
 def test_a_checkpoint_that_learned_nothing_reuses_its_parents_evaluation(crucible):
@@ -178,18 +203,18 @@ def test_a_checkpoint_that_learned_nothing_reuses_its_parents_evaluation(crucibl
         "reward_status": "scored", "observations": "shown"} for i in range(2)]
     crucible.store().write_partition("evaluations", "exp", 0, rows_to_table("evaluations", rows))
     said = []
-    evaluated = Iteration(crucible, ExperimentConfig(name="exp"), 1, log=said.append).evaluate()
+    evaluated = evaluate(crucible, 1, log=said.append)
     assert evaluated == crucible.store().read_partition("evaluations", "exp", 0).to_pylist()
     assert crucible.store().read_partition("evaluations", "exp", 1).to_pylist() == evaluated
     assert said == [f"checkpoint 1 is checkpoint 0 ({base[:12]}): its held-out evaluation is reused, not run again"]
 
 
 def test_a_rerun_keeps_the_trajectory_files_its_checkpoint_trained_on(crucible):
-    assert iteration(crucible, 1).trained_on() == []  # not trained yet: nothing to keep
+    assert Checkpoints(crucible, "exp").trained_on(1) == []  # not trained yet: nothing to keep
     row = {name: None for name in rows_to_table("checkpoints", []).schema.names}
     row.update(path="p", trajectories=["file:///data/trajectories/experiment=exp/iteration=1/data-1.parquet"])
     crucible.store().write_partition("checkpoints", "exp", 1, rows_to_table("checkpoints", [row]))
-    assert iteration(crucible, 1).trained_on() == row["trajectories"]
+    assert Checkpoints(crucible, "exp").trained_on(1) == row["trajectories"]
 
 
 def test_continuous_training_stops_at_the_limit_a_blocked_checkpoint_or_a_plateau():
@@ -221,16 +246,18 @@ def test_the_base_policy_evaluation_is_redone_for_a_rebuilt_base_policy(crucible
     base, trained = build(0, 0), build(1, 1)
     _checkpoint_row(crucible, 1, trained, parent_hash=base)
     logged: list[str] = []
-    evaluate = Iteration(crucible, ExperimentConfig(name="exp", **settings), 1, log=logged.append).evaluate
-    evaluate()
+    def evaluate_once() -> None:
+        evaluate(crucible, 1, log=logged.append, **settings)
+
+    evaluate_once()
     assert evaluated_policy(0) == {base} and evaluated_policy(1) == {trained}
-    evaluate()
+    evaluate_once()
     assert sum("evaluating the base policy first" in line for line in logged) == 1  # still the same base
     rebuilt = build(0, 7)
     with pytest.raises(Refused, match="checkpoint 1 was trained from checkpoint 0 as it was"):
-        evaluate()  # checkpoint 1 descends from the old base policy
+        evaluate_once()  # checkpoint 1 descends from the old base policy
     _checkpoint_row(crucible, 1, trained, parent_hash=rebuilt)  # as though iteration 1 ran again from it
-    evaluate()
+    evaluate_once()
     assert evaluated_policy(0) == {rebuilt}
     assert sum("evaluating the base policy first" in line for line in logged) == 2
 
@@ -256,7 +283,7 @@ def test_a_stopped_evaluation_keeps_the_chunks_it_finished_and_resumes_with_the_
         return sorted((row["task_id"], row["sample_index"], row["response_text"], row["passed"]) for row in rows)
 
     whole = experiment_in(tmp_path / "whole")
-    Iteration(whole, ExperimentConfig(name="exp", **settings), 1, log=lambda message: None).evaluate()
+    evaluate(whole, 1, **settings)
     assert whole.store().iterations("evaluation_chunks", "exp", part="shown-0001") == [0, 1]  # 16 tasks, then 4
 
     # What a run stopped after the base policy's first chunk leaves: that chunk, nothing else.
@@ -264,7 +291,7 @@ def test_a_stopped_evaluation_keeps_the_chunks_it_finished_and_resumes_with_the_
     first = whole.store().read_partition("evaluation_chunks", "exp", 0, part="shown-0000")
     stopped.store().write_partition("evaluation_chunks", "exp", 0, first, part="shown-0000")
     logged: list[str] = []
-    Iteration(stopped, ExperimentConfig(name="exp", **settings), 1, log=logged.append).evaluate()
+    evaluate(stopped, 1, log=logged.append, **settings)
     assert "checkpoint 0: held-out tasks 1-16 were evaluated before this run stopped: kept" in logged
     assert not any("held-out tasks 17-20 were evaluated" in line for line in logged)  # sampled afresh
     assert answers(stopped) == answers(whole) and len(answers(whole)) == 40

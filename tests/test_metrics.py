@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from test_datastore import trajectory_row
 
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore import store as store_module
 from datastore.schema import CLOSED_SETS, DATASETS
 from datastore.store import DatasetStore, rows_to_table
@@ -28,7 +28,7 @@ def _held_out(tmp_path, evaluations: dict[int, list[tuple]]) -> dict[int, dict]:
     for iteration, results in evaluations.items():
         rows = [_evaluation(*result) for result in results]
         store.write_partition("evaluations", "exp", iteration, rows_to_table("evaluations", rows))
-    rows = catalog.records(catalog.connect(str(tmp_path)), "SELECT * FROM held_out ORDER BY iteration")
+    rows = metrics.records(catalog.connect(str(tmp_path)), "SELECT * FROM held_out ORDER BY iteration")
     return {row["iteration"]: row for row in rows}
 
 
@@ -69,7 +69,7 @@ def test_an_infrastructure_error_is_neither_a_pass_nor_a_failure(tmp_path):
     rows = [trajectory_row("t/0", 0, 1.0), trajectory_row("t/0", 1, 0.0),
             {**trajectory_row("t/0", 2, 0.0), "reward": None, "passed": False, "reward_status": "infra_error"}]
     store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
-    [stats] = catalog.records(catalog.connect(str(tmp_path)), "SELECT * FROM iteration_rewards")
+    [stats] = metrics.records(catalog.connect(str(tmp_path)), "SELECT * FROM iteration_rewards")
     assert (stats["samples"], stats["scored"], stats["pass_rate"], stats["reward_mean"]) == (3, 2, 0.5, 0.5)
     assert stats["infra_error_rate"] == pytest.approx(1 / 3)
 
@@ -85,7 +85,7 @@ def test_a_group_carries_a_learning_signal_only_with_two_scored_rewards_that_dif
     rows = (group("spread", [1.0, 0.0]) + group("flat", [0.5, 0.5]) + group("lone", [1.0, None])
             + group("lost", [None, None]))
     DatasetStore(str(tmp_path)).write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
-    [stats] = catalog.records(catalog.connect(str(tmp_path)), "SELECT * FROM iteration_rewards")
+    [stats] = metrics.records(catalog.connect(str(tmp_path)), "SELECT * FROM iteration_rewards")
     assert (stats["groups"], stats["zero_variance_groups"], stats["zero_variance_fraction"]) == (4, 3, 0.75)
 
 
@@ -116,7 +116,7 @@ def test_evaluations_stored_before_they_had_observations_are_the_shown_evaluatio
         schema_8.setattr(store_module, "SCHEMA_VERSION", 8)
         DatasetStore(str(tmp_path)).write_partition("evaluations", "exp", 0, pa.Table.from_pylist(rows, schema=old))
     con = catalog.connect(str(tmp_path))
-    [held_out] = catalog.records(con, "SELECT tasks, pass_rate FROM held_out")
+    [held_out] = metrics.records(con, "SELECT tasks, pass_rate FROM held_out")
     assert held_out == {"tasks": 2, "pass_rate": 0.5}
     assert con.execute("SELECT count(*) FROM evaluations WHERE observations IS NULL AND turns IS NULL").fetchone() == (2,)
-    assert catalog.records(con, "SELECT * FROM feedback_value") == []
+    assert metrics.records(con, "SELECT * FROM feedback_value") == []

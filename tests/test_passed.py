@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.store import DatasetStore, rows_to_table
 from grading.submission import grade_solution
 from task_sets.loader import load_task_set
@@ -51,9 +51,9 @@ def test_the_sql_views_and_the_sample_monitors_count_it_as_not_passed(verified, 
     store.write_partition("trajectories", "exp", 1, rows_to_table("trajectories", [trajectory_row(verified)]))
     store.write_partition("evaluations", "exp", 0, rows_to_table("evaluations", [evaluation_row(verified)]))
     con = catalog.connect(str(tmp_path))
-    [rewards] = catalog.records(con, "SELECT * FROM iteration_rewards")
-    [task] = catalog.records(con, "SELECT * FROM task_rewards")
-    [held_out] = catalog.records(con, "SELECT * FROM held_out")
+    [rewards] = metrics.records(con, "SELECT * FROM iteration_rewards")
+    [task] = metrics.records(con, "SELECT * FROM task_rewards")
+    [held_out] = metrics.records(con, "SELECT * FROM held_out")
     assert (rewards["pass_rate"], task["pass_rate"], held_out["pass_rate"]) == (0.0, 0.0, 0.0)
     verdicts = {v.check: v for v in judge_samples(rewards)}
     assert not verdicts["tampering_within_limit"].passed and rewards["tamper_rate"] == 1.0

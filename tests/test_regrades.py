@@ -10,7 +10,7 @@ from dagster import AssetKey, DagsterInstance, materialize
 from assets.partitions import add_iteration
 from assets.regrades import regrades
 from assets.resources import CrucibleResource
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.store import rows_to_table
 from grading.submission import grade_solution
 from task_sets.importers.records import write_task_set
@@ -74,7 +74,7 @@ def test_a_regrade_under_a_new_reward_function_stands_beside_the_original(traine
     resampled = store.read_partition("trajectories", "exp", 1).to_pylist()
     store.write_partition("trajectories", "exp", 1, rows_to_table(
         "trajectories", [{**row, "reward": 0.5, "passed": False} for row in resampled]), keep=files)
-    rows = catalog.records(catalog.connect(crucible.storage_root),
+    rows = metrics.records(catalog.connect(crucible.storage_root),
                            "SELECT reward_version, original_reward_version, sample_index, original_passed, passed, "
                            "original_reward, reward FROM regraded ORDER BY reward_version, task_id, sample_index")
     assert {row["reward_version"] for row in rows} == {first["reward_version"].value, second["reward_version"].value}

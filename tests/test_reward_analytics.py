@@ -21,7 +21,7 @@ from assets.iteration import checkpoint
 from assets.partitions import add_iteration, iteration_key, parse_iteration_key
 from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.store import rows_to_table
 from training.evaluation.monitors import SAMPLE_CHECKS
 from training.experiment import ExperimentConfig
@@ -92,7 +92,7 @@ def test_healthy_samples_are_summarised_per_task_and_pass_every_check(crucible):
 def test_metadata_monitors_and_sql_read_the_same_numbers(crucible):
     key = _store(crucible, 1, infra_errors=1, tampered=1)
     metadata, checks = _materialize(crucible, key)
-    [view] = catalog.records(catalog.connect(crucible.storage_root),
+    [view] = metrics.records(catalog.connect(crucible.storage_root),
                              "SELECT * FROM iteration_rewards WHERE experiment = 'exp' AND iteration = 1")
     # The metadata reads the view's numbers to three significant digits.
     assert {name: metadata[name].value for name in ITERATION_MEASURES} == {
@@ -175,7 +175,7 @@ def test_reward_analytics_shows_each_experiment_at_a_glance(crucible):
 
 def test_the_training_figure_has_a_panel_per_measure_over_every_iteration(crucible):
     _store(crucible, 1)
-    rows = catalog.records(catalog.connect(crucible.storage_root), "SELECT * FROM iterations ORDER BY iteration")
+    rows = metrics.records(catalog.connect(crucible.storage_root), "SELECT * FROM iterations ORDER BY iteration")
     figure = training_figure("exp", rows)
     assert [axis.get_title() for axis in figure.axes] == list(TRAINING_PANELS)
     [train_line] = figure.axes[1].get_lines()

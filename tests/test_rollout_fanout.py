@@ -23,7 +23,7 @@ from assets.step_outputs import step_outputs_dir
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from task_sets.loader import load_task_set
 from training.experiment import BasePolicySettings, ExperimentConfig
-from training.iteration import Iteration
+from training.iteration.sampling import shards as sampling_shards
 
 ROOT = Path(__file__).parent.parent
 
@@ -31,8 +31,7 @@ ROOT = Path(__file__).parent.parent
 @pytest.mark.parametrize("tasks, shards, sizes", [(10, 3, [3, 3, 4]), (2, 4, [1, 1]), (5, 1, [5])])
 def test_shards_are_contiguous_slices_of_whole_tasks_and_none_is_empty(tmp_path, tasks, shards, sizes):
     sampled = load_task_set("compose").train()[:tasks]
-    iteration = Iteration(CrucibleResource(storage_root=str(tmp_path)), ExperimentConfig(rollout_shards=shards), 1)
-    parts = iteration.shards(sampled)
+    parts = sampling_shards(ExperimentConfig(rollout_shards=shards), sampled)
     assert [len(part) for part in parts] == sizes and [task for part in parts for task in part] == sampled
 
 

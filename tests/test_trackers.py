@@ -28,7 +28,7 @@ from test_orchestration import CHROMIUM, CHROMIUM_ARGS
 
 from assets.resources import CrucibleResource
 from assets.trackers import report_to_trackers
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.schema import DATASETS
 from datastore.store import DatasetStore, rows_to_table
 from datastore.trackers import how_to_open, mlflow_store, report, tensorboard_logdir, tracker_root
@@ -74,12 +74,12 @@ def views_say(root: str, experiment: str) -> dict[str, list[tuple[int, float]]]:
     the earlier iterations' (STEPS_PER_ITERATION each), the run summary by iteration."""
     con = catalog.connect(root)
     said: dict[str, list[tuple[int, float]]] = {}
-    for row in catalog.records(con, "SELECT * FROM training_steps WHERE experiment = ? ORDER BY iteration, step",
+    for row in metrics.records(con, "SELECT * FROM training_steps WHERE experiment = ? ORDER BY iteration, step",
                                [experiment]):
         step = STEPS_PER_ITERATION * (row["iteration"] - 1) + row["step"]
         for name in ("loss", "clip_fraction", "approx_kl", "kl_to_reference", "entropy", "grad_norm", "lr", "tokens"):
             said.setdefault(f"train/{name}", []).append((step, float(row[name])))
-    for row in catalog.records(con, "SELECT * FROM iterations WHERE experiment = ? ORDER BY iteration", [experiment]):
+    for row in metrics.records(con, "SELECT * FROM iterations WHERE experiment = ? ORDER BY iteration", [experiment]):
         for name, value in row.items():
             if name not in ("experiment", "iteration") and value is not None:
                 said.setdefault(f"iteration/{name}", []).append((row["iteration"], float(value)))

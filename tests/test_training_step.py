@@ -22,7 +22,7 @@ from assets.iteration import STABILITY_CHECKS, checkpoint
 from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.store import rows_to_table
 from grading.submission import grade_solution
 from task_sets.loader import load_task_set
@@ -32,7 +32,9 @@ from training.evaluation.monitors import SAMPLE_SIGNALS, MonitorConfig
 from training.experiment import ExperimentConfig
 from training.inference.engine import SamplingParams
 from training.inference.transformers_engine import TransformersEngine
-from training.iteration import NOTHING_LEARNED, Iteration, Refused
+from training.iteration.context import Refused
+from training.iteration.lineage import Checkpoints
+from training.iteration.training_step import NOTHING_LEARNED
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
@@ -179,7 +181,7 @@ def test_the_manifest_names_the_trajectory_partition_it_learned_from(crucible, l
 
 def test_the_stored_sample_signals_are_the_iteration_rewards_view(crucible, learned):
     [row] = crucible.store().read_partition("checkpoints", "learns", 1).to_pylist()
-    [view] = catalog.records(catalog.connect(crucible.storage_root),
+    [view] = metrics.records(catalog.connect(crucible.storage_root),
                              "SELECT * FROM iteration_rewards WHERE experiment = 'learns' AND iteration = 1")
     assert {name: row[name] for name in SAMPLE_SIGNALS} == {name: view[name] for name in SAMPLE_SIGNALS}
     assert view["zero_variance_fraction"] < 1.0  # sample 0 of each group rewarded: every group informative
@@ -225,7 +227,7 @@ def test_a_diverged_step_blocks_the_next_iteration(crucible, diverged):
     [row] = crucible.store().read_partition("checkpoints", "diverges", 1).to_pylist()
     assert row["blocked"]
     with pytest.raises(Refused, match="failed its stability checks \\(training_not_diverged: error"):
-        Iteration(crucible, crucible.experiment("diverges"), 2).policy()
+        Checkpoints(crucible, "diverges").sampled_by(2)
 
 
 def test_a_step_without_an_optimizer_step_says_so_and_runs_no_monitor(crucible, flat):

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 from test_episodes import ScriptedPolicy, open_episode_session
 
-from datastore import catalog
+from datastore import catalog, metrics
 from datastore.schema import Observations
 from datastore.store import DatasetStore, rows_to_table
 from grading.submission import grade_solution
@@ -52,7 +52,7 @@ def stored(tmp_path_factory) -> str:
 
 def test_each_episode_says_how_it_used_its_turns(stored: str) -> None:
     con = catalog.connect(stored)
-    got = catalog.records(con, "SELECT sample_index, turns, runs, edits, ran_before_submitting, checked_last_edit, "
+    got = metrics.records(con, "SELECT sample_index, turns, runs, edits, ran_before_submitting, checked_last_edit, "
                           "malformed_turns, repeated_commands, passed FROM episodes ORDER BY sample_index")
     assert [{k: v for k, v in row.items() if k != "sample_index"} for row in got] == [
         dict(turns=3, runs=1, edits=1, ran_before_submitting=True, checked_last_edit=False, malformed_turns=0,
@@ -70,7 +70,7 @@ def test_each_episode_says_how_it_used_its_turns(stored: str) -> None:
 
 def test_an_iteration_summarises_its_turns_and_pass_rate_by_turns(stored: str) -> None:
     con = catalog.connect(stored)
-    [summary] = catalog.records(con, "SELECT * FROM turn_analytics")
+    [summary] = metrics.records(con, "SELECT * FROM turn_analytics")
     assert summary["episodes"] == 5 and summary["turns_per_episode"] == pytest.approx(14 / 5)
     assert summary["ran_before_submitting_share"] == pytest.approx(4 / 5)  # the one that ran out of turns too
     assert summary["submitted_share"] == pytest.approx(4 / 5)
@@ -103,12 +103,12 @@ def test_the_value_of_feedback_pairs_shown_and_blanked_evaluations_by_task(tmp_p
                                            observations))
     DatasetStore(str(tmp_path)).write_partition("evaluations", "exp", 2, rows_to_table("evaluations", rows))
     con = catalog.connect(str(tmp_path))
-    [value] = catalog.records(con, "SELECT * FROM feedback_value")
+    [value] = metrics.records(con, "SELECT * FROM feedback_value")
     gaps = [1.0, 0.5, -0.5]
     mean = sum(gaps) / 3
     stderr = (sum((g - mean) ** 2 for g in gaps) / 2) ** 0.5 / 3 ** 0.5
     assert value["tasks"] == 3 and value["pass_rate"] == pytest.approx(0.5)
     assert value["blanked_pass_rate"] == pytest.approx(1 / 6) and value["feedback_gap"] == pytest.approx(mean)
     assert value["feedback_gap_stderr"] == pytest.approx(stderr)
-    [held_out] = catalog.records(con, "SELECT * FROM held_out")
+    [held_out] = metrics.records(con, "SELECT * FROM held_out")
     assert held_out["pass_rate"] == pytest.approx(0.5) and held_out["samples"] == 6  # shown samples only

@@ -11,31 +11,27 @@ given for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from training.agent.trajectory import trajectory_row
 from training.experiment import ExperimentConfig
-from training.inference.engine import SamplingParams
-from training.iteration import Environment, Iteration
+from training.iteration.context import Environment, Log
+from training.iteration.sampling import Sampler, eval_params
+from training.iteration.tasks import prove_unproven, usable_task_set
+from training.iteration.verification import Grader, grading_work
 
 
 def evaluate_model(env: Environment, experiment: ExperimentConfig, model: str, chat_dir: Path,
-                   log: Callable[[str], None] = print) -> list[dict]:
+                   log: Log = print) -> list[dict]:
     """The `model_evaluations` rows of `model` on `experiment`'s task set: `eval_samples`
     answers to each of its first `eval_tasks` held-out tasks (greedy when that is 1), with
     `experiment`'s engine, turns and budgets; `chat_dir` holds the model's tokenizer (or is it)."""
-    iteration = Iteration(env, experiment, number=0, log=log)
-    iteration.prove_unproven()  # an imported set's held-out tasks are evaluated only once proven gradable
-    task_set = iteration.task_set
-    engine = iteration.engine((chat_dir, model))
-    tasks = experiment.held_out_tasks(task_set)
-    greedy = experiment.eval_samples == 1
-    params = SamplingParams(n=experiment.eval_samples, max_new_tokens=experiment.max_new_tokens,
-                            temperature=0.0 if greedy else experiment.temperature, seed=experiment.seed)
+    prove_unproven(env, experiment, log)  # an imported set's held-out tasks are evaluated only once proven gradable
+    task_set = usable_task_set(env, experiment)
+    sampler = Sampler.of(env, experiment, task_set, log)
+    tasks, params = experiment.held_out_tasks(task_set), eval_params(experiment)
     log(f"evaluating {model} on {len(tasks)} held-out tasks of {task_set.name}, {params.n} answers each")
-    samples = iteration.sample(engine, tasks, params, f"{experiment.name}/eval")
-    by_id = {task.id: task for task in tasks}
-    graded = iteration.grade([(by_id[sample.task_id], sample) for sample in samples])
+    samples = sampler.sample(sampler.engine((chat_dir, model)), tasks, params, f"{experiment.name}/eval")
+    graded = Grader.of(env, task_set, log).grade(grading_work(tasks, samples))
     return [{"model": model, "task_set": task_set.name, "domain": verified.task.domain, **trajectory_row(verified)}
             for verified in graded]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from datastore.catalog import records
+from datastore.metrics import records
 from datastore.schema import TRAINING_STEPS
 
 STEP_PREFIX, ITERATION_PREFIX = "train/", "iteration/"

@@ -74,7 +74,7 @@ def weights_are_finite(checkpoint_dir: str | Path) -> bool:
 def judge(signals: dict[str, float | None], history: list[dict[str, float]], finite_weights: bool,
           config: MonitorConfig = MonitorConfig()) -> list[Verdict]:
     """Verdicts on this iteration's `signals`, given the earlier iterations' (oldest first); a
-    step that took no optimizer step has none (training/iteration.py skips it)."""
+    step that took no optimizer step has none (training/iteration/training_step.py skips it)."""
     numbers = ("loss", "grad_norm_max", "final_kl")
     bad = [name for name in numbers if not math.isfinite(signals[name])] + ([] if finite_weights else ["weights"])
     verdicts = [Verdict("training_finite", "error", not bad,
