@@ -11,16 +11,9 @@ import pyarrow.compute as pc
 
 from statuses import ClosedSet, ExecStatus, FailureReason, Outcome, RewardStatus, TamperFlag
 
-SCHEMA_VERSION = 10  # 2: reward_version on trajectories and evaluations; 3: replayable turns;
-# 4: stability signals and lineage on checkpoints, training_steps, evaluation samples; 5: tasks;
-# 6: checkpoints' final_kl (after the last optimizer step) and mean_step_kl replace approx_kl,
-# and sampled_tokens and tamper_rate (named as in iteration_rewards) replace response_length and
-# tamper_ratio; timings.queue_s is measured, timings.sandbox_start_s (never measured) is gone;
-# 7: regrades and outputs (new datasets; the others are unchanged); 8: failure_reason and
-# failure_detail on trajectories, model evaluations and regrades (why a grading did not pass),
-# environment (the digest of the task's built environment) on trajectories and model evaluations;
-# 9: observations and turns on evaluations (held-out episodes, also evaluated blind); 10: sampled_tokens
-# and observation_tokens replace response_tokens (which counted both), finish_reason a closed set
+# Written into every Parquet file and manifest; raised whenever a dataset's columns change, so a
+# reader can tell which columns a file has (what each version changed: CHANGELOG.md).
+SCHEMA_VERSION = 10
 
 
 class Observations(ClosedSet):

@@ -6,10 +6,9 @@ Any UTF-8 string round-trips exactly (every byte is a token), and the vocabulary
 train text: nothing of a held-out task shapes it).
 
 Why merges, not bare bytes: a word is then one token, so reading a phrase out of the prompt is a
-single attention lookup instead of a circuit that first assembles bytes into words. Measured on
-the compose set (2 cores, the 3.4M default model, same SFT): bytes averaged 254 tokens per
-example and after 250 steps solved 0% of held-out tasks; BPE averages 84 tokens, runs steps
-3.5x faster and solved 61% after 250 steps.
+single attention lookup instead of a circuit that first assembles bytes into words, and examples
+are about a third as long, so every step is cheaper. On bytes the built-in model never learned
+which phrase chose which piece of code (docs/benchmarks.md, "Measurements behind the defaults").
 
 Saved in plain Hugging Face format (tokenizer.json + tokenizer_config.json with the chat
 template + special_tokens_map.json), loadable by AutoTokenizer in transformers 4.57 and 5.x

@@ -78,13 +78,12 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Measured on the default 3.4M model and compose (held-out pass at temperature 0.6 after
-    # 2 iterations of 64 tasks x 8): lr 2e-4 with 8 warm-up steps, minibatches of 128 and 4
-    # epochs took it from 0.19 to 0.28 (0.34 after 4), at a mean per-step KL (mean_step_kl, before
-    # final_kl was measured) of ~0.02; 5e-4 drifted (0.08) and gained less; 1e-3 collapsed; 1e-4 over minibatches of 32 gained 0.03 in 6.
-    # Adam moves every weight by ~lr per step whatever the gradient, so fresh moments want the
-    # warm-up, and large minibatches give each of those steps a direction worth taking. Models
-    # of 1B+ parameters want 1e-6..1e-5.
+    # The defaults suit the built-in 3.4M model: lr 2e-4 with 8 warm-up steps, minibatches of 128
+    # and 4 epochs; a higher rate drifts or collapses, a lower one or smaller minibatches barely
+    # move it (the comparison: docs/benchmarks.md, "Measurements behind the defaults"). Adam
+    # moves every weight by ~lr per step whatever the gradient, so fresh moments want the warm-up,
+    # and large minibatches give each of those steps a direction worth taking. Models of 1B+
+    # parameters want 1e-6..1e-5.
     lr: float = Field(2e-4, gt=0, description="peak learning rate (AdamW)")
     lr_schedule: Schedule = Field("constant", description="constant, linear or cosine decay over lr_decay_steps")
     lr_warmup_steps: int = Field(8, ge=0, description="optimizer steps of linear warm-up, counted over the experiment")
