@@ -21,7 +21,7 @@ from dagster import (
     asset,
 )
 
-from assets.charts import (
+from datastore.charts import (
     difficulty_curve_png,
     figure_png,
     markdown_table,

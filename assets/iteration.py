@@ -30,7 +30,7 @@ from dagster import (
     asset,
 )
 
-from assets.charts import eval_curve_png, markdown_table, png_markdown
+from datastore.charts import eval_curve_png, markdown_table, png_markdown
 from assets.datasets import report_stored
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
 from assets.partitions import iterations, parse_iteration_key, refuse_beside_other_writers

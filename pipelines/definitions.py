@@ -23,7 +23,7 @@ from pipelines.jobs import analytics_job, base_policy_job, create_experiment, ev
 from pipelines.executors import step_executor
 from pipelines.resources import crucible_resource, training_step_client
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
-from pipelines.settings import load_settings
+from commands.settings import load_settings
 
 # Per-file "Loading weights" bars would fill a step's captured stderr; stages report their own progress.
 transformers_logging.disable_progress_bar()

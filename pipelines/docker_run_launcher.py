@@ -29,7 +29,7 @@ from dagster_docker import DockerRunLauncher
 from dagster_docker.container_context import DockerContainerContext
 
 from assets.training_step import container_environment, passed_files
-from pipelines.settings import Settings, load_settings
+from commands.settings import Settings, load_settings
 from sandbox.docker_hosts import docker_host_default, parse_hosts
 
 RUN_LABEL = "crucible.run"  # on every run container: its run id

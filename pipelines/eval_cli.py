@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipelines.settings import settings_for
-from pipelines.errors import UserError
-from pipelines.hints import crucible_command, storage_words
+from commands.settings import settings_for
+from commands.errors import UserError
+from commands.hints import crucible_command, storage_words
 
 # Piped output has no terminal width; the report's tables need ~100 columns.
 console = Console(width=shutil.get_terminal_size((120, 40)).columns)

@@ -21,10 +21,10 @@ from rich.console import Console
 
 from assets.partitions import add_experiment, add_iteration
 from pipelines import run_submission
-from pipelines.errors import RunFailed, UserError
+from commands.errors import RunFailed, UserError
 from pipelines.local_daemon import LocalDaemon
 from pipelines.resources import crucible_resource
-from pipelines.settings import Settings
+from commands.settings import Settings
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError, checked_source

@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from pipelines.errors import UserError
-from pipelines.settings import Settings, load_settings
+from commands.errors import UserError
+from commands.settings import Settings, load_settings
 
 POSTGRES_URL_ENV = "CRUCIBLE_POSTGRES_URL"  # Dagster reads the URL from here: dagster.yaml names the variable
 RUN_LAUNCHER_ENV, RUN_IMAGE_ENV = "CRUCIBLE_RUN_LAUNCHER", "CRUCIBLE_RUN_IMAGE"

@@ -1,10 +1,10 @@
-"""Resources, from the deployment's settings (pipelines/settings.py)."""
+"""Resources, from the deployment's settings (commands/settings.py)."""
 
 from __future__ import annotations
 
 from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
-from pipelines.settings import Settings
+from commands.settings import Settings
 
 
 def crucible_resource(settings: Settings) -> CrucibleResource:

@@ -1,5 +1,5 @@
 """The Docker daemons the docker backend spreads its sessions over, each with its capacity: the
-docker_hosts setting's value (pipelines/settings.py), without the Docker SDK.
+docker_hosts setting's value (commands/settings.py), without the Docker SDK.
 
 One daemon, from Docker's own convention (DOCKER_HOST, or the local socket), unless the setting
 lists several, with how many sessions each may hold at once:

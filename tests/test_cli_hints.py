@@ -1,5 +1,5 @@
 """The `crucible` commands the CLI suggests name this Crucible as the user's shell finds it
-(pipelines/hints.py)."""
+(commands/hints.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.hints import crucible_command, this_crucible
+from commands.hints import crucible_command, this_crucible
 
 SCRIPT = Path(sys.executable).parent / "crucible"  # what `pip install -e .` made beside this Python
 SYSTEM_PATH = "/usr/bin:/bin"

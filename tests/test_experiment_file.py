@@ -210,9 +210,9 @@ def test_stored_settings_that_no_longer_validate_stop_the_run_with_their_reason(
 
 def test_running_fewer_iterations_never_lowers_the_stored_limit(tmp_path, monkeypatch):
     """Issue 16, problem 5: `crucible run --iterations 1` once lowered the limit for good."""
-    from pipelines.errors import UserError
+    from commands.errors import UserError
     from pipelines.experiment_runner import ExperimentRunner
-    from pipelines.settings import load_settings
+    from commands.settings import load_settings
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     monkeypatch.setenv("CRUCIBLE_STORAGE_ROOT", str(tmp_path / "data"))

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from openai_server import CompletionsServer
 
-from pipelines.errors import UserError
+from commands.errors import UserError
 from pipelines.eval_cli import served_model
 from training.agent.prompts import prompt_messages, render_prompt
 from training.inference.engine import SamplingParams, request_seed

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance, asset, materialize
 
-from pipelines.errors import UserError
+from commands.errors import UserError
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 
 ROOT = Path(__file__).parent.parent

@@ -12,7 +12,7 @@ ROOT = Path(__file__).parent.parent
 # training/__init__.py's order: each subpackage may import those before it, never those after.
 TRAINING_ORDER = ("progress", "policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
                   "model_eval", "continuation")
-NO_DAGSTER = ("statuses", "sandbox", "environments", "task_sets", "grading", "training", "datastore")
+NO_DAGSTER = ("statuses", "sandbox", "environments", "task_sets", "grading", "training", "datastore", "commands")
 
 
 def layers() -> list[str]:
@@ -68,7 +68,7 @@ def rank(module: str) -> tuple[int, int]:
 
 
 def test_the_layer_table_names_every_package():
-    assert layers() == ["pipelines", "assets", "training", "datastore", "grading", "task_sets", "environments", "sandbox",
+    assert layers() == ["pipelines", "assets", "commands", "training", "datastore", "grading", "task_sets", "environments", "sandbox",
                         "statuses"]
 
 

@@ -34,7 +34,7 @@ from pipelines.definitions import defs
 from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints
-from pipelines.settings import load_settings
+from commands.settings import load_settings
 from training.experiment import ExperimentConfig
 
 SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")

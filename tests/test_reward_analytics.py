@@ -16,7 +16,7 @@ from test_datastore import trajectory_row
 import math
 
 from assets.analytics import ITERATION_MEASURES, iteration_rewards, reward_analytics
-from assets.charts import TRAINING_PANELS, markdown_table, significant, training_figure
+from datastore.charts import TRAINING_PANELS, markdown_table, significant, training_figure
 from assets.iteration import checkpoint
 from assets.partitions import add_iteration, iteration_key, parse_iteration_key
 from assets.resources import CrucibleResource

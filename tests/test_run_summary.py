@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 from test_datastore import trajectory_row
 
+from commands import reports
 from datastore.store import DatasetStore, rows_to_table
 from pipelines import cli
 
@@ -52,18 +53,18 @@ def rendered(table, width: int = 100) -> list[str]:
 
 
 def test_the_summary_fits_100_columns_with_every_header_whole_and_a_line_per_row():
-    lines = rendered(cli.summary_table("repair", [BASE_ROW, WIDE_ROW]))
+    lines = rendered(reports.summary_table("repair", [BASE_ROW, WIDE_ROW]))
     header = next(line for line in lines if "iter" in line)
-    assert all(f" {name} " in header for name in cli.SUMMARY_COLUMNS)
+    assert all(f" {name} " in header for name in reports.SUMMARY_COLUMNS)
     body = [line for line in lines if line.startswith("│")]
     assert len(body) == 2 and "0.339 ± 0.047" in body[1] and "sampling 12345s" in body[1]
     assert max(map(len, lines)) <= 100
 
 
 def test_the_summary_reads_the_stored_iterations_and_names_the_query_for_every_column(storage, monkeypatch):
-    monkeypatch.setattr(cli, "console", Console(width=100, record=True))
-    cli.print_summary(storage, "exp", storage)
-    printed = cli.console.export_text()
+    monkeypatch.setattr(reports, "console", Console(width=100, record=True))
+    reports.print_summary(storage, "exp", storage)
+    printed = reports.console.export_text()
     assert "│    1 │      0.500 │  0.500 │             2 │               │         │      42 │  training 30s │" in printed
     assert f"sql --storage {storage} \"SELECT * FROM iterations WHERE experiment = 'exp'\"" in printed
 

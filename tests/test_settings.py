@@ -1,12 +1,12 @@
-"""The deployment's settings (pipelines/settings.py): the variables, the optional file, a command's
+"""The deployment's settings (commands/settings.py): the variables, the optional file, a command's
 own option over both, and one line per wrong setting."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipelines.errors import UserError
-from pipelines.settings import PREFIX, Settings, load_settings
+from commands.errors import UserError
+from commands.settings import PREFIX, Settings, load_settings
 
 pytestmark = pytest.mark.unit
 

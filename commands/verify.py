@@ -10,7 +10,6 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-from rich.console import Console
 
 from environments.store import EnvironmentStore
 from grading.diagnosis import excerpt
@@ -26,14 +25,14 @@ from grading.samples import (
 )
 from grading.submission import grade_solution, sandbox_spec
 from grading.verdict import HARNESS_IN_SANDBOX, GradeResult
-from pipelines.settings import BACKEND_HELP, load_settings
-from pipelines.env_cli import ensure_built
-from pipelines.errors import UserError
-from pipelines.tasks_cli import grading_pool, load
+from commands.settings import BACKEND_HELP, load_settings
+from commands.env import ensure_built
+from commands.console import errors
+from commands.errors import UserError
+from commands.tasks import grading_pool, load
 from sandbox.backends import BACKENDS
 from statuses import RewardStatus
 
-errors = Console(stderr=True)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

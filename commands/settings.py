@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from pipelines.errors import UserError
+from commands.errors import UserError
 from sandbox.docker_hosts import DockerHost, parse_hosts
 
 PREFIX = "CRUCIBLE_"

@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 from collections import Counter
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from environments.store import EnvironmentStore
 from grading.gradability import ProofLedger, lock_environments, needs_proof, prove
 from grading.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
-from pipelines.settings import BACKEND_HELP, Settings, load_settings, sandbox_hosts
-from pipelines.env_cli import ensure_built
-from pipelines.errors import UserError
-from pipelines.hints import crucible_command
+from commands.settings import BACKEND_HELP, Settings, load_settings, sandbox_hosts
+from commands.env import ensure_built
+from commands.console import console, errors
+from commands.errors import UserError
+from commands.hints import crucible_command
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.pool import PoolConfig, SandboxPool
@@ -44,8 +43,6 @@ from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
 
 # Piped output has no terminal width; the tables need ~110 columns.
-console = Console(width=shutil.get_terminal_size((140, 40)).columns)
-errors = Console(stderr=True)
 MAX_REJECTIONS_SHOWN = 20
 
 
