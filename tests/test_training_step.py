@@ -243,14 +243,21 @@ def test_a_step_without_an_optimizer_step_says_so_and_runs_no_monitor(crucible, 
 
 # What the checkpoint step does, reduced to its process tree: a run process starts the training
 # step with the launcher command, then is killed without a word.
-ORPHANED_STEP = """
+STEP = "import time; time.sleep(600)"
+ORPHANED_STEP = f"""
 import subprocess, sys
 from assets.resources import CrucibleResource
+STEP = {STEP!r}
 command = CrucibleResource().train_launcher_command()
-step = subprocess.Popen([*command, "-c", "import time; time.sleep(600)"])
+step = subprocess.Popen([*command, "-c", STEP])
 print(step.pid, flush=True)
 step.wait()
 """
+
+
+def _executes_the_step(process: psutil.Process) -> bool:
+    command = process.cmdline()
+    return bool(command) and command[-1] == STEP and "setpriv" not in command[0]
 
 
 def test_a_training_step_dies_with_a_run_killed_without_a_word(tmp_path):
@@ -259,10 +266,12 @@ def test_a_training_step_dies_with_a_run_killed_without_a_word(tmp_path):
                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     step = psutil.Process(int(run.stdout.readline()))
     # setpriv sets the parent-death signal and then executes the step: a run killed before that
-    # (milliseconds after the step's start) would not be the case under test.
-    deadline = time.monotonic() + 60
-    while "setpriv" in step.cmdline()[0] and time.monotonic() < deadline:
+    # would not be the case under test. Until then the process is the run's fork (its command line
+    # the run's, or empty while it executes), then setpriv.
+    deadline = time.monotonic() + 120
+    while not _executes_the_step(step) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert _executes_the_step(step), step.cmdline()
     run.kill()
     run.wait(timeout=30)
     step.wait(timeout=30)  # psutil.TimeoutExpired: the step outlived its run
