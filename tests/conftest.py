@@ -72,6 +72,26 @@ def local_backend() -> None:
     require("local")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tiers: a test not marked `unit` is `integration` (it may start a process, a server, a
+    sandbox or a Dagster run); `slow` ones (whole runs) are marked in their modules."""
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request, monkeypatch) -> None:
+    """Keeps the `unit` tier what it says: a unit test that starts a process fails, naming it."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refused(self, args, *rest, **options):
+        raise AssertionError(f"a unit test starts no process, but this one started {args!r}: mark it integration")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refused)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Name each backend the run could not test. Read from the skip reports, which reach the
     controlling process also when pytest-xdist's workers ran the tests."""
