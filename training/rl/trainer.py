@@ -388,8 +388,8 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
 
 def _shares_prefixes(model: torch.nn.Module, config: GRPOConfig) -> bool:
     """Gradient checkpointing drops the cache a shared prefix needs, and FSDP2 ranks running a
-    layer twice a micro-batch did not take one rank's step (tests/test_data_parallel.py,
-    2026-12-03; not investigated further). Rank 0's probe decides for all: ranks that
+    layer twice a micro-batch did not take one rank's step (tests/test_data_parallel.py; the
+    cause is not known). Rank 0's probe decides for all: ranks that
     formed their micro-batches differently would wait on each other for ever."""
     usable = config.share_prefixes and not config.gradient_checkpointing and config.parallel != "fsdp"
     return broadcast(usable and shares_prefixes_exactly(model))

@@ -5,12 +5,10 @@ a chat-templated prompt and the reply, ending with its end-of-turn token; or a w
 its prompt, replies and observations, with `scored` marking the replies' tokens. The model learns
 only the scored response tokens (prompt and observation targets are masked, like labels = -100). AdamW with linear warm-up then cosine decay; the result is a full checkpoint.
 
-Measured on the 2-core CPU box (compose set: 792 train tasks, 56 held out; 2 threads): the
-default 3.4M Llama learns to read the three phrases out of the prompt, and what it learns on
-train tasks carries to held-out ones step for step (teacher-forced exact match, train/held-out,
-under an 800-step schedule): 100 steps 0.06/0.05, 200 steps 0.47/0.48, 400 steps 0.81/0.73.
-The default 200 steps (~80 s) leave a base policy that solves ~25% of held-out tasks greedily
-and ~19% at temperature 0.6, which leaves reinforcement learning room to show what it adds.
+The defaults are sized for the built-in model: enough steps that it reads the answer format out
+of the prompt, and what it learns on train tasks carries to held-out ones; few enough that the
+base policy leaves reinforcement learning room to show what it adds (docs/benchmarks.md has the
+teacher-forced accuracy by step count).
 """
 
 from __future__ import annotations
