@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 from conftest import require
 
 from grading.submission import grade_solution, sandbox_spec
@@ -48,7 +49,7 @@ def test_crucible_run_refuses_a_wrong_hosts_setting_in_one_line(tmp_path):
            "CRUCIBLE_SANDBOX": "docker", "CRUCIBLE_DOCKER_HOSTS": "unix:///var/run/docker.sock=many"}
     env.pop("CRUCIBLE_POSTGRES_URL", None)
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "x", "--iterations", "1"],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          env=env, capture_output=True, text=True, timeout=PATIENCE_S, cwd=ROOT)
     assert (done.returncode, done.stderr.strip()) == (2, (
         "error: CRUCIBLE_DOCKER_HOSTS: 'unix:///var/run/docker.sock=many' is not URL=CAPACITY (for example "
         "unix:///var/run/docker.sock=16; the capacity a whole number ≥ 1)"))
@@ -113,10 +114,13 @@ def test_a_daemon_stopped_in_the_middle_of_a_batch_loses_no_grading(second_daemo
         second = sandbox.fleet.daemons[1]
         return sandbox
 
+    finished = threading.Event()
+
     def stop_second_when_busy():
-        while second is None or second.placed < 6:
+        while (second is None or second.placed < 6) and not finished.is_set():
             time.sleep(0.05)
-        _stop(SECOND_PIDFILE)
+        if not finished.is_set():
+            _stop(SECOND_PIDFILE)
 
     stopper = threading.Thread(target=stop_second_when_busy, daemon=True)
     stopper.start()
@@ -124,7 +128,8 @@ def test_a_daemon_stopped_in_the_middle_of_a_batch_loses_no_grading(second_daemo
                      is_infra_failure=lambda g: g.reward_status is RewardStatus.INFRA_ERROR) as pool:
         grades = list(pool.map(lambda item: sandbox_spec(item[0]),
                                lambda sandbox, item: grade_solution(item[0], item[1], sandbox), work))
-    stopper.join(timeout=60)
+    finished.set()
+    stopper.join(timeout=PATIENCE_S)
     assert not stopper.is_alive()
     assert [(task.id, grade.reward_status, grade.passed) for (task, _, _), grade in zip(work, grades)] == [
         (task.id, RewardStatus.SCORED, passes) for task, _, passes in work]

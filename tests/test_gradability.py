@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from patience import PATIENCE_S
 from dagster import AssetKey, DagsterInstance, materialize
 
 from assets.io_manager import DatasetIOManager
@@ -104,7 +105,7 @@ def test_a_built_in_set_needs_no_proof(ledger):
 def test_tasks_list_shows_each_tasks_gradability(outside, ledger, tmp_path):
     prove_on("local", outside, ledger)
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "list", "--task-set", str(tmp_path / "outside"),
-                           "--backend", "local"], capture_output=True, text=True, timeout=120,
+                           "--backend", "local"], capture_output=True, text=True, timeout=PATIENCE_S,
                           env={**os.environ, "COLUMNS": "250", "CRUCIBLE_ENVIRONMENTS": str(tmp_path / "environments")})
     rows = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in done.stdout.splitlines()
             if line.startswith("│ outside/")}

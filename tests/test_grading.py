@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from patience import PATIENCE_S
 
 from grading.test_report import ReportError, parse_junit, read_report
 from grading.verdict import grade
@@ -287,7 +288,7 @@ def test_parser_reads_pytest_junitxml(tmp_path):
     )
     report = tmp_path / "junit.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                    str(tmp_path / "test_mod.py")], check=False, cwd=tmp_path, capture_output=True, timeout=60)
+                    str(tmp_path / "test_mod.py")], check=False, cwd=tmp_path, capture_output=True, timeout=PATIENCE_S)
     outcomes = {t.name: t.outcome for t in read_report(report)}
     assert outcomes == {"test_ok": "passed", "test_fail": "failed", "test_skip": "skipped", "test_err": "error"}
 

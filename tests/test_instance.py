@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from patience import PATIENCE_S
 import yaml
 from dagster import DagsterInstance, asset, materialize
 
@@ -109,7 +110,7 @@ def test_two_runs_never_hold_the_accelerator_pool_at_once(home, tmp_path):
     marks = [tmp_path / "first", tmp_path / "second"]
     runs = [subprocess.Popen([sys.executable, "-c", POOL_STEP, str(me), str(other)], env=env, cwd=tmp_path)
             for me, other in (marks, marks[::-1])]
-    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+    assert [run.wait(timeout=PATIENCE_S) for run in runs] == [0, 0]
     (a_start, a_end), (b_start, b_end) = sorted(tuple(map(float, mark.read_text().split())) for mark in marks)
     assert a_end <= b_start
 
@@ -132,7 +133,7 @@ def test_a_postgres_server_that_is_down_stops_crucible_run_with_one_line_and_no_
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"),
            POSTGRES_URL_ENV: "postgresql://crucible:s3cret@127.0.0.1:1/crucible"}
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "x", "--iterations", "1"],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          env=env, capture_output=True, text=True, timeout=PATIENCE_S, cwd=ROOT)
     assert done.returncode == 2
     assert done.stderr.startswith("error: the Postgres instance postgresql://crucible@127.0.0.1:1/crucible")
     assert "does not answer" in done.stderr and "Traceback" not in done.stderr and "s3cret" not in done.stderr

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 from dagster import (
     AssetKey,
     AssetMaterialization,
@@ -246,14 +247,14 @@ def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_un
     @asset(partitions_def=iterations, name="an_iteration_under_way")
     def under_way() -> None:
         started.set()
-        release.wait(timeout=60)
+        release.wait(timeout=PATIENCE_S)
 
     key = add_iteration(instance, "exp", 1)
     holder = threading.Thread(target=materialize, args=([under_way],),
                               kwargs={"instance": instance, "partition_key": key})
     holder.start()
     try:
-        assert started.wait(timeout=60)
+        assert started.wait(timeout=PATIENCE_S)
         refusal = r"experiment 'exp' is being written by run \S+ \(__ephemeral_asset_job__, exp\|0001\)"
         with pytest.raises(Failure, match=refusal):
             materialize([base_policy], instance=instance, partition_key="exp", resources={"crucible": crucible})

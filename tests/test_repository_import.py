@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 
 from environments.build import build_all, images, remove_image
 from environments.store import EnvironmentStore
@@ -170,7 +171,7 @@ def test_the_import_command_reports_rejections_and_writes_a_loadable_set(swebenc
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "import", "--format", "swebench",
                            str(swebench / "instances.jsonl"), "--name", "swe", "--split", "train",
                            "--specs", str(swebench / "specs.json")],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=PATIENCE_S)
     assert done.returncode == 0, done.stderr
     assert "imported 1 tasks (1 train, 0 eval), rejected 6" in done.stdout
     assert "proven gradable on the local backend: 1 of 1 tasks usable" in done.stdout
@@ -184,7 +185,7 @@ def test_a_missing_repositories_folder_is_a_clear_error(swebench, tmp_path):
     env = {**os.environ, "CRUCIBLE_TASK_SETS": str(tmp_path / "library")}
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "tasks", "import", "--format", "swebench",
                            str(swebench / "instances.jsonl"), "--name", "swe", "--repos", str(tmp_path / "none")],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=PATIENCE_S)
     assert done.returncode == 2 and "no such folder of repositories" in " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr
 

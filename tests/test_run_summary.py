@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 from rich.console import Console
 from test_datastore import trajectory_row
 
@@ -73,6 +74,6 @@ def test_the_commands_printed_after_a_run_run_as_printed_without_the_virtualenv_
     commands = {label: line.split(": ", 1)[1] for label, line in cli.run_hints("exp", storage)}
     assert commands["Curve"].endswith(f"curve --storage {storage} --experiment exp")
     query = subprocess.run(commands["Query"], shell=True, cwd=PROJECT, env={**os.environ, "PATH": SYSTEM_PATH},
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=PATIENCE_S)
     assert query.returncode == 0, query.stderr
     assert "avg(reward)" in query.stdout  # the table of the experiment's rewards (none stored here)

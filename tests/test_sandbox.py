@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 from conftest import require, residue, skip_unless_required
 
 from sandbox.base import Mount, SandboxUnavailable, WorkspacePathError
@@ -611,7 +612,7 @@ def test_a_host_without_cgroup_limits_is_refused_unless_weak_isolation_is_allowe
     hide = ("mount -o remount,bind,ro /sys/fs/cgroup/memory && mount -o remount,bind,ro /sys/fs/cgroup/pids"
             f' && exec {sys.executable} -c "$0"')
     done = subprocess.run(["unshare", "--mount", "sh", "-c", hide, WEAK_HOST], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).parent.parent)
+                          timeout=PATIENCE_S, cwd=Path(__file__).parent.parent)
     report = json.loads(done.stdout)
     assert "no writable memory cgroup" in report["refused"] and "allow_weak_isolation" in report["refused"]
     assert report["results"] == [["RE", True, 2], ["RE", True, 2]]

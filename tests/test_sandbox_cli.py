@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 
+from patience import PATIENCE_S
+
 
 def crucible(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, timeout=PATIENCE_S)
 
 
 def test_exec_prints_the_result_as_json(backend_name, tmp_path):

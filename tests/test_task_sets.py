@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 
 from task_sets import compositions as compose
 from task_sets import repairs
@@ -157,7 +158,7 @@ def test_reference_solutions_pass_and_a_stub_fails(name: str, tmp_path: Path) ->
     (tmp_path / "tasks.json").write_text(json.dumps([task.model_dump(mode="json") for task in task_set]))
     completed = subprocess.run(
         ["/usr/bin/python3", "-I", "-S", "grade.py", "tasks.json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, capture_output=True, text=True, timeout=PATIENCE_S,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
@@ -221,7 +222,7 @@ def test_repair_tasks_need_their_check_run_the_start_fails_it_and_the_reference_
     (tmp_path / "check.py").write_text(_CHECKING_SCRIPT)
     (tmp_path / "tasks.json").write_text(json.dumps([task.model_dump(mode="json") for task in task_set]))
     completed = subprocess.run(["/usr/bin/python3", "-I", "-S", "check.py", "tasks.json"], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=120)
+                               capture_output=True, text=True, timeout=PATIENCE_S)
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     prompts = {(task.family, task.prompt) for task in task_set}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from patience import PATIENCE_S
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
 
 from assets.iteration import STABILITY_CHECKS, checkpoint
@@ -273,8 +274,8 @@ def test_a_training_step_dies_with_a_run_killed_without_a_word(tmp_path):
         time.sleep(0.05)
     assert _executes_the_step(step), step.cmdline()
     run.kill()
-    run.wait(timeout=30)
-    step.wait(timeout=30)  # psutil.TimeoutExpired: the step outlived its run
+    run.wait(timeout=PATIENCE_S)
+    step.wait(timeout=PATIENCE_S)  # psutil.TimeoutExpired: the step outlived its run
     assert not step.is_running()
 
 
@@ -293,5 +294,5 @@ def test_crucible_run_refuses_a_training_client_it_cannot_use_in_one_line(tmp_pa
            **setting}
     env.pop("CRUCIBLE_POSTGRES_URL", None)
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "x", "--iterations", "1"],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          env=env, capture_output=True, text=True, timeout=PATIENCE_S, cwd=ROOT)
     assert (done.returncode, done.stderr.strip()) == (2, said)
