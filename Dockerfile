@@ -14,6 +14,7 @@ RUN python3 -m venv --without-pip /opt/crucible \
  && rm -rf /tmp/wheels
 COPY pyproject.toml workspace.yaml /opt/crucible/src/
 COPY assets /opt/crucible/src/assets
+COPY commands /opt/crucible/src/commands
 COPY datastore /opt/crucible/src/datastore
 COPY environments /opt/crucible/src/environments
 COPY grading /opt/crucible/src/grading

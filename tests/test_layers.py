@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 # training/__init__.py's order: each subpackage may import those before it, never those after.
 TRAINING_ORDER = ("progress", "policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
@@ -70,6 +72,17 @@ def rank(module: str) -> tuple[int, int]:
 def test_the_layer_table_names_every_package():
     assert layers() == ["pipelines", "assets", "commands", "training", "datastore", "grading", "task_sets", "environments", "sandbox",
                         "statuses"]
+
+
+@pytest.mark.unit
+def test_the_project_image_takes_every_package():
+    """Run containers and pods import the code location from the image: a package it lacks fails
+    them all, and its tag would not change with that package's files."""
+    copied = re.findall(r"^COPY (\w+) /opt/crucible/src/\1$", ROOT.joinpath("Dockerfile").read_text(), flags=re.M)
+    let_in = re.findall(r"^!(\w+)$", ROOT.joinpath(".dockerignore").read_text(), flags=re.M)
+    hashed = re.search(r"^packages=\(([^)]*)\)", ROOT.joinpath("scripts", "build-project-image").read_text(),
+                       flags=re.M).group(1).split()
+    assert sorted(copied) == sorted(let_in) == sorted(hashed) == sorted(layers())
 
 
 def points_up(module: str, target: str) -> bool:
