@@ -21,6 +21,9 @@ from dagster import (
     asset,
 )
 
+from assets.iteration import ITERATION, check_result, checkpoint_eval, this_iteration, trajectories
+from assets.resources import CrucibleResource
+from datastore import catalog, metrics
 from datastore.charts import (
     difficulty_curve_png,
     figure_png,
@@ -31,15 +34,6 @@ from datastore.charts import (
     significant,
     training_figure,
 )
-from assets.iteration import (
-    ITERATION,
-    check_result,
-    checkpoint_eval,
-    this_iteration,
-    trajectories,
-)
-from assets.resources import CrucibleResource
-from datastore import catalog, metrics
 from training.evaluation.monitors import SAMPLE_CHECKS, judge_samples
 
 ITERATION_MEASURES = ("tasks", "samples", "scored", "pass_rate", "reward_mean", "reward_std", "reward_p10", "reward_p50",

@@ -19,7 +19,6 @@ from pathlib import Path
 from dagster import DynamicOutput
 
 
-
 @dataclass(frozen=True)
 class Shard:
     index: int

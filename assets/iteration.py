@@ -30,7 +30,6 @@ from dagster import (
     asset,
 )
 
-from datastore.charts import eval_curve_png, markdown_table, png_markdown
 from assets.datasets import report_stored
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
 from assets.partitions import iterations, parse_iteration_key, refuse_beside_other_writers
@@ -41,6 +40,7 @@ from assets.stages import timed_stage
 from assets.trackers import report_to_trackers
 from assets.train_process import STEP_MESSAGE
 from assets.training_step import TrainingStepClient
+from datastore.charts import eval_curve_png, markdown_table, png_markdown
 from datastore.schema import TRAINING_STEPS
 from datastore.store import rows_to_table
 from grading.gradability import build_environments, needs_proof
@@ -50,20 +50,18 @@ from task_sets.separation import separation
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
 from training.inference.engines import gpu_released
-from training.iteration import evaluation, tasks
+from training.iteration import held_out, tasks
 from training.iteration.context import IterationRef, Refused
-from training.iteration.evaluation import Evaluation
+from training.iteration.held_out import Evaluation
 from training.iteration.lineage import Checkpoints
-from training.iteration.sampling import Sampler
 from training.iteration.training_step import NOTHING_LEARNED, judge_step, train_job
-from training.iteration.verification import Grader
 from training.rl.trainer import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
 
 def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible: CrucibleResource) -> IterationRef:
-    """The partition's iteration, with the experiment's stored settings, logging to the run."""
+    """The partition's iteration, with the experiment's stored settings."""
     try:
         name, number = parse_iteration_key(context.partition_key)
     except ValueError as error:
@@ -106,8 +104,9 @@ def task_set(
     iteration = this_iteration(context, crucible)
     refuse_beside_other_writers(context.instance, context.run_id, iteration.name)
     backend = crucible.sandbox_backend
-    proven = tasks.prove_unproven(crucible, iteration.experiment, context.log.info)
-    usable = tasks.usable_task_set(crucible, iteration.experiment)
+    loaded = tasks.loaded_task_set(crucible, iteration.experiment)
+    proven = tasks.prove_unproven(crucible, loaded, context.log.info)
+    usable = tasks.usable(crucible, loaded)
     # Every environment the usable tasks declare (the held-out tasks' too), built once for this backend.
     failed = build_environments([t for t in usable if t.id not in usable.unusable], backend, crucible.environment_store(),
                                 progress=context.log.info)
@@ -122,8 +121,7 @@ def task_set(
     store.write_partition("tasks", name, number, rows_to_table("tasks", tasks.task_rows(usable, sampled)))
     report_stored(context, store, "tasks", name, number)
     by_difficulty = Counter(task.difficulty for task in sampled)
-    digests = sorted({t.environment.digest[:16] for t in tasks.loaded_task_set(crucible, iteration.experiment)
-                      if t.environment})
+    digests = sorted({t.environment.digest[:16] for t in loaded if t.environment})
     yield Output(sampled, metadata={"tasks": len(sampled), "environments": ", ".join(digests)
                                     or "none (the sandbox image as it is)",
                                     **{f"tasks/{d}": by_difficulty[d] for d in ("easy", "medium", "hard")},
@@ -213,7 +211,7 @@ def checkpoint(
     checkpoints = Checkpoints(crucible, name)
     replaced = checkpoints.recorded_hash(number)  # None: a first training step
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint"):
-        job = train_job(iteration, crucible, tasks.usable_task_set(crucible, iteration.experiment).version)
+        job = train_job(iteration, crucible)
         with gpu_released():
             invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
         steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
@@ -251,17 +249,15 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     and the curve across iterations; then the experiment's trackers (`report_to`) are told."""
     iteration = this_iteration(context, crucible)
     store, name, number = crucible.store(), iteration.name, iteration.number
-    usable, log = tasks.usable_task_set(crucible, iteration.experiment), context.log.info
     with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint_eval"):
-        evaluated = Evaluation(iteration, crucible, usable, Sampler.of(crucible, iteration.experiment, usable, log),
-                               Grader.of(crucible, usable, log)).run()
+        evaluated = Evaluation(iteration, crucible, context.log.info).run()
     report_stored(context, store, "evaluations", name, number)
     with refusals_fail_the_run():
-        curve = evaluation.held_out_curve(iteration, crucible.storage_root)
+        curve = held_out.held_out_curve(iteration, crucible.storage_root)
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
     context.log.info(f"held-out pass rate {now['pass_rate']:.3f} ± {now['stderr']:.3f} "
                      f"({now['improvement']:+.3f} over the base policy, {gain:+.1f} standard errors)")
-    blanked = evaluation.feedback_curve(iteration, crucible.storage_root)
+    blanked = held_out.feedback_curve(iteration, crucible.storage_root)
     blind = blanked[-1] if blanked and blanked[-1]["iteration"] == number else None
     if blind:
         context.log.info(f"with observations blanked: {blind['blanked_pass_rate']:.3f}; what feedback is worth: "

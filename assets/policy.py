@@ -9,7 +9,7 @@ from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from training.base_policy import make_base_policy
 from training.experiment import ExperimentConfig, ExperimentFileError
-from training.iteration.tasks import prove_unproven, usable_task_set
+from training.iteration.tasks import loaded_task_set, prove_unproven, usable
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError
 
@@ -45,8 +45,9 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     refuse_beside_other_writers(context.instance, context.run_id, experiment.name)
     out_dir = crucible.base_policy_dir(experiment.name)
     # Warmed up on what the iterations may sample: an imported set's tasks proven gradable only.
-    prove_unproven(crucible, experiment, context.log.info)
-    task_set = usable_task_set(crucible, experiment)
+    loaded = loaded_task_set(crucible, experiment)
+    prove_unproven(crucible, loaded, context.log.info)
+    task_set = usable(crucible, loaded)
 
     def report(step: int, total: int, loss: float) -> None:
         if step == total or step % max(1, total // 10) == 0:

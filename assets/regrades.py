@@ -12,8 +12,6 @@ from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
 from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
 from training.iteration import regrading
-from training.iteration.tasks import usable_task_set
-from training.iteration.verification import Grader
 
 
 @asset(**{**ITERATION, "group_name": "regrading"}, deps=["trajectories"])
@@ -21,9 +19,8 @@ def regrades(context: AssetExecutionContext, crucible: CrucibleResource) -> Mate
     """The iteration's trained-on submissions graded again in fresh sandboxes, stored under the
     current reward version."""
     iteration = this_iteration(context, crucible)
-    usable = usable_task_set(crucible, iteration.experiment)
     with refusals_fail_the_run():
-        regrade = regrading.regrade(iteration, crucible, usable, Grader.of(crucible, usable, context.log.info))
+        regrade = regrading.regrade(iteration, crucible, context.log.info)
     store, rows = crucible.store(), regrade.rows
     path = store.write_partition("regrades", iteration.name, iteration.number,
                                  rows_to_table("regrades", rows), part=re.sub(r"[^\w@.-]", "_", regrade.reward_version))

@@ -34,8 +34,8 @@ from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
 from datastore.schema import TRUNCATED
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
-from training.iteration.lineage import Checkpoints
 from training.iteration import sampling
+from training.iteration.lineage import Checkpoints
 from training.iteration.sampling import Sampler
 from training.iteration.tasks import usable_task_set
 

@@ -41,7 +41,7 @@ from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout
 from training.iteration.context import slices
 from training.iteration.lineage import Checkpoints
-from training.iteration.sampling import Sampler
+from training.iteration.sampling import Sampler, more_samples
 from training.iteration.tasks import usable_task_set
 from training.iteration.verification import Grader, grading_work, verify
 
@@ -76,10 +76,13 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
     iteration, log = this_iteration(context, crucible), context.log.info
     usable = usable_task_set(crucible, iteration.experiment)
     sampler = Sampler.of(crucible, iteration.experiment, usable, log)
-    graded, first = gathered(shards)
+    grades, first = gathered(shards)
     with refusals_fail_the_run():
-        verification = verify(iteration, usable, task_set, rollouts, graded, Grader.of(crucible, usable, log), sampler,
-                              lambda: sampler.engine(Checkpoints(crucible, iteration.name).sampled_by(iteration.number)))
+        verification = verify(
+            iteration, task_set=usable, sampled=task_set, rollouts=rollouts, graded=grades,
+            grader=Grader.of(crucible, usable, log),
+            sample_more=more_samples(sampler, iteration,
+                                     lambda: Checkpoints(crucible, iteration.name).sampled_by(iteration.number)))
     record_stage(crucible.store(), iteration.name, iteration.number, "verified_rollouts", started_at=first.planned_at)
     graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:

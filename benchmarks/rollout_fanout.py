@@ -45,10 +45,10 @@ from assets.io_manager import DatasetIOManager  # noqa: E402
 from assets.iteration import task_set  # noqa: E402
 from assets.partitions import add_iteration, experiments  # noqa: E402
 from assets.policy import base_policy  # noqa: E402
-from pipelines.resources import crucible_resource  # noqa: E402
 from commands.settings import load_settings  # noqa: E402
 from datastore.store import DatasetStore  # noqa: E402
 from pipelines.instance import prepare_instance  # noqa: E402
+from pipelines.resources import crucible_resource  # noqa: E402
 from training.experiment import BasePolicySettings, ExperimentConfig  # noqa: E402
 
 console = Console()

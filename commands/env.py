@@ -9,18 +9,17 @@ from pathlib import Path
 
 from rich.table import Table
 
+from commands.console import console, errors
+from commands.errors import UserError
+from commands.hints import crucible_command
+from commands.settings import BACKEND_HELP, load_settings
 from environments.build import BuildError, build_all, images, remove_image
 from environments.spec import EnvironmentSpec
 from environments.store import EnvironmentStore, image_tag
 from grading.gradability import repositories_of
-from commands.settings import BACKEND_HELP, load_settings
-from commands.console import console, errors
-from commands.errors import UserError
-from commands.hints import crucible_command
 from sandbox.backends import BACKENDS
 from task_sets.loader import TaskSetError, builtin_task_set_names, library_task_set_names, load_task_set
 from task_sets.schema import Task
-
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

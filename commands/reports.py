@@ -17,7 +17,6 @@ from commands.errors import UserError
 from commands.hints import crucible_command, storage_words, this_crucible
 from commands.settings import settings_for
 from datastore import catalog, metrics
-from datastore.charts import eval_curve_png
 from datastore.results import FORMATS as RESULT_FORMATS
 from datastore.results import write_result
 
@@ -126,6 +125,8 @@ def stored_experiment(con: duckdb.DuckDBPyConnection, name: str | None, storage_
 
 def command_curve(args: argparse.Namespace) -> int:
     """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
+    from datastore.charts import eval_curve_png  # matplotlib: loaded by the command that draws
+
     storage_root = settings_for(args).storage_root
     con = catalog.connect(storage_root)
     experiment = stored_experiment(con, args.experiment, storage_root)

@@ -11,26 +11,19 @@ from pathlib import Path
 
 from rich.table import Table
 
+from commands.console import console, errors
+from commands.env import ensure_built
+from commands.errors import UserError
+from commands.hints import crucible_command
+from commands.settings import BACKEND_HELP, Settings, load_settings, sandbox_hosts
 from environments.store import EnvironmentStore
 from grading.gradability import ProofLedger, lock_environments, needs_proof, prove
 from grading.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
-from commands.settings import BACKEND_HELP, Settings, load_settings, sandbox_hosts
-from commands.env import ensure_built
-from commands.console import console, errors
-from commands.errors import UserError
-from commands.hints import crucible_command
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.pool import PoolConfig, SandboxPool
 from statuses import RewardStatus
-from task_sets.importers import (
-    FORMATS,
-    SPLITS,
-    ImportError_,
-    ImportOptions,
-    import_tasks,
-    write_task_set,
-)
+from task_sets.importers import FORMATS, SPLITS, ImportError_, ImportOptions, import_tasks, write_task_set
 from task_sets.loader import (
     TASK_SET_NAME,
     TaskSet,
@@ -42,7 +35,6 @@ from task_sets.loader import (
 from task_sets.schema import RepositoryTask, Task
 from task_sets.separation import NEAR_DUPLICATE_THRESHOLD, separation
 
-# Piped output has no terminal width; the tables need ~110 columns.
 MAX_REJECTIONS_SHOWN = 20
 
 

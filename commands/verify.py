@@ -10,7 +10,11 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-
+from commands.console import errors
+from commands.env import ensure_built
+from commands.errors import UserError
+from commands.settings import BACKEND_HELP, load_settings
+from commands.tasks import grading_pool, load
 from environments.store import EnvironmentStore
 from grading.diagnosis import excerpt
 from grading.samples import (
@@ -25,14 +29,8 @@ from grading.samples import (
 )
 from grading.submission import grade_solution, sandbox_spec
 from grading.verdict import HARNESS_IN_SANDBOX, GradeResult
-from commands.settings import BACKEND_HELP, load_settings
-from commands.env import ensure_built
-from commands.console import errors
-from commands.errors import UserError
-from commands.tasks import grading_pool, load
 from sandbox.backends import BACKENDS
 from statuses import RewardStatus
-
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

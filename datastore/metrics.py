@@ -2,7 +2,9 @@
 
 The catalog (datastore/catalog.py) makes these views; the assets' metadata, the sample and
 stability monitors, the run summary and `crucible curve` all read them, so a monitor, a stored
-value and an analyst's query can never disagree.
+value and an analyst's query can never disagree. The functions at the end (`of_iteration`, `curve`,
+`optimizer_steps` and the others) are every query the product runs over them, on a connection the
+catalog opened.
 
 Definitions:
 - A sample counts towards a pass rate only if it was scored: an infrastructure error, an
@@ -276,6 +278,16 @@ def curve(con: duckdb.DuckDBPyConnection, view: str, experiment: str, through: i
 def every_iteration(con: duckdb.DuckDBPyConnection, view: str) -> list[dict]:
     """The rows of `view` for every iteration of every experiment, in order."""
     return records(con, f"SELECT * FROM {view} ORDER BY experiment, iteration")
+
+
+def optimizer_steps(con: duckdb.DuckDBPyConnection, experiment: str) -> list[dict]:
+    """Every optimizer step of an experiment with its statistics, numbered from the base policy
+    (`global_step`): training_steps.step counts an iteration's steps from 1, so its largest is how
+    many there were, and checkpoints.global_step is the iteration's last."""
+    return records(con, """
+        SELECT s.*, c.global_step - max(s.step) OVER (PARTITION BY iteration) + s.step AS global_step
+        FROM training_steps s JOIN checkpoints c USING (experiment, iteration)
+        WHERE experiment = ? ORDER BY iteration, s.step""", [experiment])
 
 
 def scored_rewards(con: duckdb.DuckDBPyConnection, experiment: str, iteration: int) -> list[float]:

@@ -19,11 +19,12 @@ from rich.markup import escape
 
 from commands import env, reports, sandbox, tasks, verify
 from commands.console import console, errors
-from commands.errors import RunFailed, UserError
+from commands.errors import UserError
 from commands.hints import crucible_command, storage_words
 from commands.settings import Settings, load_settings, settings_for
 from datastore.store import DatasetStore, StorageUnavailable
 from pipelines import eval_cli
+from pipelines.errors import RunFailed
 from pipelines.instance import prepare_instance
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

@@ -8,22 +8,17 @@ from transformers.utils import logging as transformers_logging
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
 from assets.io_manager import DatasetIOManager
-from assets.iteration import (
-    checkpoint,
-    checkpoint_eval,
-    task_set,
-    trajectories,
-)
+from assets.iteration import checkpoint, checkpoint_eval, task_set, trajectories
 from assets.policy import base_policy
 from assets.regrades import regrades
 from assets.rollouts import rollouts
 from assets.step_outputs import STEP_OUTPUTS, step_outputs_dir
 from assets.verification import verified_rollouts
-from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
+from commands.settings import load_settings
 from pipelines.executors import step_executor
+from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
 from pipelines.resources import crucible_resource, training_step_client
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
-from commands.settings import load_settings
 
 # Per-file "Loading weights" bars would fill a step's captured stderr; stages report their own progress.
 transformers_logging.disable_progress_bar()

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 
 import requests
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from commands.settings import settings_for
+from commands.console import console
 from commands.errors import UserError
 from commands.hints import crucible_command, storage_words
+from commands.settings import settings_for
 
 # Piped output has no terminal width; the report's tables need ~100 columns.
-console = Console(width=shutil.get_terminal_size((120, 40)).columns)
 
 
 def add_commands(commands) -> None:

@@ -20,11 +20,12 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatu
 from rich.console import Console
 
 from assets.partitions import add_experiment, add_iteration
+from commands.errors import UserError
+from commands.settings import Settings
 from pipelines import run_submission
-from commands.errors import RunFailed, UserError
+from pipelines.errors import RunFailed
 from pipelines.local_daemon import LocalDaemon
 from pipelines.resources import crucible_resource
-from commands.settings import Settings
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError, checked_source

@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from commands.errors import RunFailed
+from pipelines.errors import RunFailed
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 LOCATION = "pipelines.definitions"  # workspace.yaml's code location: the UI lists the runs under it

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
 
-from commands.errors import RunFailed
+from pipelines.errors import RunFailed
 from pipelines.local_daemon import PROJECT_DIR, LocalDaemon, console_script
 from pipelines.logging import shown
 

@@ -9,6 +9,7 @@ scripts/postgres-server starts), it is a failure instead.
 
 from __future__ import annotations
 
+import _posixsubprocess
 import contextlib
 import functools
 import os
@@ -82,14 +83,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def unit_tests_start_no_process(request, monkeypatch) -> None:
-    """Keeps the `unit` tier what it says: a unit test that starts a process fails, naming it."""
+    """Keeps the `unit` tier what it says: a unit test (its body and its function-scoped fixtures)
+    that starts a process fails, naming how. Every way Python starts one ends in one of these."""
     if request.node.get_closest_marker("unit") is None:
         return
 
-    def refused(self, args, *rest, **options):
-        raise AssertionError(f"a unit test starts no process, but this one started {args!r}: mark it integration")
+    def refused(how: str):
+        def start(*args, **options):
+            raise AssertionError(f"a unit test starts no process, but this one called {how}{args[:2]!r}: "
+                                 "leave it unmarked (integration)")
+        return start
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", refused)
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", refused("fork_exec"))  # multiprocessing's spawn
+    monkeypatch.setattr(subprocess, "_fork_exec", refused("subprocess"))  # its own reference to fork_exec
+    for name in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp"):
+        monkeypatch.setattr(os, name, refused(f"os.{name}"))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -25,7 +25,7 @@ from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
 from task_sets.schema import parse_task
 from training.experiment import ExperimentConfig
-from training.iteration.tasks import prove_unproven
+from training.iteration.tasks import loaded_task_set, prove_unproven
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 SQUARE_TESTS = "from solution import square\n\ndef test_square():\n    assert square(3) == 9\n"
@@ -128,7 +128,7 @@ def test_the_task_set_asset_proves_what_is_unproven_and_counts_what_it_leaves_ou
     assert (metadata["tasks"], metadata["tasks/usable"], metadata["tasks/unusable"],
             metadata["tasks/proven_this_run"]) == (1, 2, 2, 4)
     # The next iteration proves only what may pass now: the task whose environment did not build.
-    assert prove_unproven(crucible, crucible.experiment("exp"), log=lambda line: None) == 1
+    assert prove_unproven(crucible, loaded_task_set(crucible, crucible.experiment("exp")), log=lambda line: None) == 1
     assert "outside/lax" in metadata["unusable_tasks"] and "needs Python 3.4" in metadata["unusable_tasks"]
     assert ProofLedger(crucible.environment_store()).get(outside.by_id["outside/good-eval"], "local").usable
 

@@ -10,14 +10,13 @@ from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
 from training.continuation import reason_to_stop
 from training.experiment import ExperimentConfig
-from training.iteration import evaluation
+from training.iteration import held_out
 from training.iteration.context import IterationRef, Refused
-from training.iteration.evaluation import Evaluation
+from training.iteration.held_out import Evaluation
 from training.iteration.lineage import Checkpoints
-from training.iteration.sampling import Sampler, rollout_params
+from training.iteration.sampling import rollout_params
 from training.iteration.tasks import sample_tasks, task_rows, usable_task_set
 from training.iteration.training_step import train_job
-from training.iteration.verification import Grader
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy
 
@@ -42,10 +41,7 @@ def sampled(crucible: CrucibleResource, number: int, **settings) -> list:
 
 def evaluate(crucible: CrucibleResource, number: int, log=lambda message: None, **settings) -> list[dict]:
     """Iteration `number`'s held-out evaluation, as its checkpoint_eval asset runs it."""
-    iteration = ref(number, **settings)
-    usable = usable_task_set(crucible, iteration.experiment)
-    return Evaluation(iteration, crucible, usable, Sampler.of(crucible, iteration.experiment, usable, log),
-                      Grader.of(crucible, usable, log)).run()
+    return Evaluation(ref(number, **settings), crucible, log).run()
 
 
 def sampled_by(crucible: CrucibleResource, number: int) -> tuple:
@@ -103,7 +99,7 @@ def test_an_iteration_refuses_a_checkpoint_that_does_not_exist_and_says_what_to_
 
 def test_an_evaluation_with_nothing_scored_is_refused(crucible):
     with pytest.raises(Refused, match=r"the base policy's held-out evaluation \(iteration 0\) has no scored sample"):
-        evaluation.held_out_curve(ref(1), crucible.storage_root)
+        held_out.held_out_curve(ref(1), crucible.storage_root)
 
 
 def _checkpoint(crucible: CrucibleResource, iteration: int, recorded_hash: str | None = None, seed: int = 0,
@@ -181,10 +177,10 @@ def test_training_refuses_trajectories_another_policy_sampled(crucible):
     crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
     with pytest.raises(Refused, match=f"iteration 1's trajectories were sampled by 0123456789ab, not by checkpoint 0 "
                                       f"as it is now \\({base[:12]}\\): materialize iteration 1 again"):
-        train_job(ref(1), crucible, task_set_version='v')
+        train_job(ref(1), crucible)
     rows = [{**row, "policy_version": base} for row in rows]
     crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
-    assert train_job(ref(1), crucible, task_set_version='v').lineage["parent"]["content_hash"] == base
+    assert train_job(ref(1), crucible).lineage["parent"]["content_hash"] == base
 
 
 def test_evaluation_refuses_a_checkpoint_replaced_after_its_training_step(crucible):

@@ -17,7 +17,7 @@ from training.agent.trajectory import trajectory_row
 from training.experiment import ExperimentConfig
 from training.iteration.context import Environment, Log
 from training.iteration.sampling import Sampler, eval_params
-from training.iteration.tasks import prove_unproven, usable_task_set
+from training.iteration.tasks import loaded_task_set, prove_unproven, usable
 from training.iteration.verification import Grader, grading_work
 
 
@@ -26,8 +26,9 @@ def evaluate_model(env: Environment, experiment: ExperimentConfig, model: str, c
     """The `model_evaluations` rows of `model` on `experiment`'s task set: `eval_samples`
     answers to each of its first `eval_tasks` held-out tasks (greedy when that is 1), with
     `experiment`'s engine, turns and budgets; `chat_dir` holds the model's tokenizer (or is it)."""
-    prove_unproven(env, experiment, log)  # an imported set's held-out tasks are evaluated only once proven gradable
-    task_set = usable_task_set(env, experiment)
+    loaded = loaded_task_set(env, experiment)
+    prove_unproven(env, loaded, log)  # an imported set's held-out tasks are evaluated only once proven gradable
+    task_set = usable(env, loaded)
     sampler = Sampler.of(env, experiment, task_set, log)
     tasks, params = experiment.held_out_tasks(task_set), eval_params(experiment)
     log(f"evaluating {model} on {len(tasks)} held-out tasks of {task_set.name}, {params.n} answers each")

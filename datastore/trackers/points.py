@@ -22,21 +22,12 @@ from dataclasses import dataclass
 
 import duckdb
 
-from datastore.metrics import records
+from datastore import metrics
 from datastore.schema import TRAINING_STEPS
 
 STEP_PREFIX, ITERATION_PREFIX = "train/", "iteration/"
 STEP_STATISTICS = [name for name in TRAINING_STEPS.names if name != "step"]
 
-# training_steps.step counts an iteration's optimizer steps from 1, so its largest is how many
-# there were; checkpoints.global_step counts them from the base policy to the iteration's last.
-STEPS = f"""
-    SELECT iteration, c.global_step - max(s.step) OVER (PARTITION BY iteration) + s.step AS global_step,
-           {', '.join(f's.{name}' for name in STEP_STATISTICS)}
-    FROM training_steps s JOIN checkpoints c USING (experiment, iteration)
-    WHERE experiment = ? ORDER BY iteration, s.step
-"""
-SUMMARY = "SELECT * FROM iterations WHERE experiment = ? ORDER BY iteration"
 
 
 @dataclass(frozen=True)
@@ -62,10 +53,10 @@ class IterationPoints:
 def experiment_points(con: duckdb.DuckDBPyConnection, experiment: str) -> dict[int, IterationPoints]:
     """Every point the views hold of `experiment`, by iteration."""
     points: dict[int, list[Point]] = {}
-    for row in records(con, STEPS, [experiment]):
+    for row in metrics.optimizer_steps(con, experiment):
         points.setdefault(row["iteration"], []).extend(
             _drawable(STEP_PREFIX, row["global_step"], row, STEP_STATISTICS))
-    for row in records(con, SUMMARY, [experiment]):
+    for row in metrics.curve(con, "iterations", experiment):
         columns = [name for name in row if name not in ("experiment", "iteration")]
         points.setdefault(row["iteration"], []).extend(_drawable(ITERATION_PREFIX, row["iteration"], row, columns))
     return {iteration: IterationPoints(iteration, tuple(found)) for iteration, found in sorted(points.items()) if found}

@@ -19,6 +19,7 @@ from training.experiment import ExperimentConfig
 SEED_STRIDE = 100_003  # a prime: experiments' seeds never collide for the first 100k iterations
 
 Log = Callable[[str], None]
+Checkpoint = tuple[Path, str]  # a checkpoint's directory and content hash
 
 
 class Refused(Exception):

@@ -4,9 +4,8 @@ training step recorded (the `checkpoints` dataset), and on one lineage from the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from training.iteration.context import Environment, Refused
+from training.iteration.context import Checkpoint, Environment, Refused
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 
 
@@ -17,7 +16,7 @@ class Checkpoints:
     env: Environment
     experiment: str
 
-    def sampled_by(self, number: int) -> tuple[Path, str]:
+    def sampled_by(self, number: int) -> Checkpoint:
         """The checkpoint iteration `number` samples from (directory, content hash), refused
         unless it is what its training step recorded, its lineage holds and its blocking
         stability checks passed."""
@@ -31,7 +30,7 @@ class Checkpoints:
                           f"iteration {number - 1} again.")
         return policy_dir, content_hash
 
-    def verified(self, iteration: int, use: str) -> tuple[Path, str]:
+    def verified(self, iteration: int, use: str) -> Checkpoint:
         """Checkpoint `iteration` (0: the base policy), verified, and its content hash."""
         directory = self.env.checkpoint_dir(self.experiment, iteration)
         try:

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from grading.rewards import Process
-from task_sets.loader import TaskSet
 from training.agent.trajectory import regrade_row
-from training.iteration.context import Environment, IterationRef, Refused
+from training.iteration.context import Environment, IterationRef, Log, Refused
 from training.iteration.lineage import Checkpoints
+from training.iteration.tasks import usable_task_set
 from training.iteration.verification import Grader
 
 GRADED_COLUMNS = ["task_id", "group_id", "sample_index", "patch", "turns", "passed", "reward", "reward_version"]
@@ -24,13 +24,15 @@ class Regrade:
     verdicts_changed: int  # samples whose `passed` differs from the original grading's
 
 
-def regrade(ref: IterationRef, env: Environment, task_set: TaskSet, grader: Grader) -> Regrade:
-    """Iteration `ref`'s trained-on submissions graded again by `grader` (the task set's as it is now)."""
+def regrade(ref: IterationRef, env: Environment, log: Log) -> Regrade:
+    """Iteration `ref`'s trained-on submissions graded again by its task set's grader as it is now."""
     store, name, number = env.store(), ref.name, ref.number
     try:
         files = Checkpoints(env, name).trained_on(number) or store.partition_files("trajectories", name, number)
     except FileNotFoundError:
         raise Refused(f"iteration {number} has no stored trajectories to re-grade: materialize it first.") from None
+    task_set = usable_task_set(env, ref.experiment)
+    grader = Grader.of(env, task_set, log)
     tasks = {task.id: task for task in task_set}
     rows = [{**row, "trajectory_file": file} for file in files
             for row in store.read_files("trajectories", [file], GRADED_COLUMNS).to_pylist()]

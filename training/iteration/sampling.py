@@ -7,7 +7,6 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -19,10 +18,8 @@ from training.agent.rollout import Rollout, sample_rollouts
 from training.experiment import ExperimentConfig
 from training.inference.engine import InferenceEngine, SamplingParams
 from training.inference.engines import open_engine
-from training.iteration.context import Environment, IterationRef, Log, slices
+from training.iteration.context import Checkpoint, Environment, IterationRef, Log, slices
 from training.progress import ProgressLines
-
-Checkpoint = tuple[Path, str]  # directory, content hash
 
 
 def rollout_params(ref: IterationRef) -> SamplingParams:
@@ -96,3 +93,17 @@ class Sampler:
             return self.sample(self.engine(checkpoint, threads=threads), tasks, rollout_params(ref), ref.group_prefix)
         finally:  # the process's later steps (in one process, all of a run's) keep their threads
             torch.set_num_threads(before)
+
+
+def more_samples(sampler: Sampler, ref: IterationRef,
+                 policy: Callable[[], Checkpoint]) -> Callable[[list[TaskBase], str], list[Rollout]]:
+    """Samples of more train tasks (tasks, group prefix) from the iteration's `policy`, as
+    dynamic sampling asks for them; its engine is opened on the first call only."""
+    engine: InferenceEngine | None = None
+
+    def sample(tasks: list[TaskBase], group_prefix: str) -> list[Rollout]:
+        nonlocal engine
+        engine = engine or sampler.engine(policy())
+        return sampler.sample(engine, tasks, rollout_params(ref), group_prefix)
+
+    return sample

@@ -21,15 +21,20 @@ def loaded_task_set(env: Environment, experiment: ExperimentConfig) -> TaskSet:
 
 
 def usable_task_set(env: Environment, experiment: ExperimentConfig) -> TaskSet:
-    """The set iterations sample and evaluate: its tasks not proven gradable on this backend are
-    left out of its splits (`prove_unproven` first)."""
-    return with_proofs(loaded_task_set(env, experiment), env.sandbox_backend, ProofLedger(env.environment_store()))
+    """The set iterations sample and evaluate (see `usable`)."""
+    return usable(env, loaded_task_set(env, experiment))
 
 
-def prove_unproven(env: Environment, experiment: ExperimentConfig, log: Log) -> int:
+def usable(env: Environment, task_set: TaskSet) -> TaskSet:
+    """`task_set` with its tasks not proven gradable on this backend left out of its splits
+    (`prove_unproven` first)."""
+    return with_proofs(task_set, env.sandbox_backend, ProofLedger(env.environment_store()))
+
+
+def prove_unproven(env: Environment, task_set: TaskSet, log: Log) -> int:
     """Prove the set's tasks that have no proof on this backend yet: their reference and wrong
     submissions graded in their built environments. How many there were."""
-    task_set, ledger = loaded_task_set(env, experiment), ProofLedger(env.environment_store())
+    ledger = ProofLedger(env.environment_store())
     pending = unproven(task_set, env.sandbox_backend, ledger)
     if pending:
         log(f"proving {len(pending)} task(s) of {task_set.name!r} gradable on the {env.sandbox_backend} backend: "

@@ -17,6 +17,7 @@ from training.evaluation.monitors import (
 )
 from training.iteration.context import Environment, IterationRef, Refused
 from training.iteration.lineage import Checkpoints
+from training.iteration.tasks import usable_task_set
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.lineage import lineage
 from training.rl.step import TrainJob
@@ -35,7 +36,7 @@ class StepRecord:
     learned: bool  # an optimizer step ran: else the checkpoint is its parent
 
 
-def train_job(ref: IterationRef, env: Environment, task_set_version: str) -> TrainJob:
+def train_job(ref: IterationRef, env: Environment) -> TrainJob:
     """The training step on the iteration's stored trajectories, from the policy that sampled them."""
     parent_dir, parent_hash = Checkpoints(env, ref.name).sampled_by(ref.number)
     store, experiment, number = env.store(), ref.experiment, ref.number
@@ -54,7 +55,7 @@ def train_job(ref: IterationRef, env: Environment, task_set_version: str) -> Tra
         temperature=experiment.temperature,
         reference_dir=str(env.base_policy_dir(experiment.name)) if experiment.grpo.kl_coef else None,
         # Where the experiment reports its numbers changes no weight: not part of the settings' hash.
-        lineage=lineage(parent_dir, parent_hash, trajectory_files, task_set_version,
+        lineage=lineage(parent_dir, parent_hash, trajectory_files, usable_task_set(env, experiment).version,
                         experiment.model_dump(mode="json", exclude={"report_to"})),
     )
 

@@ -22,9 +22,7 @@ from task_sets.schema import TaskBase
 from training.agent.dynamic_sampling import Refilled, refill
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout
-from training.inference.engine import InferenceEngine
 from training.iteration.context import Environment, IterationRef, Log
-from training.iteration.sampling import Sampler, rollout_params
 from training.progress import ProgressLines
 
 
@@ -91,17 +89,19 @@ class Verification:
     regraded: Agreement
 
 
-def verify(ref: IterationRef, task_set: TaskSet, sampled: list[TaskBase], rollouts: list[Rollout],
-           graded: list[VerifiedRollout], grader: Grader, sampler: Sampler,
-           policy_engine: Callable[[], InferenceEngine]) -> Verification:
+SampleMore = Callable[[list[TaskBase], str], list[Rollout]]  # (tasks, group prefix) -> their rollouts
+
+
+def verify(ref: IterationRef, *, task_set: TaskSet, sampled: list[TaskBase], rollouts: list[Rollout],
+           graded: list[VerifiedRollout], grader: Grader, sample_more: SampleMore) -> Verification:
     """Given every rollout graded (`Grader.grade` on `grading_work`, in one go or in slices),
-    refill from `policy_engine` (opened on the first refill round only) while too few groups carry
-    a signal, and grade a seeded share of them again."""
+    refill with `sample_more` while too few groups carry a signal, and grade a seeded share of
+    them again."""
     work = grading_work(sampled, rollouts)
     if [(v.rollout.group_id, v.rollout.sample_index) for v in graded] != [(r.group_id, r.sample_index)
                                                                          for r in rollouts]:
         raise ValueError("the grades given are not of these rollouts, in their order")
-    refilled = _refill(ref, task_set, sampled, graded, grader, sampler, policy_engine)
+    refilled = _refill(ref, task_set, sampled, graded, grader, sample_more)
     again = regrade_sample(len(work), ref.experiment.regrade_fraction, ref.seed)
     second = grader.grade([work[i] for i in again]) if again else []
     regraded = agreement([work[i][0].id for i in again], [refilled.graded[i].grade for i in again],
@@ -110,21 +110,16 @@ def verify(ref: IterationRef, task_set: TaskSet, sampled: list[TaskBase], rollou
 
 
 def _refill(ref: IterationRef, task_set: TaskSet, sampled: list[TaskBase], verified: list[VerifiedRollout],
-            grader: Grader, sampler: Sampler,
-            policy_engine: Callable[[], InferenceEngine]) -> Refilled[VerifiedRollout]:
+            grader: Grader, sample_more: SampleMore) -> Refilled[VerifiedRollout]:
     """Dynamic sampling: more train tasks, from the same policy, while too few groups have a
     reward spread (training/agent/dynamic_sampling.py)."""
     taken = {task.id for task in sampled}
     reserve = [task for task in ref.experiment.rl_tasks(task_set) if task.id not in taken]
     random.Random(ref.seed).shuffle(reserve)
-    engine: InferenceEngine | None = None
 
     def sample_and_grade(tasks: list[TaskBase], round_: int) -> list[VerifiedRollout]:
-        nonlocal engine
-        sampler.log(f"dynamic sampling round {round_}: {len(tasks)} more tasks")
-        engine = engine or policy_engine()
-        samples = sampler.sample(engine, tasks, rollout_params(ref), f"{ref.group_prefix}/refill{round_}")
-        return grader.grade(grading_work(tasks, samples))
+        grader.log(f"dynamic sampling round {round_}: {len(tasks)} more tasks")
+        return grader.grade(grading_work(tasks, sample_more(tasks, f"{ref.group_prefix}/refill{round_}")))
 
     def group_reward(v: VerifiedRollout) -> tuple[str, float] | None:
         return (v.rollout.group_id, v.grade.reward) if v.grade.reward_status is RewardStatus.SCORED else None

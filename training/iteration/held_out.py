@@ -1,4 +1,4 @@
-"""Held-out evaluation: a checkpoint's answers to the held-out split, sampled and graded as an
+"""Held-out evaluation (not the monitors of training/evaluation/): a checkpoint's answers to the held-out split, sampled and graded as an
 iteration's are, stored as its `evaluations` partition a chunk at a time; the base policy
 (iteration 0) first, whenever the stored one evaluated another base policy than the one on disk.
 Then the curve across iterations, paired by task with the base policy's (datastore/metrics.py)."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 from datastore import catalog, metrics
 from datastore.schema import Observations
@@ -18,9 +19,10 @@ from training.agent.rollout import TASKS_PER_CALL
 from training.agent.trajectory import evaluation_row
 from training.experiment import ExperimentConfig
 from training.inference.engine import InferenceEngine, SamplingParams
-from training.iteration.context import Environment, IterationRef, Refused
+from training.iteration.context import Environment, IterationRef, Log, Refused
 from training.iteration.lineage import Checkpoints
 from training.iteration.sampling import Sampler, eval_params
+from training.iteration.tasks import usable_task_set
 from training.iteration.verification import Grader, grading_work
 
 
@@ -33,15 +35,28 @@ def eval_conditions(experiment: ExperimentConfig) -> tuple[Observations, ...]:
 
 @dataclass(frozen=True)
 class Evaluation:
+    """The held-out evaluation of iteration `ref`; its task set, engine and sandboxes are opened
+    only once it is known that something must be evaluated."""
+
     ref: IterationRef
     env: Environment
-    task_set: TaskSet  # the usable one (training/iteration/tasks.py)
-    sampler: Sampler
-    grader: Grader
+    log: Log = print
 
     @property
     def checkpoints(self) -> Checkpoints:
         return Checkpoints(self.env, self.ref.name)
+
+    @cached_property
+    def task_set(self) -> TaskSet:
+        return usable_task_set(self.env, self.ref.experiment)
+
+    @cached_property
+    def sampler(self) -> Sampler:
+        return Sampler.of(self.env, self.ref.experiment, self.task_set, self.log)
+
+    @cached_property
+    def grader(self) -> Grader:
+        return Grader.of(self.env, self.task_set, self.log)
 
     def run(self) -> list[dict]:
         """The iteration's checkpoint on the held-out split, after the base policy's (iteration 0)
@@ -52,7 +67,7 @@ class Evaluation:
         checkpoints.lineage_holds(number, rerun_through=number)
         _, base_hash = checkpoints.verified(0, f"iteration {number} is compared with")
         if self._evaluated(0) != base_hash:
-            self.sampler.log("evaluating the base policy first (iteration 0), the baseline of every iteration")
+            self.log("evaluating the base policy first (iteration 0), the baseline of every iteration")
             self._evaluate(0, base_hash)
         if self._evaluated(number - 1) == content_hash:
             return self._reuse(number - 1, content_hash)
@@ -63,7 +78,7 @@ class Evaluation:
         optimizer step copies its parent), so evaluating them again would only cost the time."""
         store, name = self.env.store(), self.ref.name
         table = store.read_partition("evaluations", name, earlier)
-        self.sampler.log(f"checkpoint {self.ref.number} is checkpoint {earlier} ({content_hash[:12]}): its held-out "
+        self.log(f"checkpoint {self.ref.number} is checkpoint {earlier} ({content_hash[:12]}): its held-out "
                          "evaluation is reused, not run again")
         store.write_partition("evaluations", name, self.ref.number, table)
         return table.to_pylist()
@@ -91,7 +106,7 @@ class Evaluation:
         rows = []
         for observations in eval_conditions(experiment):
             label = "" if observations is Observations.SHOWN else f" with observations {observations.value}"
-            self.sampler.log(f"evaluating checkpoint {iteration} on {len(tasks)} held-out tasks{label}")
+            self.log(f"evaluating checkpoint {iteration} on {len(tasks)} held-out tasks{label}")
             params = eval_params(experiment, blanked=observations is Observations.BLANKED)
             rows += self._in_chunks(engine, iteration, tasks, params, observations)
         self.env.store().write_partition("evaluations", experiment.name, iteration, rows_to_table("evaluations", rows))
@@ -103,7 +118,7 @@ class Evaluation:
         as it is graded: a stopped evaluation of the same checkpoint resumes after the chunks it
         finished. A chunk is one generate call's tasks (a wave of episodes), sampled with the
         seed an unchunked evaluation would give it, so chunking changes no sample."""
-        store, name, log = self.env.store(), self.ref.name, self.sampler.log
+        store, name, log = self.env.store(), self.ref.name, self.log
         episodes = self.ref.experiment.max_turns > 1
         size = max(1, MAX_LIVE // params.n) if episodes else TASKS_PER_CALL
         rows: list[dict] = []
