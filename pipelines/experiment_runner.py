@@ -113,10 +113,19 @@ class ExperimentRunner:
                     continue
                 console.rule(f"iteration {iteration}/{self.through}  ({key})")
                 self._execute("iteration", key, done=lambda key=key: self._evaluated(key))
-            self._execute("reward_analytics_job")
+            self._execute("reward_analytics_job", done=self._analytics_current)
 
     def _evaluated(self, key) -> bool:
         return key in self.instance.get_materialized_partitions(AssetKey("checkpoint_eval"))
+
+    def _analytics_current(self) -> bool:
+        """reward_analytics was materialized after every trajectory and evaluation it reads."""
+        def latest(asset: str) -> float | None:
+            event = self.instance.get_latest_materialization_event(AssetKey(asset))
+            return event.timestamp if event else None
+
+        analytics, inputs = latest("reward_analytics"), [latest("trajectories"), latest("checkpoint_eval")]
+        return analytics is not None and all(made is None or made <= analytics for made in inputs)
 
     def _refuse_old_instance(self) -> None:
         if self.instance.get_dynamic_partitions("iterations"):

@@ -59,7 +59,8 @@ def live_daemons(instance: DagsterInstance) -> set[str]:
 
 class LocalDaemon:
     """The daemon a command relies on: `ensure()` before it queues a run and while one waits,
-    `close()` when it ends. `workspace` is what submissions load the code location from."""
+    `close()` when it ends; nothing starts before the first `ensure()`, so a command with nothing
+    to run starts nothing. `workspace` is what submissions load the code location from."""
 
     def __init__(self, instance: DagsterInstance, settings: dict[str, str],
                  say: Callable[[str], None] = lambda line: None):
@@ -75,11 +76,6 @@ class LocalDaemon:
         self._daemon_ids: set[str] = set()
 
     def __enter__(self) -> LocalDaemon:
-        try:
-            self.ensure()
-        except BaseException:  # what started is stopped, and the lock given back
-            self.close()
-            raise
         return self
 
     def __exit__(self, *exc) -> None:

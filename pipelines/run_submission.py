@@ -39,6 +39,7 @@ def submit(daemon: LocalDaemon, job_name: str, tags: dict[str, str]) -> str:
     """Queue a run of `job_name` with `tags` on the daemon's workspace; its run id. Its resources
     are the code location's, made where the run executes from that environment's settings (the
     daemon a command starts has the command's)."""
+    daemon.ensure()
     run_id = str(uuid.uuid4())
     launched = subprocess.run(
         [console_script("dagster"), "job", "launch", "-w", str(daemon.workspace), "-j", job_name,
