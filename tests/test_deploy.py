@@ -203,3 +203,31 @@ def test_a_kubernetes_step_that_cannot_start_fails_in_one_sentence(tmp_path, mon
     with pytest.raises(Failure, match=refusal) as failure:
         run_pod(None, crucible, str(TRAINING_TEMPLATE), "", ["python"], "repair", extras={})
     assert "\n" not in failure.value.description
+
+
+# The project image (Dockerfile) installs requirements.lock into the Python of Debian bookworm,
+# the sandbox base image's release (scripts/build-sandbox-image), not into the Python of this venv.
+IMAGE_PYTHON = "3.11.2"
+
+
+@pytest.mark.unit
+def test_every_locked_package_installs_on_the_project_images_python():
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    refused = []
+    for line in ROOT.joinpath("requirements.lock").read_text().splitlines():
+        name, _, version = line.partition("==")
+        try:
+            installed = distribution(name)
+        except PackageNotFoundError:  # a platform's package this venv did not install
+            continue
+        # A local label (torch's +cpu) names the build, not the release the lock pins.
+        assert Version(installed.version).public == Version(version).public, \
+            f"{name}: {installed.version} installed, {version} locked (make setup)"
+        requires = installed.metadata.get("Requires-Python")
+        if requires and not SpecifierSet(requires).contains(IMAGE_PYTHON):
+            refused.append(f"{name}=={version} requires Python {requires}")
+    assert not refused, refused
