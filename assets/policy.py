@@ -1,13 +1,18 @@
 """base_policy[experiment]: the model an experiment starts from (training/base_policy.py), one per
 experiment, as its settings describe it."""
 
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.lineage_check import report_off_lineage
 from assets.partitions import experiments, refuse_beside_other_writers
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
-from training.base_policy import make_base_policy
+from assets.training_step import TrainingStepClient
+from training.base_policy import base_policy_job
 from training.experiment import ExperimentConfig, ExperimentFileError
 from training.iteration.tasks import loaded_task_set, prove_unproven, usable
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
@@ -35,12 +40,14 @@ def _content_hash(directory) -> str | None:
 
 
 @asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"}, pool=ACCELERATOR)
-def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
+def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
+                training_step: TrainingStepClient) -> MaterializeResult:
     """The experiment's own starting model: its `base_model` imported as it is (weights, config,
     tokenizer and chat template), or the built-in small Llama built from its `base` settings
     (nothing is downloaded either way); then warmed up on its task set's train references as
     single replies (and, with `episode_demonstrations`, as episodes of actions), `base.sft_steps`
-    steps. Rebuilding one experiment's base policy never touches another's."""
+    steps, by the training step's Pipes client (where the `grpo` section says it runs).
+    Rebuilding one experiment's base policy never touches another's."""
     experiment = stored_experiment(crucible, context.partition_key)
     refuse_beside_other_writers(context.instance, context.run_id, experiment.name)
     out_dir = crucible.base_policy_dir(experiment.name)
@@ -48,16 +55,20 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
     loaded = loaded_task_set(crucible, experiment)
     prove_unproven(crucible, loaded, context.log.info)
     task_set = usable(crucible, loaded)
-
-    def report(step: int, total: int, loss: float) -> None:
-        if step == total or step % max(1, total // 10) == 0:
-            context.log.info(f"warm-up step {step}/{total}: loss {loss:.3f}")
-
     replaced = _content_hash(out_dir)
-    try:
-        metrics = make_base_policy(experiment, task_set, out_dir, report, open_session=crucible.open_session)
-    except ModelImportError as error:
-        raise Failure(str(error), allow_retries=False) from None
+    metrics = {"examples": 0}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Beside the policy, so that a container or pod of the warm-up finds its inputs where this process left them.
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".base-inputs-") as scratch:
+        try:
+            job = base_policy_job(experiment, task_set, out_dir, Path(scratch), open_session=crucible.open_session)
+        except ModelImportError as error:
+            raise Failure(str(error), allow_retries=False) from None
+        if job is not None:
+            invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
+            reported = invocation.get_materialize_result().metadata or {}
+            metrics = {"examples": pq.ParquetFile(job.examples_file).metadata.num_rows,
+                       **{f"sft/{key}": value for key, value in reported.items() if key != "content_hash"}}
     manifest = verify_checkpoint(out_dir)
     if "prompt_format_reason" in manifest:
         context.log.warning(f"{experiment.base_model}: {manifest['prompt_format_reason']} "
@@ -76,3 +87,4 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource) -> M
             **metrics,
         }
     )
+

@@ -27,10 +27,11 @@ from rich.table import Table
 
 from task_sets.loader import load_task_set
 from training.agent.prompts import render_prompt
+from training.optim.scorer import TokenScorer
 from training.policy.batching import make_batch, token_logprobs
 from training.policy.chat import ChatFormat
 from training.policy.model import build_base_policy, load_policy
-from training.rl.forward import Forward, TokenScorer
+from training.rl.forward import Forward
 from training.rl.trainer import GRPOConfig, TrainSample
 
 

@@ -45,6 +45,7 @@ from assets.io_manager import DatasetIOManager  # noqa: E402
 from assets.iteration import task_set  # noqa: E402
 from assets.partitions import add_iteration, experiments  # noqa: E402
 from assets.policy import base_policy  # noqa: E402
+from assets.training_step import TrainingStepClient  # noqa: E402
 from commands.settings import load_settings  # noqa: E402
 from datastore.store import DatasetStore  # noqa: E402
 from pipelines.instance import prepare_instance  # noqa: E402
@@ -104,11 +105,12 @@ def main() -> None:
     with console.status(f"base policy ({args.warmup_steps} warm-up steps) and the iteration's tasks"), \
             DagsterInstance.get() as instance:
         instance.add_dynamic_partitions(experiments.name, [NAME])
-        assert materialize([base_policy], partition_key=NAME, instance=instance, resources={"crucible": crucible},
+        resources = {"crucible": crucible, "training_step": TrainingStepClient(),
+                     "io_manager": DatasetIOManager(storage_root=crucible.storage_root)}
+        assert materialize([base_policy], partition_key=NAME, instance=instance, resources=resources,
                            run_config=QUIET).success
         assert materialize([base_policy, task_set], selection=[task_set], partition_key=add_iteration(instance, NAME, 1),
-                           instance=instance, resources={"crucible": crucible, "io_manager": DatasetIOManager(
-                               storage_root=crucible.storage_root)}, run_config=QUIET).success
+                           instance=instance, resources=resources, run_config=QUIET).success
         instance.event_log_storage.set_concurrency_slots("accelerator", 2)
     store, results = crucible.store(), []
     for label, shards, processes in (("1 shard, in the run's process", 1, 1), ("2 shards, one process", 2, 1),

@@ -99,7 +99,7 @@ def run(ranks: int, parallel: str, policy: Path, samples: Path, out: Path, epoch
 
 
 def worker(policy: str, samples: str, out: str, parallel: str, epochs: int) -> None:
-    from training.rl.distributed import process_group
+    from training.optim.distributed import process_group
     from training.rl.trainer import GRPOConfig, train_policy
 
     batch = pickle.loads(Path(samples).read_bytes())

@@ -1,5 +1,6 @@
 """Data parallel training under torchrun on the CPU (gloo): two ranks given the same global
-batch take the same step as one rank, with DDP and with FSDP2, and only rank 0 writes."""
+batch take the same step as one rank, with DDP and with FSDP2, and only rank 0 writes; the
+warm-up too."""
 
 from __future__ import annotations
 
@@ -12,22 +13,26 @@ from pathlib import Path
 import pytest
 
 from tests.train_ranks import samples
+from training.optim.distributed import Ranks
+from training.optim.saving import OPTIMIZER_FILE
 from training.policy.checkpoint import read_manifest, verify_checkpoint
 from training.policy.model import PolicyConfig, build_base_policy, load_policy
-from training.rl.distributed import Ranks
 from training.rl.forward import Forward
-from training.rl.trainer import OPTIMIZER_FILE, GRPOConfig, TrainSample, _minibatches
+from training.rl.trainer import GRPOConfig, TrainSample, _minibatches
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=256, seed=0)  # fmt: skip
 # Two optimizer steps over micro-batches small enough that each rank gets several, unevenly.
 SETTINGS = dict(lr=1e-3, lr_warmup_steps=0, epochs=1, minibatch_size=12, micro_batch_tokens=60, threads=2)
+# Three warm-up steps of 8 demonstrations, each step in several passes that two ranks share unevenly.
+WARMUP = dict(lr=1e-3, warmup_steps=0, steps=3, batch_size=8, micro_batch_tokens=60, threads=2)
 
 
-def torchrun(ranks: int, policy: Path, out: Path, **settings) -> dict:
+def torchrun(ranks: int, policy: Path, out: Path, kind: str = "grpo", **settings) -> dict:
+    defaults = SETTINGS if kind == "grpo" else WARMUP
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               str(ROOT / "tests" / "train_ranks.py"), str(policy), str(out), json.dumps(SETTINGS | settings)]
+               str(ROOT / "tests" / "train_ranks.py"), str(policy), str(out), json.dumps(defaults | settings), kind]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -67,6 +72,18 @@ def test_two_ranks_take_the_same_step_as_one(parallel, base, one_rank, tmp_path)
     manifest = verify_checkpoint(out)
     assert (manifest["world_size"], manifest["device"], manifest["parallel"]) == (2, "cpu", parallel)
     assert not list(tmp_path.glob(".*"))  # one writer: no second temporary or progress file left behind
+
+
+def test_two_ranks_warm_up_as_one_does(base, tmp_path):
+    """The warm-up runs the RL step's loop (whose FSDP path the tests above take): shared out
+    over DDP ranks, it takes the same steps."""
+    one = torchrun(1, base, tmp_path / "one", "sft")
+    two = torchrun(2, base, tmp_path / "two", "sft")
+    assert two["steps"] == one["steps"] == 3 and two["tokens"] == one["tokens"]
+    assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
+    assert max_weight_difference(tmp_path / "two", base) > 1e-4
+    assert max_weight_difference(tmp_path / "two", tmp_path / "one") < 1e-5
+    assert verify_checkpoint(tmp_path / "two")["world_size"] == 2
 
 
 def test_the_optimizer_state_of_a_sharded_step_carries_into_an_unsharded_one(base, one_rank, tmp_path):

@@ -26,6 +26,7 @@ from assets.datasets import WRITTEN_BY
 from assets.partitions import experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from assets.training_step import TrainingStepClient
 from datastore import catalog, metrics
 from datastore.store import DatasetStore
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
@@ -113,7 +114,7 @@ def finished_run(workdir, environment, mini_set) -> subprocess.CompletedProcess:
         with DagsterInstance.get() as instance:
             instance.add_dynamic_partitions(experiments.name, ["tiny"])
             result = materialize([base_policy], partition_key="tiny", instance=instance,
-                                 resources={"crucible": crucible})
+                                 resources={"crucible": crucible, "training_step": TrainingStepClient()})
             assert result.success
     finally:
         del os.environ["DAGSTER_HOME"]

@@ -22,6 +22,7 @@ from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.rollouts import rollouts
 from assets.step_outputs import STEP_OUTPUTS
+from assets.training_step import TrainingStepClient
 from assets.verification import verified_rollouts
 from grading.submission import grade_solution
 from pipelines.experiment_runner import innermost
@@ -48,7 +49,8 @@ def crucible(tmp_path) -> CrucibleResource:
 
 def resources(crucible: CrucibleResource) -> dict:
     return {"crucible": crucible, "io_manager": DatasetIOManager(storage_root=crucible.storage_root),
-            STEP_OUTPUTS: FilesystemIOManager(base_dir=f"{crucible.storage_root}/step_outputs")}
+            STEP_OUTPUTS: FilesystemIOManager(base_dir=f"{crucible.storage_root}/step_outputs"),
+            "training_step": TrainingStepClient()}
 
 
 def _run(crucible: CrucibleResource, instance: DagsterInstance, *selection) -> None:

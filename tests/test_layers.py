@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 # training/__init__.py's order: each subpackage may import those before it, never those after.
-TRAINING_ORDER = ("progress", "policy", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
+TRAINING_ORDER = ("progress", "policy", "optim", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
                   "model_eval", "continuation")
 NO_DAGSTER = ("statuses", "sandbox", "environments", "task_sets", "grading", "training", "datastore", "commands")
 

@@ -21,6 +21,7 @@ from dagster_server import dagster_dev
 from assets.partitions import add_iteration, experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from assets.training_step import TrainingStepClient
 from datastore.store import DatasetStore
 from pipelines.jobs import ITERATION_ASSETS
 from task_sets.importers.records import write_task_set
@@ -76,7 +77,7 @@ def create_experiment(environment, crucible: CrucibleResource, name: str, task_s
     with instance_of(environment) as instance:
         instance.add_dynamic_partitions(experiments.name, [name])
         assert materialize([base_policy], partition_key=name, instance=instance,
-                           resources={"crucible": crucible}).success
+                           resources={"crucible": crucible, "training_step": TrainingStepClient()}).success
 
 
 def assert_one_lineage(crucible: CrucibleResource, name: str, iterations: int) -> None:

@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from patience import PATIENCE_S
 from dagster import (
     AssetKey,
     AssetMaterialization,
@@ -20,6 +19,7 @@ from dagster import (
     build_sensor_context,
     evaluate_automation_conditions,
 )
+from patience import PATIENCE_S
 
 from assets.datasets import WRITTEN_BY
 from assets.partitions import (
@@ -31,11 +31,11 @@ from assets.partitions import (
     parse_iteration_key,
 )
 from assets.resources import CrucibleResource
+from commands.settings import load_settings
 from pipelines.definitions import defs
 from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints
-from commands.settings import load_settings
 from training.experiment import ExperimentConfig
 
 SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
@@ -241,6 +241,7 @@ def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_un
     from dagster import Failure, asset, materialize
 
     from assets.policy import base_policy
+    from assets.training_step import TrainingStepClient
 
     started, release = threading.Event(), threading.Event()
 
@@ -257,7 +258,8 @@ def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_un
         assert started.wait(timeout=PATIENCE_S)
         refusal = r"experiment 'exp' is being written by run \S+ \(__ephemeral_asset_job__, exp\|0001\)"
         with pytest.raises(Failure, match=refusal):
-            materialize([base_policy], instance=instance, partition_key="exp", resources={"crucible": crucible})
+            materialize([base_policy], instance=instance, partition_key="exp",
+                        resources={"crucible": crucible, "training_step": TrainingStepClient()})
     finally:
         release.set()
         holder.join()

@@ -19,6 +19,7 @@ from assets.iteration import task_set
 from assets.partitions import add_iteration, experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from assets.training_step import TrainingStepClient
 from assets.step_outputs import step_outputs_dir
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from task_sets.loader import load_task_set
@@ -54,10 +55,10 @@ def fanned_out(tmp_path_factory) -> dict:
         with DagsterInstance.get() as instance:
             instance.add_dynamic_partitions(experiments.name, ["fan"])
             assert materialize([base_policy], partition_key="fan", instance=instance,
-                               resources={"crucible": crucible}).success
+                               resources={"crucible": crucible, "training_step": TrainingStepClient()}).success
             key = add_iteration(instance, "fan", 1)
             assert materialize([base_policy, task_set], selection=[task_set], partition_key=key, instance=instance,
-                               resources={"crucible": crucible,
+                               resources={"crucible": crucible, "training_step": TrainingStepClient(),
                                           "io_manager": DatasetIOManager(storage_root=crucible.storage_root)}).success
             instance.event_log_storage.set_concurrency_slots("accelerator", 2)  # both samplers at once
         # Three processes: the executor counts the planning step's until it has exited, and the

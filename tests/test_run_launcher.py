@@ -17,6 +17,7 @@ from dagster_docker import DockerRunLauncher
 from assets.partitions import experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from assets.training_step import TrainingStepClient
 from datastore.store import DatasetStore
 from pipelines.docker_run_launcher import RUN_LABEL
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
@@ -78,7 +79,7 @@ def launched(cluster):
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions(experiments.name, ["boxed"])
         assert materialize([base_policy], partition_key="boxed", instance=instance,
-                           resources={"crucible": crucible}).success
+                           resources={"crucible": crucible, "training_step": TrainingStepClient()}).success
     with dagster_dev(environment, workdir / "dagster-dev.log"):
         finished = crucible_cli(environment, "run", "--experiment", "boxed", "--iterations", "1")
     return finished, crucible

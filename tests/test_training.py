@@ -24,6 +24,9 @@ from training.agent.extraction import extract_solution
 from training.agent.prompts import render_prompt
 from training.inference.engine import Completion, InferenceEngine, SamplingParams
 from training.inference.transformers_engine import TransformersEngine
+from training.optim.placement import Placement
+from training.optim.saving import MASTER_WEIGHTS_FILE, OPTIMIZER_FILE
+from training.optim.schedule import lr_factor
 from training.policy.batching import make_batch, shares_prefixes_exactly, token_logprobs
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
@@ -38,15 +41,7 @@ from training.policy.tokenizer import (
     save_tokenizer,
 )
 from training.rl.grpo import advantages, clipped_policy_loss, group_advantages, informative_samples, kl_to_reference
-from training.rl.schedule import lr_factor
-from training.rl.trainer import (
-    MASTER_WEIGHTS_FILE,
-    OPTIMIZER_FILE,
-    GRPOConfig,
-    TrainSample,
-    _load_trainable,
-    train_policy,
-)
+from training.rl.trainer import GRPOConfig, TrainSample, train_policy
 from training.sft.demonstrations import single_turn_examples
 from training.sft.vocabulary import main as relearn_vocabulary
 from training.sft.warmup import SFTConfig, supervised_warmup
@@ -570,6 +565,53 @@ def test_the_warm_up_runs_a_batchs_shared_system_prompt_once_for_the_loss_of_who
     assert shared["loss_curve"] == pytest.approx(whole["loss_curve"], rel=1e-4)
 
 
+def test_a_warm_up_in_micro_batches_learns_what_one_pass_per_batch_does(base_dir, tmp_path):
+    """Micro-batches only split the work: the loss and the step are those of the whole batch."""
+    examples = single_turn_examples(toy_chat(), EXAMPLES)
+    config = SFTConfig(steps=3, lr=1e-2, warmup_steps=0, batch_size=4, seed=0, share_prefixes=False)
+    whole = supervised_warmup(base_dir, examples, tmp_path / "whole", config)
+    split = supervised_warmup(base_dir, examples, tmp_path / "split", config.model_copy(update={"micro_batch_tokens": 40}))
+    assert split["loss_curve"] == pytest.approx(whole["loss_curve"], rel=1e-5)
+    assert max(float((a - b).abs().max()) for a, b in zip(_weights(tmp_path / "split"), _weights(tmp_path / "whole"))
+               ) < 1e-5
+
+
+def test_a_crashed_warm_up_resumes_from_its_saved_progress(base_dir, tmp_path):
+    """The warm-up saves its progress like the RL step: run again after dying at step 3, it takes
+    the remaining steps only and ends with the weights of an uninterrupted warm-up."""
+    examples = single_turn_examples(toy_chat(), EXAMPLES)
+    config = SFTConfig(steps=5, lr=1e-2, warmup_steps=1, batch_size=2, seed=0, save_progress_every=2)
+
+    def crash_at_three(step, total, stats):
+        if step == 3:
+            raise KeyboardInterrupt("the node went away")
+
+    with pytest.raises(KeyboardInterrupt):
+        supervised_warmup(base_dir, examples, tmp_path / "resumed", config, progress=crash_at_three)
+    assert (tmp_path / ".resumed.progress.pt").is_file()
+    steps = []
+    resumed = supervised_warmup(base_dir, examples, tmp_path / "resumed", config,
+                                progress=lambda step, total, stats: steps.append(step))
+    whole = supervised_warmup(base_dir, examples, tmp_path / "whole", config)
+    assert steps == [3, 4, 5] and not (tmp_path / ".resumed.progress.pt").exists()
+    assert resumed["loss_curve"] == whole["loss_curve"]
+    assert _same_weights(tmp_path / "resumed", tmp_path / "whole")
+
+
+def test_a_warmed_up_bf16_model_stays_bf16_with_its_float32_weights_beside(base_dir, tmp_path):
+    """The warm-up saves as the RL step does: the published weights keep the parent's dtype, and
+    the first RL step starts from the float32 weights the warm-up ended with."""
+    model, _ = load_policy(base_dir)
+    parent = save_checkpoint(model.to(torch.bfloat16), base_dir, tmp_path / "bf16", {"kind": "base"})
+    supervised_warmup(parent, single_turn_examples(toy_chat(), EXAMPLES), tmp_path / "warm",
+                      SFTConfig(steps=2, lr=1e-2, warmup_steps=0, batch_size=4))
+    assert json.loads((tmp_path / "warm" / "config.json").read_text())["dtype"] == "bfloat16"
+    master = torch.load(tmp_path / "warm" / MASTER_WEIGHTS_FILE, weights_only=True)
+    loaded, _ = Placement.of(GRPOConfig(device="cpu")).load(tmp_path / "warm")
+    assert all(torch.equal(value, master[name]) for name, value in loaded.state_dict().items())
+    assert verify_checkpoint(tmp_path / "warm")["device"] == "cpu"
+
+
 def test_the_probe_keeps_whole_rows_for_a_model_with_dropout(sft_result):
     """Dropout would draw one mask for a prefix that stood for many rows."""
     model, _ = load_policy(sft_result[0])
@@ -818,7 +860,7 @@ def test_a_bf16_model_is_published_in_bf16_and_trained_on_from_its_float32_weigh
     published = load_policy(tmp_path / "step")[0].state_dict()
     assert all(master[name].dtype == torch.float32 for name in master)
     assert any(not torch.equal(master[name], published[name]) for name in master)  # finer than bf16
-    resumed, _ = _load_trainable(tmp_path / "step", torch.device("cpu"))
+    resumed, _ = Placement.of(GRPOConfig(device="cpu")).load(tmp_path / "step")
     assert all(torch.equal(value, master[name]) for name, value in resumed.state_dict().items())
 
 

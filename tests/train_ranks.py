@@ -1,7 +1,8 @@
-"""One training step under torchrun, for the data-parallel tests: every rank builds the same
-samples (a pure function of the seed) and calls train_policy inside the process group.
+"""One training step (or a warm-up) under torchrun, for the data-parallel tests: every rank
+builds the same samples (a pure function of the seed) and calls train_policy (supervised_warmup)
+inside the process group.
 
-    torchrun --nproc-per-node N tests/train_ranks.py POLICY OUT SETTINGS_JSON
+    torchrun --nproc-per-node N tests/train_ranks.py POLICY OUT SETTINGS_JSON [grpo|sft]
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import json
 import random
 import sys
 
-from training.rl.distributed import process_group
+from training.optim.distributed import process_group
 from training.rl.trainer import GRPOConfig, TrainSample, train_policy
+from training.sft.warmup import Example, SFTConfig, supervised_warmup
 
 
 def samples(count: int = 24, seed: int = 0) -> list[TrainSample]:
@@ -27,10 +29,20 @@ def samples(count: int = 24, seed: int = 0) -> list[TrainSample]:
     return out
 
 
+def examples() -> list[Example]:
+    """The samples as demonstrations, every fourth with a reply it does not learn whole."""
+    return [Example(s.prompt_ids, s.response_ids, [k % 2 for k in range(len(s.response_ids))] if i % 4 == 3 else None)
+            for i, s in enumerate(samples())]
+
+
 def main() -> None:
     policy, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    kind = sys.argv[4] if len(sys.argv) > 4 else "grpo"
     with process_group() as ranks:
-        metrics = train_policy(policy, samples(), out, GRPOConfig(**settings))
+        if kind == "sft":
+            metrics = supervised_warmup(policy, examples(), out, SFTConfig(**settings))
+        else:
+            metrics = train_policy(policy, samples(), out, GRPOConfig(**settings))
     if ranks.writes:  # one line on torchrun's shared stdout: two ranks' lines can interleave
         print(json.dumps({key: value for key, value in metrics.items() if isinstance(value, (int, float))}))
 

@@ -9,7 +9,6 @@ replies and, with `episode_demonstrations`, as episodes of actions.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from task_sets.loader import TaskSet
@@ -19,27 +18,29 @@ from training.policy.chat import ChatFormat
 from training.policy.importing import import_model
 from training.policy.model import PolicyConfig, build_base_policy
 from training.sft.demonstrations import warmup_examples
-from training.sft.warmup import ProgressFn, SFTConfig, supervised_warmup
+from training.sft.job import WarmupJob, write_examples
+from training.sft.warmup import SFTConfig
 
 
-def make_base_policy(experiment: ExperimentConfig, task_set: TaskSet, out_dir: Path,
-                     progress: ProgressFn | None = None, open_session: OpenSession | None = None) -> dict:
-    """Write the experiment's base policy to `out_dir`; its metrics (`examples` and the
-    warm-up's `sft/…`). `open_session` plays the demonstrations that run a task's check."""
+def base_policy_job(experiment: ExperimentConfig, task_set: TaskSet, out_dir: Path, scratch: Path,
+                    open_session: OpenSession | None = None) -> WarmupJob | None:
+    """Make the experiment's initial policy: at `out_dir` when it has no warm-up (and return
+    None), else in `scratch`, beside the warm-up's demonstrations, and return the job that warms
+    it up into `out_dir` (training/sft/job.py). `open_session` plays the demonstrations that run
+    a task's check."""
     steps = experiment.base.sft_steps
-    with tempfile.TemporaryDirectory() as scratch:
-        initial = _initial_policy(experiment, out_dir if steps == 0 else Path(scratch) / "initial")
-        if steps == 0:
-            return {"examples": 0}
-        chat = ChatFormat.from_pretrained(initial, experiment.observation_role)
-        examples = warmup_examples(chat, experiment.warmup_tasks(task_set),
-                                   episodes=experiment.base.episode_demonstrations,
-                                   system=task_set.system_message, open_session=open_session)
-        sft = SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr,
-                        share_prefixes=experiment.base.sft_share_prefixes)
-        metrics = supervised_warmup(initial, examples, out_dir, sft, progress)
-    return {"examples": len(examples), **{f"sft/{key}": value for key, value in metrics.items()
-                                          if isinstance(value, (int, float))}}
+    initial = _initial_policy(experiment, out_dir if steps == 0 else scratch / "initial")
+    if steps == 0:
+        return None
+    chat = ChatFormat.from_pretrained(initial, experiment.observation_role)
+    examples = warmup_examples(chat, experiment.warmup_tasks(task_set), episodes=experiment.base.episode_demonstrations,
+                               system=task_set.system_message, open_session=open_session)
+    write_examples(examples, scratch / "examples.parquet")
+    sizes = {"micro_batch_tokens": experiment.base.sft_micro_batch_tokens} if experiment.base.sft_micro_batch_tokens else {}
+    sft = SFTConfig(seed=experiment.seed, steps=steps, lr=experiment.base.sft_lr,
+                    share_prefixes=experiment.base.sft_share_prefixes, **experiment.grpo.placement(), **sizes)
+    return WarmupJob(initial_dir=str(initial), examples_file=str(scratch / "examples.parquet"), out_dir=str(out_dir),
+                     sft=sft)
 
 
 def _initial_policy(experiment: ExperimentConfig, out_dir: Path) -> Path:

@@ -52,6 +52,12 @@ class BasePolicySettings(BaseModel):
                                      "warm-up time), but another base policy than whole rows give, as rounding grows "
                                      "over the steps; off, the base policies of experiments stored before it existed "
                                      "are made again as they were")
+    sft_micro_batch_tokens: int | None = Field(None, ge=1, description="tokens per forward pass of the warm-up, "
+                                               "padded; default "
+                                               f"{SFTConfig.model_fields['micro_batch_tokens'].default}, a whole batch "
+                                               "in one pass: lower it where memory is short. The warm-up runs where "
+                                               "the [grpo] section says the training step does (device, precision, "
+                                               "ranks)")
     episode_demonstrations: bool | None = Field(None, description="also warm up on good episodes of actions (a task "
                                                 "with a check command: run it, write the fix, submit; any other: write, "
                                                 "then submit); default: when the experiment runs episodes (max_turns > 1)")
@@ -320,7 +326,7 @@ LIFE_SETTINGS = {"iterations", "continuous", "plateau_patience"}
 # experiment moved to a GPU node, or given more ranks or memory).
 RUN_SETTINGS = {f"grpo.{name}" for name in ("device", "precision", "parallel", "micro_batch_tokens",
                                             "logprob_chunk_tokens", "gradient_checkpointing", "save_progress_every",
-                                            "max_shard_size", "threads")}
+                                            "max_shard_size", "threads")} | {"base.sft_micro_batch_tokens"}
 # Where the numbers are also reported, not what they are: it may change too.
 REPORT_SETTINGS = {"report_to"}
 

@@ -1,12 +1,12 @@
 """How a training step's samples go through the policy.
 
 Micro-batches are sized by tokens (padded rows x longest row, `micro_batch_tokens`), formed the
-same way on every rank from the same samples, and dealt out across ranks (training/rl/distributed.py);
+same way on every rank from the same samples, and dealt out across ranks (training/optim/distributed.py);
 a rank with fewer than the others pads its share with zero-weight passes. With `share_prefixes`,
 a micro-batch holds the samples of one prompt only (a group's), whose common prefix the decoder
 runs once (training/policy/batching.py). Log-probs are
-teacher-forced at the sampling temperature through `TokenScorer`, the policy as one module
-(what DDP and FSDP wrap), in chunks (training/policy/batching.py) and in the step's precision.
+teacher-forced at the sampling temperature through the policy's `TokenScorer`
+(training/optim/scorer.py), in chunks and in the step's precision.
 """
 
 from __future__ import annotations
@@ -15,27 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from training.policy.batching import TokenBatch, make_batch, micro_batches_by_tokens, token_logprobs_and_entropy
-from training.rl.distributed import Ranks, all_gather, deal, reshard
+from training.optim.distributed import Ranks, all_gather, deal, reshard
+from training.policy.batching import TokenBatch, make_batch, micro_batches_by_tokens
 from training.rl.sample import TrainSample
-
-
-class TokenScorer(torch.nn.Module):
-    """A causal LM whose forward is teacher-forced token log-probs and entropy ([B, L] each, at
-    the batch's response targets), under bf16 autocast when `autocast_dtype` is set (the weights,
-    their gradients and the optimizer state stay float32; the log-softmax is float32 either way)."""
-
-    def __init__(self, model: torch.nn.Module, chunk_tokens: int, autocast_dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        self.model = model
-        self.chunk_tokens = chunk_tokens
-        self.autocast_dtype = autocast_dtype
-
-    def forward(self, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        device = next(self.model.parameters()).device
-        with torch.autocast(device.type, dtype=self.autocast_dtype or torch.float32,
-                            enabled=self.autocast_dtype is not None):
-            return token_logprobs_and_entropy(self.model, batch, temperature, self.chunk_tokens)
 
 
 @dataclass(frozen=True)

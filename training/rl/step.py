@@ -8,20 +8,23 @@ GPU node as well as beside the orchestrator, and can simply be run again after a
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
 from datastore.store import DatasetStore
 from statuses import RewardStatus
+from training.optim.distributed import current_ranks
 from training.policy.checkpoint import verify_checkpoint
-from training.rl.distributed import current_ranks
 from training.rl.trainer import GRPOConfig, ProgressFn, TrainSample, train_policy
 
 
 class TrainJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    kind: Literal["grpo"] = "grpo"
     parent_dir: str
     out_dir: str
     storage_root: str  # where the trajectories dataset lives (any fsspec URI)

@@ -17,66 +17,47 @@ After the last optimizer step, one more pass without gradients measures `final_k
 between the policy that sampled and the policy the step saved, on the trained tokens: what the
 divergence monitor judges. Each optimizer step's own `approx_kl` is measured before it updates.
 
-The step runs on the GPU when there is one (`device`), in bf16 autocast over float32 weights
-and optimizer state there (`precision`), and under torchrun as data parallel ranks (DDP or
-FSDP2, `parallel`; training/rl/distributed.py): the samples are shared out, gradients averaged,
-and rank 0 alone writes. Micro-batches are sized in tokens and the LM head runs in chunks
-(training/rl/forward.py), so memory is bounded by settings, not by the batch.
-
-The step saves its progress after every `save_progress_every` optimizer steps
-(training/rl/resume.py): run again after a crash, it resumes there. The checkpoint's weights
-are written in the parent's dtype (an imported bf16 model stays bf16), with the float32
-weights beside the optimizer state when that loses precision, so that small updates are not
-rounded away between iterations.
+The step runs on training/optim/'s loop, as the warm-up does: on the GPU when there is one
+(`device`), in bf16 autocast over float32 weights and optimizer state there (`precision`), and
+under torchrun as data parallel ranks (DDP or FSDP2, `parallel`): the samples are shared out,
+gradients averaged, and rank 0 alone writes. Micro-batches are sized in tokens and the LM head
+runs in chunks (training/rl/forward.py), so memory is bounded by settings, not by the batch.
+It saves its progress every `save_progress_every` optimizer steps (run again after a crash, it
+resumes there), and writes the checkpoint in the parent's dtype, with the float32 weights
+beside them when that loses precision.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable
-from functools import partial
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from training.policy.batching import DEFAULT_CHUNK_TOKENS, check_lm_head, shares_prefixes_exactly
+from training.optim.loop import Loop, ProgressFn, adamw, take_step
+from training.optim.placement import Placement
+from training.optim.resume import ProgressFile, StepProgress, fingerprint
+from training.optim.saving import OPTIMIZER_FILE, save_trained
+from training.optim.schedule import Schedule, lr_factor
+from training.optim.settings import OptimizerSettings
+from training.policy.batching import check_lm_head
 from training.policy.chat import ChatFormat
-from training.policy.checkpoint import checkpoint_dtype, copy_checkpoint, read_manifest, save_checkpoint
-from training.policy.model import GPU_COMPUTE_DTYPE, TRAINING_DTYPE, load_policy
-from training.rl.distributed import (
-    DeviceSetting,
-    Parallel,
-    Ranks,
-    all_sum,
-    barrier,
-    broadcast,
-    current_ranks,
-    full_model_state,
-    full_optimizer_state,
-    gradient_sync,
-    load_full_state,
-    parallelize,
-    training_device,
-)
-from training.rl.forward import Forward, MicroBatch, TokenScorer
+from training.policy.checkpoint import copy_checkpoint, read_manifest
+from training.policy.model import load_policy
+from training.rl.forward import Forward, MicroBatch
 from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
-from training.rl.resume import ProgressFile, StepProgress, fingerprint
 from training.rl.sample import TrainSample
-from training.rl.schedule import Schedule, lr_factor
 
-OPTIMIZER_FILE = "optimizer.pt"
-MASTER_WEIGHTS_FILE = "master_weights.pt"  # float32 weights, kept when the published ones are bf16 or fp16
-ProgressFn = Callable[[int, int, dict], None]  # (optimizer step, total steps, that step's statistics)
 STEP_STATS = ("loss", "clip_fraction", "approx_kl", "kl_to_reference", "entropy", "grad_norm", "lr", "tokens")
 
 
-class GRPOConfig(BaseModel):
-    """The trainer's settings (one experiment's `grpo` section)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class GRPOConfig(OptimizerSettings):
+    """The trainer's settings (one experiment's `grpo` section); where and in what pieces it runs:
+    training/optim/settings.py."""
 
     # The defaults suit the built-in 3.4M model: lr 2e-4 with 8 warm-up steps, minibatches of 128
     # and 4 epochs; a higher rate drifts or collapses, a lower one or smaller minibatches barely
@@ -93,24 +74,10 @@ class GRPOConfig(BaseModel):
     epochs: int = Field(4, ge=1, description="passes over the samples (PPO epochs); the clipped ratio keeps later "
                         "passes near the policy that sampled them")
     minibatch_size: int = Field(128, ge=1, description="samples per optimizer step (16 groups of 8)")
-    micro_batch_tokens: int = Field(4096, ge=1, description="tokens per forward pass, padded (rows x longest row; "
-                                    "memory only: the loss is unchanged); a longer sample goes alone")
-    logprob_chunk_tokens: int = Field(DEFAULT_CHUNK_TOKENS, ge=1, description="positions per LM-head call: the "
-                                      "log-prob computation holds a few [chunk, vocabulary] tensors at a time")
     share_prefixes: bool = Field(True, description="run the common prefix of a prompt's samples (the prompt, and the "
                                  "turns its episodes share) through the model once per micro-batch: the same loss "
                                  "and gradients on fewer tokens (36% fewer on repair's episodes); not under "
                                  "gradient checkpointing or FSDP, nor for a model whose cached forward differs")
-    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in the "
-                                         "backward pass (less memory, ~30% more compute)")
-    device: DeviceSetting = Field("auto", description="auto: this rank's GPU when CUDA is present, else the CPU")
-    precision: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="auto: bfloat16 autocast on a GPU, float32 on the CPU; weights, gradients and optimizer "
-        "state stay float32 either way, and the log-softmax over the head's logits is float32")
-    parallel: Parallel = Field("ddp", description="under torchrun with several ranks: ddp (every rank holds the "
-                               "model) or fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded; "
-                               "each rank loads the whole model first)")
-    max_shard_size: str = Field("5GB", description="largest safetensors file of a saved checkpoint")
     estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator "
                                                                "(training/rl/grpo.py)")
     scale_by_std: bool = Field(True, description="GRPO's std normalisation; False: Dr. GRPO's centring only")
@@ -128,7 +95,6 @@ class GRPOConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty to the frozen reference (the base "
                            "policy); 0: no penalty, and no reference model is loaded")
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="per-token KL estimator (training/rl/grpo.py)")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     weight_decay: float = Field(0.0, ge=0, description="no pull towards zero during RL")
     betas: tuple[float, float] = (0.9, 0.99)
     keep_optimizer_state: bool = Field(True, description="carry AdamW moments across iterations (optimizer.pt); "
@@ -139,11 +105,7 @@ class GRPOConfig(BaseModel):
     lora_target_modules: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"),
                                                  description="modules that get adapters")
     skip_zero_advantage: bool = Field(True, description="exact: such samples have zero gradient")
-    save_progress_every: int = Field(4, ge=1, description="optimizer steps between resumable progress saves (each "
-                                     "writes the weights and the optimizer state)")
     seed: int = Field(0, description="minibatch shuffling")
-    threads: int | None = Field(2, ge=1, description="CPU threads of the step, shared by the ranks of a node: "
-                                "training is compute-bound, 2 threads ~1.7x faster than 1 on the 2-core machine")
 
     @model_validator(mode="before")
     @classmethod
@@ -166,10 +128,6 @@ class GRPOConfig(BaseModel):
             raise ValueError("lora_rank trains adapters small enough for every rank to hold: use parallel 'ddp'")
         return self
 
-    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
-        """bf16 where the step computes in it (autocast; vLLM's dtype on a GPU), None for plain float32."""
-        bf16 = self.precision == "bfloat16" or (self.precision == "auto" and device.type == "cuda")
-        return getattr(torch, GPU_COMPUTE_DTYPE) if bf16 else None
 
 
 def train_policy(
@@ -191,64 +149,51 @@ def train_policy(
     with the same arguments; rank 0 writes the checkpoint and reports `progress`.
     """
     _validate(samples, config, reference_dir)
-    ranks = current_ranks()
-    device = training_device(config.device, ranks)
-    if config.threads is not None:
-        torch.set_num_threads(max(1, config.threads // ranks.local_world_size))
+    place = Placement.of(config)
     batch = _informative(samples) if config.zero_variance_groups == "drop" else samples
     parent = read_manifest(policy_dir)
-    model, tokenizer = _load_trainable(policy_dir, device)
+    model, tokenizer = place.load(policy_dir)
     check_lm_head(model)
     pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
     advantages = _advantages(batch, config)
-    forward = Forward(pad_id, config.micro_batch_tokens, temperature, ranks, _shares_prefixes(model, config))
-    scorer = partial(TokenScorer, chunk_tokens=config.logprob_chunk_tokens,
-                     autocast_dtype=config.autocast_dtype(device))
-    rollout_logprobs = forward.logprobs(scorer(model), batch) if config.tis_cap and batch else None
+    forward = Forward(pad_id, config.micro_batch_tokens, temperature, place.ranks,
+                      place.shares_prefixes(model, config.share_prefixes))
+    rollout_logprobs = forward.logprobs(place.scorer(model), batch) if config.tis_cap and batch else None
     reference_logprobs = None
     if config.kl_coef and batch:
-        reference_logprobs = forward.logprobs(scorer(load_policy(reference_dir)[0].to(device)), batch)
-    model, policy = _trainable(model, scorer, config, device)
-    optimizer = _optimizer(policy, policy_dir, config)
+        reference_logprobs = forward.logprobs(place.scorer(load_policy(reference_dir)[0].to(place.device)), batch)
+    if config.lora_rank:
+        model = _with_lora(model, config)
+    policy = place.trainable(model)
     first_step = int(parent.get("global_step", 0))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
-        first_step + s, config.lr_schedule, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio))
+    optimizer, schedule = adamw(policy, config.lr, config.betas, config.weight_decay, lambda s: lr_factor(
+        first_step + s, config.lr_schedule, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio),
+        saved=_saved_optimizer_state(policy_dir, config))
     minibatches = _minibatches(len(batch), config)
-    resume = ProgressFile(out_dir, fingerprint(
+    loop = Loop(policy, optimizer, schedule, place.ranks, ProgressFile(out_dir, fingerprint(
         parent.get("content_hash"), config.model_dump(mode="json"), str(reference_dir), temperature,
-        [(s.prompt_ids, s.response_ids, s.loss_mask, s.reward, s.group_id) for s in samples]))
-    done = _resume(resume, policy, optimizer, schedule)
-    start = time.perf_counter()
-    for rows in minibatches[done.done:]:
-        lr = optimizer.param_groups[0]["lr"]
+        [(s.prompt_ids, s.response_ids, s.loss_mask, s.reward, s.group_id) for s in samples])),
+        config.save_progress_every)
+
+    def step(rows: list[int], lr: float) -> tuple[dict, dict]:
         sums = _step(policy, optimizer, batch, advantages, rows, forward, config, rollout_logprobs,
                      reference_logprobs)
-        schedule.step()
-        done.record(sums, _step_stats(sums, lr, measures_reference=bool(config.kl_coef)))
-        if done.done % config.save_progress_every == 0 and done.done < len(minibatches):
-            _save_progress(resume, policy, optimizer, schedule, done, ranks)
-        if progress is not None and ranks.writes:
-            progress(done.done, len(minibatches), done.steps[-1])
+        return sums, _step_stats(sums, lr, measures_reference=bool(config.kl_coef))
+
+    start = time.perf_counter()
+    done = loop.run(minibatches, step, progress)
     metrics = _metrics(samples, batch, advantages, done, time.perf_counter() - start, config)
     learned = metrics["optimizer_steps"] > 0
     metrics["final_kl"] = _final_kl(policy, batch, forward, rollout_logprobs) if learned else None
     manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + (len(minibatches) if learned else 0),
                 "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
-                **_where_it_ran(config, ranks, device), "lineage": lineage or {}}
+                **place.manifest(), "lineage": lineage or {}}
     if learned:
-        _save(policy, model, optimizer, policy_dir, out_dir, manifest, config, ranks)
-    elif ranks.writes:  # no group had a reward spread: the parent's files, so its content hash
+        _save(policy, model, optimizer, policy_dir, out_dir, manifest, config, place)
+    elif place.ranks.writes:  # no group had a reward spread: the parent's files, so its content hash
         copy_checkpoint(policy_dir, out_dir, manifest)
-    if ranks.writes:
-        resume.clear()
-    barrier()
+    loop.finish()
     return metrics
-
-
-def _where_it_ran(config: GRPOConfig, ranks: Ranks, device: torch.device) -> dict:
-    precision = config.autocast_dtype(device) or getattr(torch, TRAINING_DTYPE)
-    return {"world_size": ranks.world_size, "device": device.type, "parallel": config.parallel,
-            "precision": str(precision).removeprefix("torch.")}
 
 
 def _validate(samples: list[TrainSample], config: GRPOConfig, reference_dir: str | Path | None) -> None:
@@ -265,16 +210,6 @@ def _validate(samples: list[TrainSample], config: GRPOConfig, reference_dir: str
             )
         if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
             raise ValueError(f"sample {i}: a loss mask of {len(s.loss_mask)} for {len(s.response_ids)} tokens")
-
-
-def _load_trainable(policy_dir: str | Path, device: torch.device):
-    """The policy in float32 on `device`: its float32 weights where the checkpoint keeps them
-    beside lower-precision published ones."""
-    model, tokenizer = load_policy(policy_dir)
-    master = Path(policy_dir) / MASTER_WEIGHTS_FILE
-    if master.is_file():
-        model.load_state_dict(torch.load(master, map_location="cpu", weights_only=True, mmap=True))
-    return model.to(device), tokenizer
 
 
 def _group_labels(samples: list[TrainSample]) -> torch.Tensor:
@@ -297,17 +232,6 @@ def _advantages(samples: list[TrainSample], config: GRPOConfig) -> torch.Tensor:
     return advantages(config.estimator, _rewards(samples), _group_labels(samples), scale_by_std=config.scale_by_std)
 
 
-def _trainable(model, scorer, config: GRPOConfig, device: torch.device):
-    """(the model, with LoRA adapters if asked; the module that trains: its scorer, wrapped for
-    the process group)."""
-    if config.lora_rank:
-        model = _with_lora(model, config)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    return model, parallelize(scorer(model), config.parallel, device, model._no_split_modules or ())
-
-
 def _with_lora(model, config: GRPOConfig):
     from peft import LoraConfig, get_peft_model  # only LoRA runs need peft loaded
 
@@ -315,66 +239,23 @@ def _with_lora(model, config: GRPOConfig):
                                             target_modules=list(config.lora_target_modules), bias="none"))
 
 
-def _optimizer(policy: torch.nn.Module, policy_dir: str | Path, config: GRPOConfig) -> torch.optim.Optimizer:
-    trainable = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
-    for group in optimizer.param_groups:  # as the schedule left the saved state: the same keys load into it
-        group["initial_lr"] = config.lr
-    state_path = Path(policy_dir) / OPTIMIZER_FILE
-    if config.keep_optimizer_state and not config.lora_rank and state_path.is_file():
-        state = torch.load(state_path, map_location="cpu", weights_only=True, mmap=True)
-        if any(isinstance(key, int) for key in state["state"]):  # by position: written before steps were sharded
-            optimizer.load_state_dict(state)
-        else:
-            load_full_state(policy, optimizer, None, state)
-    for group in optimizer.param_groups:  # this step's settings win over the saved ones
-        group.update(lr=config.lr, initial_lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
-    return optimizer
+def _saved_optimizer_state(policy_dir: str | Path, config: GRPOConfig) -> dict | None:
+    """The moments the parent's step left, when they carry on (not for LoRA's fresh adapters)."""
+    path = Path(policy_dir) / OPTIMIZER_FILE
+    if not (config.keep_optimizer_state and not config.lora_rank and path.is_file()):
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-def _resume(resume: ProgressFile, policy, optimizer, schedule) -> StepProgress:
-    state = resume.load()
-    if state is None:
-        return StepProgress()
-    load_full_state(policy, optimizer, state["model"], state["optimizer"])
-    schedule.load_state_dict(state["schedule"])
-    return state["progress"]
-
-
-def _save_progress(resume: ProgressFile, policy, optimizer, schedule, done: StepProgress, ranks: Ranks) -> None:
-    model_state, optimizer_state = full_model_state(policy), full_optimizer_state(policy, optimizer)
-    if ranks.writes:
-        resume.save(model_state, optimizer_state, schedule.state_dict(), done)
-    barrier()
-
-
-def _save(policy, model, optimizer, policy_dir, out_dir, manifest: dict, config: GRPOConfig, ranks: Ranks) -> None:
-    """Write the checkpoint from rank 0: weights in the parent's dtype, the float32 ones beside
-    them when that rounds them, and the optimizer's moments when they are kept."""
-    keep_moments = config.keep_optimizer_state and not config.lora_rank
-    # The state-dict calls are collectives under FSDP: every rank makes them. An optimizer that
-    # never stepped has nothing to keep (asking it for its state would take a zero-lr step).
-    optimizer_state = full_optimizer_state(policy, optimizer) if keep_moments and optimizer.state else None
+def _save(policy, model, optimizer, policy_dir, out_dir, manifest: dict, config: GRPOConfig, place: Placement) -> None:
+    """The new policy; with LoRA, its adapters merged into a plain model any engine loads."""
+    weights = None
     if config.lora_rank:
-        model = model.merge_and_unload()  # the checkpoint stays a plain model any engine loads
+        model = model.merge_and_unload()
         weights = model.state_dict()
-    else:
-        weights = {name.removeprefix("model."): value for name, value in full_model_state(policy).items()}
-    if not ranks.writes:
-        return
-    dtype = checkpoint_dtype(policy_dir)
-    published = {name: value.to(getattr(torch, dtype)) for name, value in weights.items()}
-
-    def training_state(directory: Path) -> None:
-        if optimizer_state is not None:
-            torch.save(optimizer_state, directory / OPTIMIZER_FILE)
-        if dtype != TRAINING_DTYPE:  # updates below the published dtype's resolution would round away
-            torch.save(weights, directory / MASTER_WEIGHTS_FILE)
-
-    model.eval()
-    save_checkpoint(model, policy_dir, out_dir, manifest, extra=training_state, weights=published, dtype=dtype,
-                    max_shard_size=config.max_shard_size)
-
+    keep_moments = config.keep_optimizer_state and not config.lora_rank
+    save_trained(policy, model, policy_dir, out_dir, manifest, place.ranks, config.max_shard_size,
+                 optimizer=optimizer if keep_moments else None, weights=weights)
 
 def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
     rng = random.Random(config.seed)
@@ -384,15 +265,6 @@ def _minibatches(n: int, config: GRPOConfig) -> list[list[int]]:
         rng.shuffle(order)
         out.extend(order[i : i + config.minibatch_size] for i in range(0, n, config.minibatch_size))
     return out
-
-
-def _shares_prefixes(model: torch.nn.Module, config: GRPOConfig) -> bool:
-    """Gradient checkpointing drops the cache a shared prefix needs, and FSDP2 ranks running a
-    layer twice a micro-batch did not take one rank's step (tests/test_data_parallel.py; the
-    cause is not known). Rank 0's probe decides for all: ranks that
-    formed their micro-batches differently would wait on each other for ever."""
-    usable = config.share_prefixes and not config.gradient_checkpointing and config.parallel != "fsdp"
-    return broadcast(usable and shares_prefixes_exactly(model))
 
 
 def _final_kl(policy, samples: list[TrainSample], forward: Forward,
@@ -413,6 +285,10 @@ def _flat(rows: Iterable[list]) -> torch.Tensor:
     return torch.tensor([value for row in rows for value in row])
 
 
+STEP_SUMS = ("loss", "clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio", "entropy", "stat_tokens", "tokens",
+             "tis_weight")
+
+
 def _step(policy, optimizer, samples, advantages, rows, forward: Forward, config: GRPOConfig,
           rollout_logprobs: list[list[float]] | None, reference_logprobs: list[list[float]] | None,
           ) -> dict[str, float]:
@@ -421,32 +297,23 @@ def _step(policy, optimizer, samples, advantages, rows, forward: Forward, config
     per_token = config.loss_aggregation == "token"
     denominator = max(sum(samples[i].trained_tokens if per_token else 1 for i in rows), 1)
     active = [i for i in rows if not (config.skip_zero_advantage and advantages[i] == 0)]
-    optimizer.zero_grad(set_to_none=True)
-    sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio", "entropy",
-                          "stat_tokens", "tokens", "tis_weight"), 0.0)
-    share = forward.share(samples, active)
-    for k, micro in enumerate(share):
-        with gradient_sync(policy, enabled=k == len(share) - 1):
-            loss, stats, entropy, weights = _micro_loss(policy, samples, advantages, micro, forward, config,
-                                                        rollout_logprobs, reference_logprobs)
-            # The micro-batch mean as its share of the minibatch mean (over tokens, or samples);
-            # times the ranks, whose gradients DDP and FSDP average rather than add.
-            share_of_mean = (stats["tokens"] if per_token else stats["sequences"]) / denominator * micro.counted
-            (loss * share_of_mean * forward.ranks.world_size).backward()
-        if micro.counted:
-            sums["loss"] += loss.detach().item() * share_of_mean
-            for key in ("clip_fraction", "approx_kl", "kl_to_reference", "mean_ratio"):
-                sums[key] += stats[key] * stats["tokens"]
-            sums["entropy"] += float((entropy * micro.batch.mask).sum())
-            sums["stat_tokens"] += stats["tokens"]
-            sums["tokens"] += micro.batch.tokens
-            sums["tis_weight"] += float(weights.sum()) if weights is not None else 0.0
-    sums = all_sum(sums)
-    trainable = [p for p in policy.parameters() if p.requires_grad]
-    grad_norm = _grad_norm(trainable, config.max_grad_norm) if active else 0.0
-    if active:
-        optimizer.step()
-    return {**sums, "optimizer_steps": 1.0 if active else 0.0, "grad_norm": grad_norm}
+
+    def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        value, stats, entropy, weights = _micro_loss(policy, samples, advantages, micro, forward, config,
+                                                     rollout_logprobs, reference_logprobs)
+        # The micro-batch mean as its share of the minibatch mean (over tokens, or samples).
+        share_of_mean = (stats["tokens"] if per_token else stats["sequences"]) / denominator * micro.counted
+        if not micro.counted:
+            return value * share_of_mean, {}
+        return value * share_of_mean, {
+            "loss": value.detach().item() * share_of_mean,
+            **{key: stats[key] * stats["tokens"] for key in ("clip_fraction", "approx_kl", "kl_to_reference",
+                                                             "mean_ratio")},
+            "entropy": float((entropy * micro.batch.mask).sum()), "stat_tokens": stats["tokens"],
+            "tokens": micro.batch.tokens, "tis_weight": float(weights.sum()) if weights is not None else 0.0}
+
+    return take_step(policy, optimizer, forward.share(samples, active), loss, dict.fromkeys(STEP_SUMS, 0.0),
+                     config.max_grad_norm, forward.ranks)
 
 
 def _micro_loss(policy, samples, advantages, micro: MicroBatch, forward: Forward, config: GRPOConfig,
@@ -469,11 +336,6 @@ def _micro_loss(policy, samples, advantages, micro: MicroBatch, forward: Forward
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return None if tensor is None else tensor.to(device)
-
-
-def _grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
-    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
 
 
 def _per_token(batch, values: list[list[float]]) -> torch.Tensor:

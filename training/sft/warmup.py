@@ -16,18 +16,21 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from training.policy.batching import make_batch, shares_prefixes_exactly, token_logprobs
+from training.optim.distributed import deal
+from training.optim.loop import Loop, ProgressFn, adamw, take_step
+from training.optim.placement import Placement
+from training.optim.resume import ProgressFile, fingerprint
+from training.optim.saving import save_trained
+from training.optim.schedule import lr_factor
+from training.optim.settings import OptimizerSettings
+from training.policy.batching import TokenBatch, make_batch, micro_batches_by_tokens
 from training.policy.chat import ChatFormat
-from training.policy.checkpoint import save_checkpoint
-from training.policy.model import load_policy
-from training.rl.schedule import lr_factor
-
-ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
+from training.policy.checkpoint import read_manifest
 
 
 class Example(NamedTuple):
@@ -35,11 +38,19 @@ class Example(NamedTuple):
     response: list[int]
     scored: list[int] | None = None  # per response token, 1 where it is learned (an episode's replies); None: all
 
+    @property
+    def length(self) -> int:
+        """Positions through the decoder (the last token is only a target)."""
+        return len(self.prompt) + len(self.response) - 1
 
-class SFTConfig(BaseModel):
-    """The warm-up's settings."""
+    @property
+    def learned(self) -> int:
+        return len(self.response) if self.scored is None else sum(self.scored)
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+class SFTConfig(OptimizerSettings):
+    """The warm-up's settings; where and in what pieces it runs: training/optim/settings.py (the
+    experiment's `grpo` section gives them, so the warm-up runs where the RL step does)."""
 
     steps: int = Field(200, ge=1, description="optimizer steps: 200 is 3.2k examples (~4 epochs of compose's "
                        "train split), ~80 s on 2 cores")
@@ -50,8 +61,11 @@ class SFTConfig(BaseModel):
     batch_size: int = Field(16, ge=1, description="examples per optimizer step")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = (0.9, 0.95)
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     max_len: int = Field(1024, ge=2, description="examples longer than this (prompt + response) are skipped")
+    micro_batch_tokens: int = Field(16384, ge=1, description="tokens per forward pass, padded: a default batch (16 "
+                                    "examples of at most max_len) is one pass; lower it where memory is short (the "
+                                    "loss is unchanged, to float rounding)")
+    save_progress_every: int = Field(50, ge=1, description="optimizer steps between resumable progress saves")
     group_by_length: bool = Field(True, description="batch similar lengths together: less padding")
     share_prefixes: bool = Field(True, description="run the prefix every example of a batch starts with (the chat "
                                  "template's header and system message) once per batch: the same loss and gradients "
@@ -59,8 +73,6 @@ class SFTConfig(BaseModel):
                                  "forward differs")
     prompt_loss_weight: float = Field(0.0, ge=0, description="0: prompt targets masked; more also models the prompt")
     seed: int = 0
-    threads: int | None = Field(2, ge=1, description="training is compute-bound: 2 threads ~1.7x faster than 1 "
-                                "on the 2-core machine")
 
 
 def supervised_warmup(
@@ -70,70 +82,93 @@ def supervised_warmup(
     config: SFTConfig = SFTConfig(),
     progress: ProgressFn | None = None,
 ) -> dict:
-    """Fine-tune the policy in `policy_dir` on (prompt ids, response ids) pairs; save to `out_dir`."""
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    model, tokenizer = load_policy(policy_dir)
-    pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
+    """Fine-tune the policy in `policy_dir` on (prompt ids, response ids) pairs; save to `out_dir`.
+    Under torchrun every rank calls it with the same arguments; rank 0 writes and reports `progress`."""
     data = [e for e in examples if e.prompt and e.response and len(e.prompt) + len(e.response) <= config.max_len]
-    skipped = len(examples) - len(data)
     if not data:
         raise ValueError("no usable SFT examples (all empty or longer than max_len)")
-    rng = random.Random(config.seed)
-    share = config.share_prefixes and shares_prefixes_exactly(model)
+    place = Placement.of(config)
+    model, tokenizer = place.load(policy_dir)
+    pad_id = ChatFormat.of(tokenizer, model.generation_config).pad_id
+    share = place.shares_prefixes(model, config.share_prefixes)
+    steps = list(_batches(data, config, random.Random(config.seed)))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model.train()
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-        )
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, "cosine", config.warmup_steps, config.steps, config.min_lr_ratio))
-        losses, tokens, start = [], 0, time.perf_counter()
-        for step, batch_rows in enumerate(_batches(data, config, rng), start=1):
-            batch = make_batch([e.prompt for e in batch_rows], [e.response for e in batch_rows], pad_id,
-                               share_prefix=share)
-            batch.mask = _learned(batch.mask, batch.response_slices, [e.scored for e in batch_rows])
-            scored = batch.valid if config.prompt_loss_weight > 0 else batch.mask
-            lp = token_logprobs(model, batch, scored=scored)
-            loss = -(lp * batch.mask).sum() / batch.mask.sum()  # response tokens only
-            objective = loss
-            if config.prompt_loss_weight > 0:
-                weights = batch.mask + config.prompt_loss_weight * (batch.valid - batch.mask)
-                objective = -(lp * weights).sum() / weights.sum()
-            optimizer.zero_grad(set_to_none=True)
-            objective.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.detach().item())
-            tokens += batch.tokens
-            if progress is not None:
-                progress(step, config.steps, losses[-1])
+        policy = place.trainable(model)
+        optimizer, schedule = adamw(policy, config.lr, config.betas, config.weight_decay, lambda s: lr_factor(
+            s, "cosine", config.warmup_steps, config.steps, config.min_lr_ratio))
+        loop = Loop(policy, optimizer, schedule, place.ranks, ProgressFile(out_dir, fingerprint(
+            read_manifest(policy_dir).get("content_hash"), config.model_dump(mode="json"), data)),
+            config.save_progress_every)
+
+        def step(rows: list[Example], lr: float) -> tuple[dict, dict]:
+            sums = _step(policy, optimizer, rows, pad_id, share, config, place)
+            return sums, {"loss": sums["loss"], "grad_norm": sums["grad_norm"], "lr": lr, "tokens": sums["tokens"]}
+
+        start = time.perf_counter()
+        done = loop.run(steps, step, progress)
         seconds = time.perf_counter() - start
-    model.eval()
+    losses = [s["loss"] for s in done.steps]
     metrics = {
         "steps": len(losses),
         "examples": len(data),
-        "skipped_examples": skipped,
+        "skipped_examples": len(examples) - len(data),
         "initial_loss": losses[0],
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
         "loss_curve": losses,
-        "tokens": tokens,  # positions through the decoder (padded; a shared prefix once)
+        "tokens": int(done.totals["tokens"]),  # positions through the decoder (padded; a shared prefix once)
         "seconds": seconds,
-        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "tokens_per_s": done.totals["tokens"] / max(seconds, 1e-9),
     }
-    manifest = {
-        "kind": "sft",
-        "parent": str(policy_dir),
-        "sft_config": config.model_dump(mode="json"),
-        "metrics": {k: v for k, v in metrics.items() if k != "loss_curve"},
-    }
-    save_checkpoint(model, policy_dir, out_dir, manifest)
+    manifest = {"kind": "sft", "parent": str(policy_dir), "sft_config": config.model_dump(mode="json"),
+                "metrics": {k: v for k, v in metrics.items() if k != "loss_curve"}, **place.manifest()}
+    save_trained(policy, model, policy_dir, out_dir, manifest, place.ranks, config.max_shard_size)
+    loop.finish()
     return metrics
 
 
-def _batches(data: list, config: SFTConfig, rng: random.Random):
+def _step(policy, optimizer, rows: list[Example], pad_id: int, share: bool, config: SFTConfig,
+          place: Placement) -> dict[str, float]:
+    """One optimizer step on a batch: the mean log-loss of its learned response tokens (with
+    `prompt_loss_weight`, of the other targets too, at that weight; the loss reported is the
+    response tokens' either way), this rank's share of its passes."""
+    learned = sum(e.learned for e in rows)
+    weighted = learned + config.prompt_loss_weight * sum(e.length - e.learned for e in rows)
+
+    def loss(micro: tuple[list[Example], bool]) -> tuple[torch.Tensor, dict[str, float]]:
+        examples, counted = micro
+        batch = make_batch([e.prompt for e in examples], [e.response for e in examples], pad_id, share_prefix=share)
+        batch.mask = _learned(batch, [e.scored for e in examples])  # only learned tokens reach the LM head
+        mask = batch.mask.to(place.device)
+        if config.prompt_loss_weight > 0:
+            lp = policy(batch, scored=batch.valid)[0]
+            weights = mask + config.prompt_loss_weight * (batch.valid.to(place.device) - mask)
+            objective = -(lp * weights).sum() / weighted
+        else:
+            lp = policy(batch)[0]
+            objective = -(lp * mask).sum() / learned
+        if not counted:
+            return objective * 0.0, {}
+        return objective, {"loss": float(-(lp.detach() * mask).sum() / learned), "tokens": batch.tokens}
+
+    passes = [(examples, True) if examples else (shares[0], False)
+              for shares in [_passes(rows, config.micro_batch_tokens, place.ranks.world_size)]
+              for examples in deal(shares, place.ranks)]
+    return take_step(policy, optimizer, passes, loss, dict.fromkeys(("loss", "tokens"), 0.0), config.max_grad_norm,
+                     place.ranks)
+
+
+def _passes(rows: list[Example], budget: int, ranks: int) -> list[list[Example]]:
+    """The batch's forward passes: all of it in one where it fits the budget (its rows already
+    grouped by length), else micro-batches by tokens; at least one per rank where there are as many rows."""
+    padded = len(rows) * max(e.length for e in rows)
+    if padded <= budget and ranks == 1:
+        return [rows]
+    groups = micro_batches_by_tokens([e.length for e in rows], min(budget, -(-padded // ranks)))
+    return [[rows[k] for k in group] for group in groups]
+
+
+def _batches(data: list[Example], config: SFTConfig, rng: random.Random):
     """config.steps batches; every epoch is reshuffled.
 
     With group_by_length, each window of 8 batches is sorted by length before it is cut into
@@ -161,12 +196,11 @@ def _epoch_batches(data: list, config: SFTConfig, rng: random.Random) -> list[li
     return batches
 
 
-
-def _learned(mask: torch.Tensor, spans: list[slice], scored: list[list[int] | None]) -> torch.Tensor:
+def _learned(batch: TokenBatch, scored: list[list[int] | None]) -> torch.Tensor:
     """The batch's response mask, less the response tokens an example does not learn (an
     episode's observations)."""
-    mask = mask.clone()
-    for row, (span, row_scored) in enumerate(zip(spans, scored)):
+    mask = batch.mask.clone()
+    for row, (span, row_scored) in enumerate(zip(batch.response_slices, scored)):
         if row_scored is not None:
             mask[row, span] = torch.tensor(row_scored, dtype=mask.dtype)
     return mask
