@@ -16,11 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from patience import PATIENCE_S
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, materialize
+from patience import PATIENCE_S
 
 from assets.iteration import STABILITY_CHECKS, checkpoint
-from assets.partitions import add_iteration
+from assets.partitions import add_iteration, experiments
+from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
 from datastore import catalog, metrics
@@ -30,7 +31,7 @@ from task_sets.loader import load_task_set
 from training.agent.rollout import sample_rollouts
 from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import SAMPLE_SIGNALS, MonitorConfig
-from training.experiment import ExperimentConfig
+from training.experiment import BasePolicySettings, ExperimentConfig
 from training.inference.engine import SamplingParams
 from training.inference.transformers_engine import TransformersEngine
 from training.iteration.context import Refused
@@ -38,7 +39,7 @@ from training.iteration.lineage import Checkpoints
 from training.iteration.training_step import NOTHING_LEARNED
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import verify_checkpoint
-from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.model import PolicyConfig, build_base_policy, load_policy
 from training.rl.trainer import GRPOConfig
 from training.sft.demonstrations import single_turn_examples
 from training.sft.warmup import SFTConfig, supervised_warmup
@@ -198,6 +199,39 @@ def test_in_a_docker_container_the_step_trains_what_the_subprocess_trains(crucib
     assert [row["loss"] for row in in_docker] == pytest.approx([row["loss"] for row in in_process], rel=1e-4)
     manifest = verify_checkpoint(crucible.checkpoint_dir("contained", 1))
     assert manifest["global_step"] == 4
+
+
+def _warm_up(crucible: CrucibleResource, experiment: str, dagster_home, training_step: TrainingStepClient):
+    """The base_policy asset of a small built-in model with a six-step warm-up."""
+    crucible.save_experiment(ExperimentConfig(name=experiment, task_set="default", max_turns=1,
+                                              base=BasePolicySettings(hidden_size=64, num_layers=2, sft_steps=6)))
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    try:
+        with DagsterInstance.get() as instance:
+            instance.add_dynamic_partitions(experiments.name, [experiment])
+            result = materialize([base_policy], partition_key=experiment, instance=instance,
+                                 resources={"crucible": crucible, "training_step": training_step})
+            materialization = instance.get_latest_materialization_event(AssetKey("base_policy"))
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    assert result.success
+    return materialization.asset_materialization.metadata
+
+
+def test_the_warm_up_runs_through_the_training_steps_client_in_a_process_or_a_container(crucible, project_image,
+                                                                                       tmp_path_factory):
+    """The base policy's warm-up is a job of the training step's Pipes client: the same weights
+    from a process of its own and from a container; its inputs are gone afterwards."""
+    in_process = _warm_up(crucible, "warm", tmp_path_factory.mktemp("dagster"), TrainingStepClient())
+    contained = _warm_up(crucible, "warm-box", tmp_path_factory.mktemp("dagster"),
+                         TrainingStepClient(client="docker", image=project_image))
+    assert in_process["sft/steps"].value == contained["sft/steps"].value == 6
+    assert in_process["examples"].value == contained["examples"].value > 0
+    assert contained["sft/final_loss"].value == pytest.approx(in_process["sft/final_loss"].value, rel=1e-4)
+    first, second = (load_policy(crucible.base_policy_dir(name))[0].state_dict() for name in ("warm", "warm-box"))
+    assert max(float((first[name] - second[name]).abs().max()) for name in first) < 1e-5
+    assert verify_checkpoint(crucible.base_policy_dir("warm"))["kind"] == "sft"
+    assert not list(crucible.experiment_dir("warm").parent.glob("*/.base-inputs-*"))
 
 
 def test_under_torchrun_two_ranks_train_the_step_and_rank_0_reports_it(crucible, two_ranks):
