@@ -1,8 +1,7 @@
 """base_policy[experiment]: the model an experiment starts from (training/base_policy.py), one per
 experiment, as its settings describe it."""
 
-import tempfile
-from pathlib import Path
+import shutil
 
 import pyarrow.parquet as pq
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
@@ -14,6 +13,7 @@ from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
 from training.base_policy import base_policy_job
 from training.experiment import ExperimentConfig, ExperimentFileError
+from training.inference.engines import gpu_released
 from training.iteration.tasks import loaded_task_set, prove_unproven, usable
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError
@@ -57,18 +57,23 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
     task_set = usable(crucible, loaded)
     replaced = _content_hash(out_dir)
     metrics = {"examples": 0}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Beside the policy, so that a container or pod of the warm-up finds its inputs where this process left them.
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".base-inputs-") as scratch:
-        try:
-            job = base_policy_job(experiment, task_set, out_dir, Path(scratch), open_session=crucible.open_session)
-        except ModelImportError as error:
-            raise Failure(str(error), allow_retries=False) from None
+    # Beside the policy, so that a container or pod of the warm-up finds its inputs where this
+    # process left them; under a fixed name, so that what a killed run left is removed here.
+    inputs = out_dir.parent / ".base-inputs"
+    shutil.rmtree(inputs, ignore_errors=True)
+    inputs.mkdir(parents=True)
+    try:
+        job = base_policy_job(experiment, task_set, out_dir, inputs, open_session=crucible.open_session)
         if job is not None:
-            invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
+            with gpu_released():
+                invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
             reported = invocation.get_materialize_result().metadata or {}
             metrics = {"examples": pq.ParquetFile(job.examples_file).metadata.num_rows,
                        **{f"sft/{key}": value for key, value in reported.items() if key != "content_hash"}}
+    except ModelImportError as error:
+        raise Failure(str(error), allow_retries=False) from None
+    finally:
+        shutil.rmtree(inputs, ignore_errors=True)
     manifest = verify_checkpoint(out_dir)
     if "prompt_format_reason" in manifest:
         context.log.warning(f"{experiment.base_model}: {manifest['prompt_format_reason']} "
@@ -87,4 +92,3 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
             **metrics,
         }
     )
-

@@ -1,4 +1,5 @@
-"""Where the `checkpoint` asset's training step runs: the Dagster Pipes client, chosen by a setting.
+"""Where the training jobs run (the `checkpoint` asset's training step and the `base_policy`
+asset's warm-up: assets/train_process.py): the Dagster Pipes client, chosen by a setting.
 
 - `subprocess` (default): a process on this machine, under the crucible resource's launcher
   (this Python, or e.g. `torchrun --standalone --nproc-per-node 8`), which dies with its run.
@@ -52,7 +53,7 @@ PASSED_ENV_PREFIXES = ("AWS_", "CRUCIBLE_", "HF_", "FSSPEC_")
 
 
 class TrainingStepClient(ConfigurableResource):
-    """The Pipes client that runs the training step (see the module docstring)."""
+    """The Pipes client that runs the training jobs (see the module docstring)."""
 
     client: TrainClient = "subprocess"
     image: str = ""  # docker: the project image's tag (scripts/build-project-image prints it)

@@ -41,7 +41,6 @@ class OptimizerSettings(BaseModel):
     parallel: Parallel = Field("ddp", description="under torchrun with several ranks: ddp (every rank holds the "
                                "model) or fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded; "
                                "each rank loads the whole model first)")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     max_shard_size: str = Field("5GB", description="largest safetensors file of a saved checkpoint")
     save_progress_every: int = Field(4, ge=1, description="optimizer steps between resumable progress saves (each "
                                      "writes the weights and the optimizer state)")

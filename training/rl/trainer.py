@@ -47,7 +47,6 @@ from training.optim.settings import OptimizerSettings
 from training.policy.batching import check_lm_head
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import copy_checkpoint, read_manifest
-from training.policy.model import load_policy
 from training.rl.forward import Forward, MicroBatch
 from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
 from training.rl.sample import TrainSample
@@ -95,6 +94,7 @@ class GRPOConfig(OptimizerSettings):
     kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty to the frozen reference (the base "
                            "policy); 0: no penalty, and no reference model is loaded")
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="per-token KL estimator (training/rl/grpo.py)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     weight_decay: float = Field(0.0, ge=0, description="no pull towards zero during RL")
     betas: tuple[float, float] = (0.9, 0.99)
     keep_optimizer_state: bool = Field(True, description="carry AdamW moments across iterations (optimizer.pt); "
@@ -129,7 +129,6 @@ class GRPOConfig(OptimizerSettings):
         return self
 
 
-
 def train_policy(
     policy_dir: str | Path,
     samples: list[TrainSample],
@@ -161,7 +160,7 @@ def train_policy(
     rollout_logprobs = forward.logprobs(place.scorer(model), batch) if config.tis_cap and batch else None
     reference_logprobs = None
     if config.kl_coef and batch:
-        reference_logprobs = forward.logprobs(place.scorer(load_policy(reference_dir)[0].to(place.device)), batch)
+        reference_logprobs = forward.logprobs(place.scorer(place.load(reference_dir)[0]), batch)
     if config.lora_rank:
         model = _with_lora(model, config)
     policy = place.trainable(model)

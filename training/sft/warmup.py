@@ -60,6 +60,7 @@ class SFTConfig(OptimizerSettings):
     warmup_steps: int = Field(30, ge=0, description="steps of linear warm-up")
     batch_size: int = Field(16, ge=1, description="examples per optimizer step")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     betas: tuple[float, float] = (0.9, 0.95)
     max_len: int = Field(1024, ge=2, description="examples longer than this (prompt + response) are skipped")
     micro_batch_tokens: int = Field(16384, ge=1, description="tokens per forward pass, padded: a default batch (16 "
@@ -159,8 +160,9 @@ def _step(policy, optimizer, rows: list[Example], pad_id: int, share: bool, conf
 
 
 def _passes(rows: list[Example], budget: int, ranks: int) -> list[list[Example]]:
-    """The batch's forward passes: all of it in one where it fits the budget (its rows already
-    grouped by length), else micro-batches by tokens; at least one per rank where there are as many rows."""
+    """The batch's forward passes: all of it in one where it fits the budget and one rank runs it
+    (its rows are already grouped by length), else micro-batches by tokens, sized so that several
+    ranks get a share each (a rank short of passes pads with uncounted ones)."""
     padded = len(rows) * max(e.length for e in rows)
     if padded <= budget and ranks == 1:
         return [rows]
