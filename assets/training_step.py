@@ -19,7 +19,6 @@ import os
 import shlex
 import warnings
 from pathlib import Path
-from typing import Literal, get_args
 
 import docker
 import docker.errors
@@ -37,6 +36,7 @@ from docker.types import DeviceRequest
 from assets.partitions import experiment_of_run
 from assets.resources import CrucibleResource
 from assets.training_label import step_labels
+from commands.settings import TrainClient
 
 # Dagster's own Pipes code calls one of its preview functions, and a deprecated property, on every
 # training step: warnings about Dagster's internals that its users can do nothing about.
@@ -44,8 +44,6 @@ warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected
                         category=PreviewWarning)
 warnings.filterwarnings("ignore", message="AssetExecutionContext.run_id is deprecated", category=DeprecationWarning)
 
-TrainClient = Literal["subprocess", "docker", "kubernetes"]
-TRAIN_CLIENTS = get_args(TrainClient)
 TRAIN_MODULE = ["-m", "assets.train_process"]
 # What the step needs of this process's environment inside a container: S3 credentials and
 # endpoint, Crucible's own settings, Hugging Face's cache and offline switches.

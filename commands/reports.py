@@ -124,7 +124,7 @@ def stored_experiment(con: duckdb.DuckDBPyConnection, name: str | None, storage_
 
 
 def command_curve(args: argparse.Namespace) -> int:
-    """The held-out curve of an experiment as a PNG (what the README shows), and its numbers."""
+    """The held-out curve of an experiment as a PNG (as docs/benchmarks.md shows it), and its numbers."""
     from datastore.charts import eval_curve_png  # matplotlib: loaded by the command that draws
 
     storage_root = settings_for(args).storage_root

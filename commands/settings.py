@@ -29,6 +29,8 @@ FILE_VARIABLE = "CRUCIBLE_SETTINGS"
 BACKEND_HELP = "sandbox backend (default: the sandbox setting, CRUCIBLE_SANDBOX, else local)"
 DEFAULT_HOME = Path(".crucible")
 
+TrainClient = Literal["subprocess", "docker", "kubernetes"]  # where the training jobs run: assets/training_step.py
+
 
 class Settings(BaseSettings):
     """Where this deployment keeps things and how it runs them."""
@@ -46,7 +48,7 @@ class Settings(BaseSettings):
                                               "empty: DOCKER_HOST's alone")
     train_launcher: str = Field("", description="what launches the training step's module: empty is this Python; e.g. "
                                                 "'torchrun --standalone --nproc-per-node 8'")
-    train_client: Literal["subprocess", "docker", "kubernetes"] = Field(
+    train_client: TrainClient = Field(
         "subprocess", description="where the training step runs (assets/training_step.py)")
     train_pod_template: str = Field("", description="the kubernetes training step's PodTemplate file (assets/training_pod.py)")
     train_image: str = Field("", description="the docker (or kubernetes) training step's image "

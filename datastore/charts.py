@@ -1,4 +1,4 @@
-"""Plots and tables for asset metadata and the README: PNG bytes and Markdown."""
+"""Plots and tables for asset metadata and the documentation: PNG bytes and Markdown."""
 
 from __future__ import annotations
 

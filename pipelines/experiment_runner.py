@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, Definitions, EventLogEntry
-from rich.console import Console
 
 from assets.partitions import add_experiment, add_iteration
+from commands.console import errors as console  # progress on stderr: stdout carries results
 from commands.errors import UserError
 from commands.settings import Settings
 from pipelines import run_submission
@@ -33,7 +33,6 @@ from training.policy.importing import ModelImportError, checked_source
 if TYPE_CHECKING:
     from dagster_shared.error import SerializableErrorInfo
 
-console = Console(stderr=True)
 
 
 def say(line: str) -> None:

@@ -46,10 +46,6 @@ class CgroupHost:
     memory_parent: Path | None  # run cgroups for memory are created inside this directory
     pids_parent: Path | None  # equal to memory_parent on v2
 
-    def describe(self) -> str:
-        controllers = [c for c, p in (("memory", self.memory_parent), ("pids", self.pids_parent)) if p]
-        return f"cgroup v{self.version} ({'+'.join(controllers)})"
-
 
 def detect(parent_name: str = "crucible") -> CgroupHost | None:
     """Find writable memory/pids cgroup hierarchies; None when there are none."""

@@ -3,11 +3,11 @@
 A task set is a single `.jsonl` file (one task per line), a single `.yaml`/`.yml` file (a
 list of tasks, or a mapping whose only key is `tasks`), or a directory of such files read in
 sorted order. A bare name such as "default" refers to an imported set in the library
-(`$CRUCIBLE_TASK_SETS`, default `./.crucible/task_sets/<name>/`) or a built-in one
+(the `library` given: the `task_sets` setting, default `./.crucible/task_sets/<name>/`) or a built-in one
 (`task_sets/builtin/<name>/`).
 
 Every problem raises `TaskSetError` with a message that says where it is:
-`default/tasks.jsonl:14: task 'add_3': field 'difficulty': Input should be ...`.
+`default/generated.jsonl:14: task 'add_3': field 'difficulty': Input should be ...`.
 """
 
 from __future__ import annotations

@@ -227,7 +227,7 @@ def test_the_ui_launches_an_iteration_then_a_backfill_of_two_more_in_order(
     """A real browser (Debian's chromium, driven by Playwright) through the Dagster UI, as an
     operator clicks: one iteration, then a backfill of the next two; the job's runs page lists
     those `crucible run` made above beside them; screenshots are kept
-    (CRUCIBLE_UI_SCREENSHOTS=DIR copies them there, as the README's were made)."""
+    (CRUCIBLE_UI_SCREENSHOTS=DIR copies them there, as docs/ui's were made)."""
     if not CHROMIUM.exists():
         skip_unless_required("browser", f"no {CHROMIUM}: scripts/install-system-packages browser installs it")
     from playwright.sync_api import expect, sync_playwright

@@ -1,6 +1,6 @@
 """The vLLM engine's call contract against a stand-in built from vLLM 0.33.0's signatures
 (tests/vllm_stand_in.py): vLLM needs CUDA and cannot be installed on these CPU machines. This
-checks the adapter, not vLLM; a GPU run checks the rest (README, "GPU")."""
+checks the adapter, not vLLM; a GPU run checks the rest (docs/engines.md)."""
 
 from __future__ import annotations
 

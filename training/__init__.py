@@ -1,5 +1,6 @@
 """The learning side of the loop, one subpackage per stage; never imports dagster.
 
+    progress     progress counts as log lines worth reading (kept only when they change)
     policy/      the model: config, built-in tokenizer, chat format, checkpoints, import of a
                  user's model, lineage, teacher-forced log-probs
     optim/       the one optimizer loop of the warm-up and the RL step: where it runs (device,

@@ -33,7 +33,6 @@ from safetensors.torch import load_file
 TRAINER_SIGNALS = ("loss", "final_kl", "mean_step_kl", "kl_to_reference", "entropy", "clip_fraction", "grad_norm",
                    "grad_norm_max")
 SAMPLE_SIGNALS = ("sampled_tokens", "zero_variance_fraction", "reward_mean", "reward_std", "tamper_rate")  # metrics.py
-SIGNALS = TRAINER_SIGNALS + SAMPLE_SIGNALS
 
 
 class MonitorConfig(BaseModel):
