@@ -166,14 +166,16 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "backend", "") is None:  # not given: the deployment's
             args.backend = load_settings().sandbox
         return args.handler(args)
-    except (UserError, StorageUnavailable) as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False)
+    except (UserError, StorageUnavailable) as error:  # user text is never markup: '[a-z]' stays as typed
+        errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         return 2
     except ValidationError as error:
-        errors.print(f"[red]error:[/red] invalid setting: {error}", highlight=False)
+        for problem in error.errors():
+            field = ".".join(str(part) for part in problem["loc"])
+            errors.print(f"[red]error:[/red] invalid setting {escape(field)}: {escape(problem['msg'])}", highlight=False)
         return 2
     except RunFailed as error:
-        errors.print(f"[red]run failed:[/red] {error}", highlight=False)
+        errors.print(f"[red]run failed:[/red] {escape(str(error))}", highlight=False)
         ui = crucible_command("ui", *storage_words(getattr(args, "storage", None)))
         errors.print(f"The run's full event log is in the UI: {ui}", highlight=False, markup=False)
         return 1

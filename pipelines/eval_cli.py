@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import requests
 from rich.markup import escape
@@ -37,20 +38,32 @@ def add_commands(commands) -> None:
                           "or a Jinja file of your own (with --stop)")
     evaluate.add_argument("--stop", action="append", help="a stop string of the completion template (repeatable; "
                           "default: the built-in template's own)")
-    evaluate.add_argument("--samples", type=int, default=4, help="answers per task (1: greedy; default 4, so "
+    evaluate.add_argument("--samples", type=at_least_one, default=4, help="answers per task (1: greedy; default 4, so "
                           "that stability across runs is measured)")
-    evaluate.add_argument("--tasks", type=int, default=None, help="the first N held-out tasks (default: all)")
-    evaluate.add_argument("--max-new-tokens", type=int, default=256)
-    evaluate.add_argument("--max-turns", type=int, default=1, help="more than 1: multi-turn episodes")
+    evaluate.add_argument("--tasks", type=at_least_one, default=None, help="the first N held-out tasks (default: all)")
+    evaluate.add_argument("--max-new-tokens", type=at_least_one, default=256)
+    evaluate.add_argument("--max-turns", type=at_least_one, default=1, help="more than 1: multi-turn episodes")
     evaluate.add_argument("--temperature", type=float, default=0.6)
     evaluate.add_argument("--name", help="the evaluation's name in the dataset (default: from the model)")
     evaluate.add_argument("--storage", help="storage root (default ./.crucible/data)")
     evaluate.set_defaults(handler=command_eval)
 
 
+def at_least_one(text: str) -> int:
+    """An argument that counts something: a whole number of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
+
+
 def command_eval(args: argparse.Namespace) -> int:
     from datastore.store import rows_to_table
     from pipelines.resources import crucible_resource
+    from task_sets.loader import TaskSetError, load_task_set
     from training.experiment import ExperimentConfig
     from training.model_eval import evaluate_model
     from training.policy.chat import ChatFormatError
@@ -58,6 +71,10 @@ def command_eval(args: argparse.Namespace) -> int:
     from training.policy.importing import ModelImportError, prompted_model, resolve_source
 
     settings = settings_for(args)
+    try:  # before any model is loaded: a misspelt set is refused at once
+        load_task_set(args.task_set, Path(settings.task_sets))
+    except TaskSetError as error:
+        raise UserError(str(error)) from None
     if args.engine == "openai":
         if not args.base_url:
             raise UserError("--engine openai needs --base-url (the server's root, e.g. http://127.0.0.1:8000)")

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, Definitions, EventLogEntry
 
 from assets.partitions import add_experiment, add_iteration
+from assets.resources import CrucibleResource
 from commands.console import errors as console  # progress on stderr: stdout carries results
 from commands.errors import UserError
 from commands.settings import Settings
@@ -26,6 +28,7 @@ from pipelines import run_submission
 from pipelines.errors import RunFailed
 from pipelines.local_daemon import LocalDaemon
 from pipelines.resources import crucible_resource
+from task_sets.loader import TaskSetError, load_task_set
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError, checked_source
@@ -72,8 +75,6 @@ class ExperimentRunner:
         a file that changes more than how long it runs is refused (`updated_settings`). An `iterations` override is how far
         this run goes: it raises the stored limit (which the sensor and UI launches follow), and
         never lowers it."""
-        from pipelines.definitions import defs  # its jobs only: a run's resources are made where it executes
-
         crucible = crucible_resource(deployment)
         exists = crucible.experiment_exists(name)
         stored = crucible.experiment(name)
@@ -92,7 +93,10 @@ class ExperimentRunner:
             {**stored.model_dump(), **{key: value for key, value in overrides.items() if value is not None},
              "iterations": max(through, limit)}
         )
+        refuse_unusable(config, crucible, new=not exists)  # before anything is stored: a refusal leaves no trace
         crucible.save_experiment(config)
+        from pipelines.definitions import defs  # its jobs only (a run's resources are made where it executes); after
+        # the refusals, which need none of its imports
         instance = DagsterInstance.get()
         add_experiment(instance, name)
         return cls(instance, defs, deployment, config, through)
@@ -101,7 +105,7 @@ class ExperimentRunner:
         """Base policy, then each iteration not yet evaluated, then the analytics."""
         self._refuse_old_instance()
         if not self._base_policy_ready():
-            self._check_base_model()  # before a daemon starts: a refusal takes a second, not a minute
+            check_base_model(self.config)  # before a daemon starts: a refusal takes a second, not a minute
         name = self.config.name
         with LocalDaemon(self.instance, self.deployment.environment(), say) as self.daemon:
             self._ensure_base_policy()
@@ -138,16 +142,6 @@ class ExperimentRunner:
             warm = ", then warm it up on reference solutions" if self.config.base.sft_steps else ""
             console.rule(f"base policy of {self.config.name!r}: {made}{warm}")
             self._execute("base_policy_job", self.config.name, done=self._base_policy_ready)
-
-    def _check_base_model(self) -> None:
-        """A base_model that cannot be post-trained is refused before any run starts."""
-        if self.config.base_model is None:
-            return
-        try:
-            checked_source(self.config.base_model, self.config.episode_max_tokens, self.config.prompt_format,
-                           self.config.completion())
-        except ModelImportError as error:
-            raise UserError(str(error)) from None
 
     def _base_policy_ready(self) -> bool:
         """Materialized in this instance and intact on disk (a half-deleted one is rebuilt)."""
@@ -232,3 +226,26 @@ def _run_reason(entry: EventLogEntry) -> str:
     event = entry.dagster_event
     error = event.job_failure_data.error if event.event_type == DagsterEventType.RUN_FAILURE else None
     return reason(error) if error else event.message or entry.user_message
+
+
+
+def refuse_unusable(config: ExperimentConfig, crucible: CrucibleResource, new: bool) -> None:
+    """Refuse, in one sentence, an experiment whose task set cannot be found or read, or (a new
+    one) whose base_model cannot be post-trained: before its settings are stored, so that a
+    corrected file is a first start, not a change of a stored experiment."""
+    try:
+        load_task_set(config.task_set, Path(crucible.task_sets))
+    except TaskSetError as error:
+        raise UserError(f"experiment {config.name!r}: {error}") from None
+    if new:
+        check_base_model(config)
+
+
+def check_base_model(config: ExperimentConfig) -> None:
+    """A base_model that cannot be post-trained is refused before any run starts."""
+    if config.base_model is None:
+        return
+    try:
+        checked_source(config.base_model, config.episode_max_tokens, config.prompt_format, config.completion())
+    except ModelImportError as error:
+        raise UserError(str(error)) from None

@@ -168,6 +168,42 @@ def test_the_cli_refuses_to_change_a_stored_experiment_without_a_traceback(tmp_p
     assert "grpo.estimator" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_unknown_task_set_is_refused_before_the_experiment_is_stored(tmp_path):
+    """Issue 40, problem 2: the settings were stored before the task set was resolved, so the
+    corrected file was then refused as a change of a stored experiment."""
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data"),
+           "CRUCIBLE_TASK_SETS": str(tmp_path / "library")}
+    (tmp_path / "typo.toml").write_text('name = "typo"\ntask_set = "compse"\n')
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", str(tmp_path / "typo.toml")],
+                            env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "TaskSetError" not in result.stderr
+    assert f"experiment 'typo': unknown task set 'compse' (imported sets are looked up in {tmp_path / 'library'})" \
+        in result.stderr
+    assert not (tmp_path / "data" / "experiments" / "typo.json").exists()  # the corrected file is a first start
+
+
+@pytest.mark.parametrize(("arguments", "said"), [
+    (["--task-set", "compse"], "error: unknown task set 'compse' (imported sets are looked up in "),
+    (["--task-set", "compose", "--samples", "0"], "argument --samples: 0: give 1 or more"),
+])
+def test_crucible_eval_refuses_what_it_cannot_evaluate_in_one_line(tmp_path, arguments, said):
+    """Before any model is loaded; once a traceback and a pydantic dump."""
+    env = {**os.environ, "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data")}
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "eval", *arguments, "--model", str(tmp_path)],
+                            env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr
+    assert "validation error" not in result.stderr
+
+
+def test_an_error_is_printed_as_typed_not_read_as_markup(tmp_path):
+    """Issue 40, problem 7: the terminal library read '[a-z0-9]' in a name pattern as a style."""
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster"), "CRUCIBLE_STORAGE_ROOT": str(tmp_path / "data")}
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "Bad"],
+                            env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: invalid setting name: String should match pattern '^[a-z0-9][a-z0-9_\\-]*$'"
+
+
 def _refusal(path: Path, text: str) -> str:
     """The one sentence loading an experiment file of `text` is refused with."""
     path.write_text(text)
