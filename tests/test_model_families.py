@@ -179,6 +179,7 @@ def test_crucible_run_refuses_a_base_model_it_cannot_post_train_before_any_run(s
     assert line.startswith(f"error: {broken}: the tokenizer has no chat template")
     crucible = CrucibleResource(storage_root=str(tmp_path / "data"), checkpoint_root=str(tmp_path / "ckpt"))
     assert not crucible.base_policy_dir("x").exists()
+    assert not crucible.experiment_exists("x")  # refused before it was stored: the corrected file is a first start
 
 
 @pytest.mark.slow
