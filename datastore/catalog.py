@@ -12,7 +12,9 @@ per hidden test), turns (one row per episode turn), rewards (one row per reward 
 each sample), regraded (each re-graded sample beside its original reward and verdict), and
 iterations (the run summary).
 A dataset with no partitions yet still has its view (empty, correctly typed), so queries never
-fail just because an experiment has not reached a stage.
+fail just because an experiment has not reached a stage. A damaged part (its manifest
+unreadable, or a file it names missing or cut short: `damaged_parts`) fails only the queries that
+read its partition, with a sentence that names it; the others answer from the rest.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import duckdb
 from datastore.atomic import written_atomically
 from datastore.metrics import METRIC_VIEWS
 from datastore.schema import DATASETS
-from datastore.store import DatasetStore, StorageUnavailable
+from datastore.store import DatasetStore, Published, StorageUnavailable
 
 DERIVED_VIEWS = {
     **METRIC_VIEWS,
@@ -92,10 +94,13 @@ def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False,
         con.register_filesystem(store.fs)
     kind = "TABLE" if snapshot else "VIEW"
     for name, schema in DATASETS.items():
+        damaged: list[Published] = []
         if pinned and name in pinned:
             files, mixed = pinned[name], False
         else:
             parts = store.published(name)
+            damaged = [part for part in parts if part.damage]
+            parts = [part for part in parts if not part.damage]
             files = [uri for part in parts for uri in part.files]
             # Matching columns by name costs a footer read per file at every bind (slow on S3):
             # only when the manifests say that schema versions differ.
@@ -107,13 +112,15 @@ def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False,
             source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = {str(mixed).lower()})"
         else:
             source = empty
+        query = f"SELECT * FROM {source}"
         try:
-            con.execute(f"CREATE OR REPLACE {kind} {name} AS SELECT * FROM {source}")
-            if files and _missing_columns(con, name, schema):
+            if files and _missing_columns(con, query, schema):
                 # Data stored before a column existed (every part older than it): the column reads as null.
-                con.execute(f"CREATE OR REPLACE {kind} {name} AS SELECT * FROM {source} UNION ALL BY NAME "
-                            f"SELECT * FROM {empty}")
-        except duckdb.Error as error:  # a file its manifest names is missing or unreadable
+                query += f" UNION ALL BY NAME SELECT * FROM {empty}"
+            for part in damaged:
+                query += f" UNION ALL BY NAME {_failing(name, part)}"
+            con.execute(f"CREATE OR REPLACE {kind} {name} AS {query}")
+        except duckdb.Error as error:  # a file that looked whole and is not (or a snapshot of a damaged part)
             raise StorageUnavailable(f"storage {store.uri}: {name}: {error}") from None
         if snapshot:
             con.unregister(f"_empty_{name}")
@@ -122,9 +129,26 @@ def connect(root_uri: str, database: str = ":memory:", snapshot: bool = False,
     return con
 
 
-def _missing_columns(con: duckdb.DuckDBPyConnection, name: str, schema) -> list[str]:
-    """The dataset's columns that its view `name` lacks."""
-    present = {column[0] for column in con.execute(f"SELECT * FROM {name} LIMIT 0").description}
+def damaged_parts(root_uri: str) -> dict[str, list[Published]]:
+    """Every dataset's damaged parts (an unreadable manifest, a file it names missing or cut short)."""
+    store = DatasetStore(root_uri)
+    store.check()
+    return {name: damaged for name in DATASETS if (damaged := [p for p in store.published(name) if p.damage])}
+
+
+def _failing(dataset: str, part: Published) -> str:
+    """Rows of `part`'s partition that fail any query reading them, with what is wrong; a query
+    of other partitions never evaluates them (its filter on experiment and iteration leaves them out)."""
+    experiment, iteration, name = part.partition
+    message = (f"{dataset}, experiment {experiment} iteration {iteration} ({name}), is damaged: {part.damage}. "
+               "`crucible data check` lists every damaged part and what to do")
+    return (f"SELECT e.*, {_sql_string(experiment)} AS experiment, {iteration}::BIGINT AS iteration FROM (SELECT 1) "
+            f"AS one LEFT JOIN _empty_{dataset} AS e ON false WHERE error({_sql_string(message)}) IS NULL")
+
+
+def _missing_columns(con: duckdb.DuckDBPyConnection, query: str, schema) -> list[str]:
+    """The dataset's columns that `query` (over its files) lacks."""
+    present = {column[0] for column in con.execute(f"{query} LIMIT 0").description}
     return [field.name for field in schema if field.name not in present]
 
 

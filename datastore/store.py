@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import fsspec
@@ -42,7 +42,8 @@ from datastore.schema import DATASETS, SCHEMA_VERSION, unknown_value
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "crucible-manifest/1"
-MANIFEST_PATH = re.compile(rf"experiment=[^/]+/iteration=[^/]+/[^/]+{re.escape(MANIFEST_SUFFIX)}")
+MANIFEST_PATH = re.compile(rf"experiment=(?P<experiment>[^/]+)/iteration=(?P<iteration>[^/]+)/"
+                           rf"(?P<part>[^/]+){re.escape(MANIFEST_SUFFIX)}$")
 RETENTION_S = 3600.0
 ROW_GROUP_ROWS = 64_000
 
@@ -82,6 +83,14 @@ class Published:
     files: list[str]  # URIs
     schema_version: int
     rows: int
+    manifest: str = ""  # its URI
+    damage: str | None = None  # why it cannot be read: an unreadable manifest, or a file missing or cut short
+
+    @property
+    def partition(self) -> tuple[str, int, str]:
+        """(experiment, iteration, part), from the manifest's path."""
+        found = MANIFEST_PATH.search(self.manifest)
+        return found["experiment"], int(found["iteration"]), found["part"]
 
 
 class DatasetStore:
@@ -161,7 +170,7 @@ class DatasetStore:
         expired = {entry["file"] for entry in superseded
                    if now - entry["at"] >= self.retention_s and entry["file"] not in kept}
         manifest = {"format": MANIFEST_FORMAT, "dataset": dataset, "schema_version": SCHEMA_VERSION,
-                    "files": [name], "rows": table.num_rows,
+                    "files": [name], "sizes": {name: self.fs.size(f"{directory}/{name}")}, "rows": table.num_rows,
                     "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                     "superseded": [entry for entry in superseded if entry["file"] not in expired]}
         self._publish(path, manifest)
@@ -202,16 +211,36 @@ class DatasetStore:
         self._forget_listings(prefix)
         # One fresh listing of the whole dataset, which then stays cached: DuckDB's per-file
         # lookups while it reads are answered from it, not by a request each (3x faster on S3).
-        manifests = sorted(path for path in self.fs.find(prefix) if MANIFEST_PATH.fullmatch(path[len(prefix) + 1:]))
+        listing = self.fs.find(prefix, detail=True)
+        manifests = sorted(path for path in listing if MANIFEST_PATH.fullmatch(path[len(prefix) + 1:]))
         if not manifests:
             return []
         contents = self.fs.cat(manifests, on_error="raise")
-        return [self._published(path, contents[path]) for path in manifests]
+        return [self._checked(path, contents[path], listing) for path in manifests]
+
+    def _checked(self, manifest_path: str, content: bytes, listing: dict[str, dict]) -> Published:
+        """The part, with what damages it: an unreadable manifest, a file it names that is missing,
+        or one whose size is not the one written (a truncated copy)."""
+        try:
+            manifest = self._manifest(manifest_path, content)
+        except CorruptManifest as error:
+            return Published([], 0, 0, self.uri_of(manifest_path), damage=str(error))
+        published, sizes = self._named(manifest_path, manifest), manifest.get("sizes", {})  # sizes: since 2026-12-07
+        for uri in published.files:
+            name, found = uri.rsplit("/", 1)[-1], listing.get(self.fs._strip_protocol(uri))
+            if found is None:
+                return replace(published, damage=f"{uri} is missing")
+            if name in sizes and found["size"] != sizes[name]:
+                return replace(published, damage=f"{uri} has {found['size']} bytes of the {sizes[name]} written")
+        return published
 
     def _published(self, manifest_path: str, content: bytes) -> Published:
-        directory, manifest = manifest_path.rsplit("/", 1)[0], self._manifest(manifest_path, content)
+        return self._named(manifest_path, self._manifest(manifest_path, content))
+
+    def _named(self, manifest_path: str, manifest: dict) -> Published:
+        directory = manifest_path.rsplit("/", 1)[0]
         return Published([self.uri_of(f"{directory}/{name}") for name in manifest["files"]],
-                         manifest["schema_version"], manifest["rows"])
+                         manifest["schema_version"], manifest["rows"], self.uri_of(manifest_path))
 
     def _manifest(self, path: str, content: bytes) -> dict:
         try:
@@ -246,7 +275,7 @@ class DatasetStore:
         and whatever the current manifest still lists."""
         try:
             current = self._manifest(path, self.fs.cat_file(path))
-        except FileNotFoundError:
+        except (FileNotFoundError, CorruptManifest):  # an unreadable manifest's files are debris: swept when old
             return []
         return [*current.get("superseded", []), *({"file": name, "at": now} for name in current["files"])]
 

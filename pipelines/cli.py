@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from rich.markup import escape
 
-from commands import env, reports, sandbox, tasks, verify
+from commands import data, env, reports, sandbox, tasks, verify
 from commands.console import console, errors
 from commands.errors import UserError
 from commands.hints import crucible_command, storage_words
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--storage", help="storage root (default ./.crucible/data)")
     ui.set_defaults(handler=command_ui)
 
-    for module in (reports, sandbox, tasks, verify, env, eval_cli):
+    for module in (reports, data, sandbox, tasks, verify, env, eval_cli):
         module.add_commands(commands)
     return parser
 

@@ -115,6 +115,44 @@ def test_a_corrupt_manifest_or_an_unknown_protocol_is_named_in_one_line(storage,
     err = capfd.readouterr().err
     assert "stages/experiment=exp/iteration=1/rollouts.manifest.json: not a readable manifest" in err
     assert "storage s4://bucket/data: Protocol not known: s4" in err and "Traceback" not in err
+    assert sql(storage, "SELECT count(*) FROM checkpoints") == 0  # the other datasets still answer
+
+
+def _damage(storage: str, how: str) -> str:
+    """Iteration 2's rollouts stage, its file deleted or cut to half; the file's URI."""
+    _write_stages(storage, iteration=2, seconds={"rollouts": 7.0})
+    store = DatasetStore(storage)
+    [uri] = store.partition_files("stages", "exp", 2, "rollouts")
+    path = store.fs._strip_protocol(uri)
+    if how == "missing":
+        store.fs.rm_file(path)
+    else:
+        store.fs.pipe_file(path, store.fs.cat_file(path)[:100])
+    return uri
+
+
+@pytest.mark.parametrize(("how", "said"), [("missing", "is missing"), ("truncated", "has 100 bytes of the")])
+def test_a_damaged_partition_fails_only_the_queries_that_read_it_and_names_it(storage, capfd, how, said):
+    """Issue 40, problem 4: one manifest naming a missing file once failed every query."""
+    uri = _damage(storage, how)
+    assert sql(storage, "SELECT count(*) AS n FROM stages WHERE iteration = 1", "--format", "csv") == 0
+    assert capfd.readouterr().out.splitlines() == ['"n"', "2"]
+    assert sql(storage, "SELECT count(*) FROM stages") == 2
+    err = capfd.readouterr().err
+    assert f"stages, experiment exp iteration 2 (rollouts), is damaged: {uri} {said}" in err
+    assert "crucible data check" in err and "Traceback" not in err
+
+
+def test_data_check_lists_each_damaged_part_and_what_to_do_until_it_is_written_again(storage, capfd):
+    _damage(storage, "missing")
+    assert main(["data", "check", "--storage", storage]) == 1
+    out = capfd.readouterr()
+    assert "stages exp|0002 (rollouts): " in out.out and "is missing\n  what to do: materialize rollouts for " \
+        "partition exp|0002 again" in out.out
+    assert "1 damaged part in" in out.err
+    _write_stages(storage, iteration=2, seconds={"rollouts": 7.0})  # what materializing it does
+    assert main(["data", "check", "--storage", storage]) == 0
+    assert sql(storage, "SELECT count(*) FROM stages") == 0
 
 
 def curve(storage: str, *args: str) -> int:
