@@ -6,19 +6,22 @@ which reports each partition it stores."""
 from dagster import AssetExecutionContext, AssetKey, AssetMaterialization, AssetSpec, MetadataValue
 
 from assets.partitions import iterations
+from datastore.schema import WRITTEN_BY
 from datastore.store import DatasetStore
 
-WRITTEN_BY = {
-    "tasks": ("task_set", "every task of the set, as the iteration saw it: sampled or not"),
-    "checkpoints": ("checkpoint", "the training step's record: lineage, health signals, verdicts"),
-    "training_steps": ("checkpoint", "one row per optimizer step"),
-    "evaluations": ("checkpoint_eval", "every held-out answer, graded"),
+# The datasets shown in the asset graph beside the asset that writes them (datastore/schema.py's WRITTEN_BY).
+SHOWN = {
+    "tasks": "every task of the set, as the iteration saw it: sampled or not",
+    "checkpoints": "the training step's record: lineage, health signals, verdicts",
+    "training_steps": "one row per optimizer step",
+    "evaluations": "every held-out answer, graded",
 }
 
 DATASET_ASSETS = [
-    AssetSpec(AssetKey(["datasets", name]), deps=[writer], description=f"{description} (written by {writer})",
-              partitions_def=iterations, group_name="datasets", kinds={"parquet"})
-    for name, (writer, description) in WRITTEN_BY.items()
+    AssetSpec(AssetKey(["datasets", name]), deps=[WRITTEN_BY[name]],
+              description=f"{description} (written by {WRITTEN_BY[name]})", partitions_def=iterations,
+              group_name="datasets", kinds={"parquet"})
+    for name, description in SHOWN.items()
 ]
 
 

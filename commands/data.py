@@ -12,11 +12,9 @@ import argparse
 from commands.console import console, errors
 from commands.settings import settings_for
 from datastore import catalog
+from datastore.schema import WRITTEN_BY
 from datastore.store import Published
 
-# The asset that writes each dataset's parts (for `stages` and `outputs`: the part's own name).
-WRITTEN_BY = {"trajectories": "trajectories", "evaluations": "checkpoint_eval", "evaluation_chunks": "checkpoint_eval",
-              "tasks": "task_set", "checkpoints": "checkpoint", "training_steps": "checkpoint", "regrades": "regrades"}
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

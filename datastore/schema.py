@@ -278,6 +278,10 @@ DATASETS: dict[str, pa.Schema] = {
     "outputs": OUTPUTS,
     "model_evaluations": MODEL_EVALUATIONS,
 }
+# The asset that writes each iteration's part of a dataset (`stages` and `outputs`: the asset the
+# part is named after; `model_evaluations`: `crucible eval`, no asset).
+WRITTEN_BY = {"trajectories": "trajectories", "evaluations": "checkpoint_eval", "evaluation_chunks": "checkpoint_eval",
+              "tasks": "task_set", "checkpoints": "checkpoint", "training_steps": "checkpoint", "regrades": "regrades"}
 
 
 # Columns whose values come from a closed set (dotted: a field of a list's structs); a write with

@@ -62,7 +62,9 @@ def command_run(args: argparse.Namespace) -> int:
                                                  iterations=args.iterations, samples_per_task=args.samples_per_task)
     except ExperimentFileError as error:  # the experiment's stored settings no longer validate
         raise UserError(f"{error}\n(stored by an older Crucible? start a new experiment, or `make clean`)") from None
-    runner.run()
+    if args.rerun_from is not None and args.rerun_from < 1:
+        raise UserError(f"--from {args.rerun_from}: give an iteration, 1 or more")
+    runner.run(rerun_from=args.rerun_from)
     reports.print_summary(runner.crucible.storage_root, name, args.storage)
     console.print(f"\n[bold]Data[/bold]:  {escape(runner.crucible.storage_root)}  "
                   f"(checkpoints: {escape(runner.crucible.checkpoint_root)})")
@@ -139,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "training/experiment.py, `name` included); replaces --experiment")
     run.add_argument("--iterations", type=int, default=None, help="total iterations (default: the experiment's setting)")
     run.add_argument("--samples-per-task", type=int, default=None, help="GRPO group size")
+    run.add_argument("--from", dest="rerun_from", type=int, metavar="N", help="run iterations N and later again, "
+                     "even those already evaluated (an iteration whose checkpoint fails verification is run again "
+                     "without it)")
     run.add_argument("--storage", help="storage root: a directory or any fsspec URI (s3://…)")
     run.set_defaults(handler=command_run)
 

@@ -17,7 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, Definitions, EventLogEntry
+from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    Definitions,
+    EventLogEntry,
+)
 
 from assets.partitions import add_experiment, add_iteration
 from assets.resources import CrucibleResource
@@ -30,6 +38,8 @@ from pipelines.local_daemon import LocalDaemon
 from pipelines.resources import crucible_resource
 from task_sets.loader import TaskSetError, load_task_set
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
+from training.iteration.context import Refused
+from training.iteration.lineage import Checkpoints
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 from training.policy.importing import ModelImportError, checked_source
 
@@ -96,13 +106,15 @@ class ExperimentRunner:
         refuse_unusable(config, crucible, new=not exists)  # before anything is stored: a refusal leaves no trace
         crucible.save_experiment(config)
         from pipelines.definitions import defs  # its jobs only (a run's resources are made where it executes); after
+
         # the refusals, which need none of its imports
         instance = DagsterInstance.get()
         add_experiment(instance, name)
         return cls(instance, defs, deployment, config, through)
 
-    def run(self) -> None:
-        """Base policy, then each iteration not yet evaluated, then the analytics."""
+    def run(self, rerun_from: int | None = None) -> None:
+        """Base policy, then each iteration not yet evaluated (or whose checkpoint cannot be built
+        on, or from `rerun_from` on), then the analytics."""
         self._refuse_old_instance()
         if not self._base_policy_ready():
             check_base_model(self.config)  # before a daemon starts: a refusal takes a second, not a minute
@@ -111,15 +123,40 @@ class ExperimentRunner:
             self._ensure_base_policy()
             for iteration in range(1, self.through + 1):
                 key = add_iteration(self.instance, name, iteration)
+                since = 0.0  # evaluated at any time is done; for a re-run, evaluated after it started
                 if self._evaluated(key):
-                    console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
-                    continue
+                    if rerun_from is not None and iteration >= rerun_from:
+                        console.print(f"iteration {iteration}: evaluated, and run again from {rerun_from} as asked",
+                                      markup=False)
+                    elif (unusable := self._unusable(iteration)) is not None:
+                        console.print(f"iteration {iteration}: evaluated, but its checkpoint cannot be built on, so "
+                                      f"it runs again: {unusable}", markup=False)
+                    else:
+                        console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
+                        continue
+                    since = time.time()
                 console.rule(f"iteration {iteration}/{self.through}  ({key})")
-                self._execute("iteration", key, done=lambda key=key: self._evaluated(key))
+                self._execute("iteration", key, done=lambda key=key, since=since: self._evaluated(key, since))
             self._execute("reward_analytics_job", done=self._analytics_current)
 
-    def _evaluated(self, key) -> bool:
-        return key in self.instance.get_materialized_partitions(AssetKey("checkpoint_eval"))
+    def _evaluated(self, key, since: float = 0.0) -> bool:
+        """checkpoint_eval is materialized for the partition (after `since`, a time.time())."""
+        latest = self.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey("checkpoint_eval"), asset_partitions=[str(key)]), limit=1).records
+        return bool(latest) and latest[0].timestamp > since
+
+    def _unusable(self, iteration: int) -> str | None:
+        """Why an evaluated iteration's checkpoint cannot be built on (it fails verification, is
+        not what its training step recorded, or descends from a checkpoint since replaced), if so:
+        Dagster's record says the iteration ran, not that its outputs are still whole."""
+        checkpoints = Checkpoints(self.crucible, self.config.name)
+        try:
+            _, content_hash = checkpoints.verified(iteration, "the next iteration would sample from")
+            checkpoints.trained(iteration, content_hash, "the next iteration would sample from it")
+            checkpoints.lineage_holds(iteration, rerun_through=iteration)
+        except Refused as refusal:
+            return str(refusal)
+        return None
 
     def _analytics_current(self) -> bool:
         """reward_analytics was materialized after every trajectory and evaluation it reads."""
