@@ -27,7 +27,7 @@ from dagster import (
     EventLogEntry,
 )
 
-from assets.partitions import add_experiment, add_iteration
+from assets.partitions import add_experiment, add_iteration, iteration_key
 from assets.resources import CrucibleResource
 from commands.console import errors as console  # progress on stderr: stdout carries results
 from commands.errors import UserError
@@ -121,16 +121,21 @@ class ExperimentRunner:
         name = self.config.name
         with LocalDaemon(self.instance, self.deployment.environment(), say) as self.daemon:
             self._ensure_base_policy()
+            evaluated = [self._evaluated(iteration_key(name, n)) for n in range(1, self.through + 1)] + [False]
             for iteration in range(1, self.through + 1):
                 key = add_iteration(self.instance, name, iteration)
                 since = 0.0  # evaluated at any time is done; for a re-run, evaluated after it started
-                if self._evaluated(key):
+                if evaluated[iteration - 1]:
+                    # Only the checkpoint the next iteration samples from is verified (a hash of
+                    # every file: minutes for a large model); the lineage behind it, by its records.
+                    unusable = None if evaluated[iteration] else self._unusable(iteration)
                     if rerun_from is not None and iteration >= rerun_from:
-                        console.print(f"iteration {iteration}: evaluated, and run again from {rerun_from} as asked",
+                        console.print(f"iteration {iteration}: evaluated, and run again from {rerun_from}",
                                       markup=False)
-                    elif (unusable := self._unusable(iteration)) is not None:
+                    elif unusable is not None:
                         console.print(f"iteration {iteration}: evaluated, but its checkpoint cannot be built on, so "
                                       f"it runs again: {unusable}", markup=False)
+                        rerun_from = iteration  # and every later one, whose lineage then changes
                     else:
                         console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
                         continue
