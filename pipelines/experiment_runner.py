@@ -105,9 +105,9 @@ class ExperimentRunner:
         )
         refuse_unusable(config, crucible, new=not exists)  # before anything is stored: a refusal leaves no trace
         crucible.save_experiment(config)
-        from pipelines.definitions import defs  # its jobs only (a run's resources are made where it executes); after
+        # Its jobs only (a run's resources are made where it executes); loaded after the refusals, which need none of it.
+        from pipelines.definitions import defs
 
-        # the refusals, which need none of its imports
         instance = DagsterInstance.get()
         add_experiment(instance, name)
         return cls(instance, defs, deployment, config, through)
@@ -268,7 +268,6 @@ def _run_reason(entry: EventLogEntry) -> str:
     event = entry.dagster_event
     error = event.job_failure_data.error if event.event_type == DagsterEventType.RUN_FAILURE else None
     return reason(error) if error else event.message or entry.user_message
-
 
 
 def refuse_unusable(config: ExperimentConfig, crucible: CrucibleResource, new: bool) -> None:
