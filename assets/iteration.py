@@ -37,8 +37,8 @@ from assets.policy import stored_experiment
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
+from assets.step_messages import step_messages
 from assets.trackers import report_to_trackers
-from assets.train_process import STEP_MESSAGE
 from assets.training_step import TrainingStepClient
 from datastore.charts import eval_curve_png, markdown_table, png_markdown
 from datastore.schema import TRAINING_STEPS
@@ -55,7 +55,7 @@ from training.iteration.context import IterationRef, Refused
 from training.iteration.held_out import Evaluation
 from training.iteration.lineage import Checkpoints
 from training.iteration.training_step import NOTHING_LEARNED, judge_step, train_job
-from training.rl.trainer import STEP_STATS
+from training.rl.job import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
 
@@ -214,7 +214,7 @@ def checkpoint(
         job = train_job(iteration, crucible)
         with gpu_released():
             invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
-        steps = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == STEP_MESSAGE]
+        steps = step_messages(invocation.get_custom_messages())
         reported = invocation.get_materialize_result().metadata or {}
         record = judge_step(iteration, crucible, job)
         if not record.learned:

@@ -11,12 +11,10 @@ from assets.partitions import experiments, refuse_beside_other_writers
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
-from training.base_policy import base_policy_job
 from training.experiment import ExperimentConfig, ExperimentFileError
 from training.inference.engines import gpu_released
 from training.iteration.tasks import loaded_task_set, prove_unproven, usable
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
-from training.policy.importing import ModelImportError
 
 
 def stored_experiment(crucible: CrucibleResource, name: str) -> ExperimentConfig:
@@ -48,6 +46,11 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
     single replies (and, with `episode_demonstrations`, as episodes of actions), `base.sft_steps`
     steps, by the training step's Pipes client (where the `grpo` section says it runs).
     Rebuilding one experiment's base policy never touches another's."""
+    # Building or importing a model loads torch and transformers (seconds): imported here, so that
+    # the code location, which every run and the daemon load, does not (tests/test_layers.py).
+    from training.base_policy import base_policy_job
+    from training.policy.importing import ModelImportError
+
     experiment = stored_experiment(crucible, context.partition_key)
     refuse_beside_other_writers(context.instance, context.run_id, experiment.name)
     out_dir = crucible.base_policy_dir(experiment.name)

@@ -18,11 +18,13 @@ from dagster_pipes import PipesContext, open_dagster_pipes
 from pydantic import Field, TypeAdapter
 from transformers.utils import logging as transformers_logging
 
+from assets.step_messages import STEP_MESSAGE
 from training.optim.distributed import broadcast, process_group
-from training.rl.step import TrainJob, run_train_job
-from training.sft.job import WarmupJob, run_warmup_job
+from training.rl.job import TrainJob
+from training.rl.step import run_train_job
+from training.sft.job import WarmupJob
+from training.sft.warmup import run_warmup_job
 
-STEP_MESSAGE = "train_step"
 JOBS = TypeAdapter(Annotated[TrainJob | WarmupJob, Field(discriminator="kind")])
 
 

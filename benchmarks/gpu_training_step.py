@@ -133,7 +133,8 @@ def make_samples(policy: Path, count: int, length: int):
 
 
 def crucible_step(policy: Path, samples, scratch: Path, checkpointing: bool, smoke: bool) -> dict:
-    from training.rl.trainer import GRPOConfig, train_policy
+    from training.rl.settings import GRPOConfig
+    from training.rl.trainer import train_policy
 
     config = GRPOConfig(lr=1e-6, lr_warmup_steps=0, epochs=2, minibatch_size=len(samples), keep_optimizer_state=False,
                         gradient_checkpointing=checkpointing, micro_batch_tokens=16 * 1024, threads=None,

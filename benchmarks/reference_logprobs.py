@@ -32,7 +32,8 @@ from training.policy.batching import make_batch, token_logprobs
 from training.policy.chat import ChatFormat
 from training.policy.model import build_base_policy, load_policy
 from training.rl.forward import Forward
-from training.rl.trainer import GRPOConfig, TrainSample
+from training.rl.settings import GRPOConfig
+from training.rl.trainer import TrainSample
 
 
 def main() -> None:

@@ -100,7 +100,8 @@ def run(ranks: int, parallel: str, policy: Path, samples: Path, out: Path, epoch
 
 def worker(policy: str, samples: str, out: str, parallel: str, epochs: int) -> None:
     from training.optim.distributed import process_group
-    from training.rl.trainer import GRPOConfig, train_policy
+    from training.rl.settings import GRPOConfig
+    from training.rl.trainer import train_policy
 
     batch = pickle.loads(Path(samples).read_bytes())
     config = GRPOConfig(lr=1e-4, lr_warmup_steps=0, epochs=epochs, minibatch_size=len(batch),

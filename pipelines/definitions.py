@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dagster import Definitions, FilesystemIOManager
-from transformers.utils import logging as transformers_logging
 
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
@@ -19,9 +18,6 @@ from pipelines.executors import step_executor
 from pipelines.jobs import analytics_job, base_policy_job, create_experiment, evaluation_job, iteration_job
 from pipelines.resources import crucible_resource, training_step_client
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, keep_analytics_current
-
-# Per-file "Loading weights" bars would fill a step's captured stderr; stages report their own progress.
-transformers_logging.disable_progress_bar()
 
 settings = load_settings()
 defs = Definitions(

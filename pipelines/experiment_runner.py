@@ -41,7 +41,6 @@ from training.experiment import ExperimentConfig, ExperimentFileError, updated_s
 from training.iteration.context import Refused
 from training.iteration.lineage import Checkpoints
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
-from training.policy.importing import ModelImportError, checked_source
 
 if TYPE_CHECKING:
     from dagster_shared.error import SerializableErrorInfo
@@ -286,6 +285,8 @@ def check_base_model(config: ExperimentConfig) -> None:
     """A base_model that cannot be post-trained is refused before any run starts."""
     if config.base_model is None:
         return
+    from training.policy.importing import ModelImportError, checked_source  # transformers: only for a base_model
+
     try:
         checked_source(config.base_model, config.episode_max_tokens, config.prompt_format, config.completion())
     except ModelImportError as error:

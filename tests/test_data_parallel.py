@@ -16,9 +16,11 @@ from tests.train_ranks import samples
 from training.optim.distributed import Ranks
 from training.optim.saving import OPTIMIZER_FILE
 from training.policy.checkpoint import read_manifest, verify_checkpoint
-from training.policy.model import PolicyConfig, build_base_policy, load_policy
+from training.policy.model import build_base_policy, load_policy
+from training.policy.settings import PolicyConfig
 from training.rl.forward import Forward
-from training.rl.trainer import GRPOConfig, TrainSample, _minibatches
+from training.rl.settings import GRPOConfig
+from training.rl.trainer import TrainSample, _minibatches
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,

@@ -14,7 +14,8 @@ from training.agent.prompts import prompt_messages, render_prompt
 from training.inference.engine import SamplingParams, request_seed
 from training.inference.http_engine import EngineError, OpenAICompatibleEngine
 from training.inference.transformers_engine import TransformersEngine
-from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.model import build_base_policy
+from training.policy.settings import PolicyConfig
 
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=512)

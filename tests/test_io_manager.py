@@ -31,7 +31,8 @@ from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout, Turn
 from training.agent.trajectory import VerifiedRollout
 from training.experiment import ExperimentConfig
-from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.model import build_base_policy
+from training.policy.settings import PolicyConfig
 
 pytestmark = pytest.mark.usefixtures("local_backend")
 ASSETS = [base_policy, task_set, rollouts, verified_rollouts, trajectories]

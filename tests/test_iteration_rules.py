@@ -18,7 +18,8 @@ from training.iteration.sampling import rollout_params
 from training.iteration.tasks import sample_tasks, task_rows, usable_task_set
 from training.iteration.training_step import train_job
 from training.policy.checkpoint import verify_checkpoint
-from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.model import build_base_policy
+from training.policy.settings import PolicyConfig
 
 TINY = PolicyConfig(hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=32,
                     max_position_embeddings=64)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ ROOT = Path(__file__).parent.parent
 # training/__init__.py's order: each subpackage may import those before it, never those after.
 TRAINING_ORDER = ("progress", "policy", "optim", "inference", "agent", "rl", "sft", "evaluation", "experiment", "base_policy", "iteration",
                   "model_eval", "continuation")
+# Imported only by the steps that sample or train: ~9 s of every process start on 2 cores otherwise.
+HEAVY = ("torch", "transformers", "safetensors", "vllm")
 NO_DAGSTER = ("statuses", "sandbox", "environments", "task_sets", "grading", "training", "datastore", "commands")
 
 
@@ -124,3 +128,12 @@ def test_the_libraries_never_import_dagster():
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 offenders += [f"{module}: {name}" for name in names if name.split(".")[0] == "dagster"]
     assert not offenders
+
+
+@pytest.mark.parametrize("module", ["pipelines.definitions", "pipelines.experiment_runner", "pipelines.eval_cli"])
+def test_the_code_location_and_the_cli_load_without_the_training_libraries(module):
+    """Every run's process, the daemon, the UI and each CLI command load these first: a model
+    library imported at module level costs them seconds each before any work starts."""
+    loaded = subprocess.run([sys.executable, "-c", f"import sys, {module}; print(*(m for m in {HEAVY} if m in sys.modules))"],
+                            capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    assert loaded == []

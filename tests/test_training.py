@@ -30,7 +30,8 @@ from training.optim.schedule import lr_factor
 from training.policy.batching import make_batch, shares_prefixes_exactly, token_logprobs
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import MANIFEST_FILE, CheckpointError, save_checkpoint, verify_checkpoint
-from training.policy.model import PolicyConfig, build_base_policy, generation_config, load_policy
+from training.policy.model import build_base_policy, generation_config, load_policy
+from training.policy.settings import PolicyConfig
 from training.policy.tokenizer import (
     EOS_TOKEN,
     IM_END,
@@ -41,10 +42,12 @@ from training.policy.tokenizer import (
     save_tokenizer,
 )
 from training.rl.grpo import advantages, clipped_policy_loss, group_advantages, informative_samples, kl_to_reference
-from training.rl.trainer import GRPOConfig, TrainSample, train_policy
+from training.rl.settings import GRPOConfig
+from training.rl.trainer import TrainSample, train_policy
 from training.sft.demonstrations import single_turn_examples
+from training.sft.settings import SFTConfig
 from training.sft.vocabulary import main as relearn_vocabulary
-from training.sft.warmup import SFTConfig, supervised_warmup
+from training.sft.warmup import supervised_warmup
 
 EOT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,

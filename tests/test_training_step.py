@@ -39,10 +39,12 @@ from training.iteration.lineage import Checkpoints
 from training.iteration.training_step import NOTHING_LEARNED
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import verify_checkpoint
-from training.policy.model import PolicyConfig, build_base_policy, load_policy
-from training.rl.trainer import GRPOConfig
+from training.policy.model import build_base_policy, load_policy
+from training.policy.settings import PolicyConfig
+from training.rl.settings import GRPOConfig
 from training.sft.demonstrations import single_turn_examples
-from training.sft.warmup import SFTConfig, supervised_warmup
+from training.sft.settings import SFTConfig
+from training.sft.warmup import supervised_warmup
 
 ROOT = Path(__file__).parent.parent
 

@@ -18,7 +18,8 @@ from training.agent.prompts import prompt_messages, render_prompt
 from training.inference.engine import SamplingParams
 from training.inference.engines import open_engine
 from training.inference.settings import ServerSettings
-from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.model import build_base_policy
+from training.policy.settings import PolicyConfig
 
 ROOT = Path(__file__).parent.parent
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,

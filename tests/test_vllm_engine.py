@@ -12,7 +12,8 @@ import vllm_stand_in
 from training.inference import engines
 from training.inference.engine import SamplingParams, request_seed
 from training.inference.settings import VLLMSettings
-from training.policy.model import GPU_COMPUTE_DTYPE, PolicyConfig, build_base_policy
+from training.policy.model import build_base_policy
+from training.policy.settings import GPU_COMPUTE_DTYPE, PolicyConfig
 
 TINY = PolicyConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                     max_position_embeddings=256)

@@ -12,8 +12,11 @@ import random
 import sys
 
 from training.optim.distributed import process_group
-from training.rl.trainer import GRPOConfig, TrainSample, train_policy
-from training.sft.warmup import Example, SFTConfig, supervised_warmup
+from training.rl.settings import GRPOConfig
+from training.rl.trainer import TrainSample, train_policy
+from training.sft.job import Example
+from training.sft.settings import SFTConfig
+from training.sft.warmup import supervised_warmup
 
 
 def samples(count: int = 24, seed: int = 0) -> list[TrainSample]:

@@ -16,10 +16,11 @@ from training.agent.sessions import OpenSession
 from training.experiment import ExperimentConfig
 from training.policy.chat import ChatFormat
 from training.policy.importing import import_model
-from training.policy.model import PolicyConfig, build_base_policy
+from training.policy.model import build_base_policy
+from training.policy.settings import PolicyConfig
 from training.sft.demonstrations import warmup_examples
 from training.sft.job import WarmupJob, write_examples
-from training.sft.warmup import SFTConfig
+from training.sft.settings import SFTConfig
 
 
 def base_policy_job(experiment: ExperimentConfig, task_set: TaskSet, out_dir: Path, scratch: Path,

@@ -24,9 +24,9 @@ from task_sets.splits import hash_share
 from training.evaluation.monitors import MonitorConfig
 from training.inference.settings import ServerSettings, VLLMSettings
 from training.policy.completion import CompletionTemplate, CompletionTemplateError, completion_template
-from training.policy.model import PolicyConfig
-from training.rl.trainer import GRPOConfig
-from training.sft.warmup import SFTConfig
+from training.policy.settings import PolicyConfig
+from training.rl.settings import GRPOConfig
+from training.sft.settings import SFTConfig
 
 IMPORTED_SFT_LR = 1e-5  # a usual fine-tuning rate for a pretrained model of 0.5-8B parameters
 # (max_new_tokens, episode_max_tokens) where the experiment leaves them unset

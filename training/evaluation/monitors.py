@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from safetensors.torch import load_file
 
 TRAINER_SIGNALS = ("loss", "final_kl", "mean_step_kl", "kl_to_reference", "entropy", "clip_fraction", "grad_norm",
                    "grad_norm_max")
@@ -67,6 +65,9 @@ class Verdict:
 
 
 def weights_are_finite(checkpoint_dir: str | Path) -> bool:
+    import torch  # only the step's judge needs it; the code location loads this module without it
+    from safetensors.torch import load_file
+
     return all(bool(torch.isfinite(t).all()) for t in load_file(Path(checkpoint_dir) / "model.safetensors").values())
 
 

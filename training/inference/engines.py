@@ -19,7 +19,6 @@ from pathlib import Path
 from training.inference.engine import InferenceEngine
 from training.inference.http_engine import OpenAICompatibleEngine
 from training.inference.settings import ServerSettings, VLLMSettings
-from training.inference.transformers_engine import TransformersEngine
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import TOKENIZER_FILES
 
@@ -39,6 +38,10 @@ def open_engine(kind: str, checkpoint_dir: str | Path, policy_version: str, *, s
     that checkpoint's chat format); episodes show observations in the `observation_role` turn.
     `log` takes the CPU engine's decoding progress (the others are fast enough not to need it)."""
     if kind == "transformers":
+        # Each engine's library is imported when it is chosen: torch, transformers and vLLM take
+        # seconds, and the code location (every run's start) loads this module without them.
+        from training.inference.transformers_engine import TransformersEngine
+
         return TransformersEngine(checkpoint_dir, policy_version, observation_role=observation_role, threads=threads,
                                   log=log)
     if kind == "openai":

@@ -19,7 +19,7 @@ from pathlib import Path
 from training.inference.engine import Completion, FinishReason, SamplingParams, request_seed
 from training.inference.settings import VLLMSettings
 from training.policy.chat import ChatFormat
-from training.policy.model import GPU_COMPUTE_DTYPE
+from training.policy.settings import GPU_COMPUTE_DTYPE
 
 
 class VLLMEngine:

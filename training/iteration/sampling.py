@@ -8,8 +8,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from sandbox.base import Session
 from task_sets.loader import TaskSet
 from task_sets.schema import Task, TaskBase
@@ -87,6 +85,8 @@ class Sampler:
         samples do not depend on that; one samples as an unsharded iteration does."""
         if count == 1:
             return self.sample(self.engine(checkpoint), tasks, rollout_params(ref), ref.group_prefix)
+        import torch  # the CPU engine's; imported with it (training/inference/engines.py)
+
         threads, before = max(1, len(os.sched_getaffinity(0)) // count), torch.get_num_threads()
         self.log(f"shard {shard + 1}/{count}: {len(tasks)} tasks on {threads} of the CPU threads")
         try:

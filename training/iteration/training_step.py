@@ -20,7 +20,7 @@ from training.iteration.lineage import Checkpoints
 from training.iteration.tasks import usable_task_set
 from training.policy.checkpoint import verify_checkpoint
 from training.policy.lineage import lineage
-from training.rl.step import TrainJob
+from training.rl.job import TrainJob
 
 NOTHING_LEARNED = "0 optimizer steps (no group had a reward spread): checkpoint = parent, monitors skipped"
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,8 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-Parallel = Literal["ddp", "fsdp"]
-DeviceSetting = Literal["auto", "cpu", "cuda"]
+from training.optim.settings import DeviceSetting, Parallel
+
 T = TypeVar("T")
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

@@ -18,7 +18,8 @@ from training.optim.saving import MASTER_WEIGHTS_FILE
 from training.optim.scorer import TokenScorer
 from training.optim.settings import OptimizerSettings
 from training.policy.batching import shares_prefixes_exactly
-from training.policy.model import TRAINING_DTYPE, load_policy
+from training.policy.model import load_policy
+from training.policy.settings import GPU_COMPUTE_DTYPE, TRAINING_DTYPE
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,16 @@ class Placement:
             model.load_state_dict(torch.load(master, map_location="cpu", weights_only=True, mmap=True))
         return model.to(self.device), tokenizer
 
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """bf16 where the loop computes in it (autocast; vLLM's dtype on a GPU), None for plain float32."""
+        precision = self.settings.precision
+        bf16 = precision == "bfloat16" or (precision == "auto" and self.device.type == "cuda")
+        return getattr(torch, GPU_COMPUTE_DTYPE) if bf16 else None
+
     def scorer(self, model: torch.nn.Module) -> TokenScorer:
         """`model` as a scorer in this loop's precision, unwrapped (for passes without gradients)."""
-        return TokenScorer(model, self.settings.logprob_chunk_tokens, self.settings.autocast_dtype(self.device))
+        return TokenScorer(model, self.settings.logprob_chunk_tokens, self.autocast_dtype)
 
     def trainable(self, model: torch.nn.Module) -> torch.nn.Module:
         """`model` in training mode as the module that trains: its scorer, wrapped for the process group."""
@@ -64,6 +72,6 @@ class Placement:
 
     def manifest(self) -> dict:
         """Where the loop ran, as a checkpoint's manifest records it."""
-        precision = self.settings.autocast_dtype(self.device) or getattr(torch, TRAINING_DTYPE)
+        precision = self.autocast_dtype or getattr(torch, TRAINING_DTYPE)
         return {"world_size": self.ranks.world_size, "device": self.device.type, "parallel": self.settings.parallel,
                 "precision": str(precision).removeprefix("torch.")}

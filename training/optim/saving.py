@@ -11,7 +11,7 @@ import torch
 
 from training.optim.distributed import Ranks, full_model_state, full_optimizer_state
 from training.policy.checkpoint import checkpoint_dtype, save_checkpoint
-from training.policy.model import TRAINING_DTYPE
+from training.policy.settings import TRAINING_DTYPE
 
 OPTIMIZER_FILE = "optimizer.pt"
 MASTER_WEIGHTS_FILE = "master_weights.pt"  # float32 weights, kept when the published ones are bf16 or fp16

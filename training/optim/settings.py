@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.optim.distributed import DeviceSetting, Parallel
-from training.policy.batching import DEFAULT_CHUNK_TOKENS
-from training.policy.model import GPU_COMPUTE_DTYPE
+from training.policy.settings import DEFAULT_CHUNK_TOKENS
 
 Precision = Literal["auto", "float32", "bfloat16"]
+Parallel = Literal["ddp", "fsdp"]
+DeviceSetting = Literal["auto", "cpu", "cuda"]
 # The fields below that say where a loop runs: the warm-up takes them from the experiment's `grpo`.
 PLACEMENT = ("device", "precision", "parallel", "logprob_chunk_tokens", "gradient_checkpointing", "max_shard_size",
              "threads")
@@ -46,11 +45,6 @@ class OptimizerSettings(BaseModel):
                                      "writes the weights and the optimizer state)")
     threads: int | None = Field(2, ge=1, description="CPU threads of the loop, shared by the ranks of a node: "
                                 "training is compute-bound, 2 threads ~1.7x faster than 1 on the 2-core machine")
-
-    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
-        """bf16 where the loop computes in it (autocast; vLLM's dtype on a GPU), None for plain float32."""
-        bf16 = self.precision == "bfloat16" or (self.precision == "auto" and device.type == "cuda")
-        return getattr(torch, GPU_COMPUTE_DTYPE) if bf16 else None
 
     def placement(self) -> dict:
         """The settings that say where this loop runs: another loop of the same experiment runs there too."""

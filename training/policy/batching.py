@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-# Rows per LM-head call: 512 x 152k (Qwen's vocabulary) x 4 bytes is 0.3 GB of logits.
-DEFAULT_CHUNK_TOKENS = 512
+from training.policy.settings import DEFAULT_CHUNK_TOKENS
+
 # A shorter common prefix is not worth a second decoder call.
 MIN_SHARED_PREFIX = 8
 

@@ -24,9 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 # Private-use code points: no tokenizer or template gives them a meaning, and no reply holds them.
 _MARK = "\ue000crucible-reply\ue001"
@@ -74,6 +77,8 @@ class ChatFormat:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, observation_role: str = "user") -> ChatFormat:
+        from transformers import AutoTokenizer  # where a tokenizer loads: the code location loads without it
+
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
         return cls.of(tokenizer, generation_config_of(directory), observation_role)
 
@@ -170,6 +175,8 @@ class ChatFormat:
 def generation_config_of(directory: str | Path) -> GenerationConfig:
     """A model directory's generation config; made from its config.json where it has none (as
     transformers does when it loads the model)."""
+    from transformers import AutoConfig, GenerationConfig  # as in ChatFormat.from_pretrained
+
     try:
         return GenerationConfig.from_pretrained(str(directory))
     except OSError:

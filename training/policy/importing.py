@@ -44,6 +44,7 @@ from training.policy.checkpoint import (
 )
 from training.policy.completion import BUILT_IN, DEFAULT, CompletionTemplate, write_completion_format
 from training.policy.gguf import GGUFError, dequantised, is_gguf
+from training.policy.model import quiet_loading
 
 _WEIGHTS, _WEIGHT_INDEX = "model.safetensors", "model.safetensors.index.json"
 _CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")  # the classes AutoModelForCausalLM loads
@@ -229,7 +230,8 @@ def _copy_weights(directory: Path, tmp: Path) -> None:
     (config.json and generation_config.json, which that also writes, are replaced after)."""
     weights = _weights(directory)
     if not weights:
-        AutoModelForCausalLM.from_pretrained(directory, dtype="auto").save_pretrained(tmp)
+        with quiet_loading():
+            AutoModelForCausalLM.from_pretrained(directory, dtype="auto").save_pretrained(tmp)
     for path in weights:
         shutil.copyfile(path, tmp / path.name)
 

@@ -13,40 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as transformers_logging
 
 from training.policy.checkpoint import save_checkpoint, verify_checkpoint
+from training.policy.settings import TRAINING_DTYPE, PolicyConfig
 from training.policy.tokenizer import PAD_TOKEN, STOP_TOKENS, build_tokenizer, save_tokenizer
-
-
-class PolicyConfig(BaseModel):
-    """The built-in model's architecture (a small Llama)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    hidden_size: int = Field(256, ge=8, description="3.43M parameters in total at the default")
-    num_layers: int = Field(4, ge=1, description="enough depth for induction heads (copying constants from the "
-                            "prompt)")
-    num_heads: int = Field(4, ge=1, description="attention heads (head_dim 64 at the default)")
-    num_kv_heads: int = Field(4, ge=1, description="plain multi-head attention: no GQA at this size")
-    intermediate_size: int = Field(688, ge=8, description="~8/3 of hidden, rounded to a multiple of 16 "
-                                   "(Llama's SwiGLU ratio)")
-    vocab_size: int = Field(1024, ge=1, description="covers the BPE vocabulary (training/policy/tokenizer.py); a "
-                            "multiple of 64")
-    max_position_embeddings: int = Field(1024, ge=16, description="prompt + response budget")
-    rope_theta: float = Field(10000.0, gt=0)
-    tie_word_embeddings: bool = Field(True, description="saves 262k parameters (1024 x 256); vLLM handles tied "
-                                      "Llama heads")
-    initializer_range: float = Field(0.02, gt=0)
-    seed: int = Field(0, description="weights are a pure function of (config, seed)")
 
 
 def llama_config(config: PolicyConfig) -> LlamaConfig:
@@ -88,14 +60,6 @@ def build_base_policy(out_dir: str | Path, config: PolicyConfig = PolicyConfig()
     with tempfile.TemporaryDirectory() as tokenizer_dir:
         save_tokenizer(tokenizer, tokenizer_dir)
         return save_checkpoint(model, tokenizer_dir, out_dir, manifest)
-
-
-# The trainer holds weights (and optimizer state) in TRAINING_DTYPE whatever dtype a checkpoint
-# stores, and computes in it on the CPU; on a GPU it computes in GPU_COMPUTE_DTYPE (autocast).
-# vLLM, which samples on the GPU, computes in that dtype too, so that behaviour and trainer
-# log-probs agree as closely as two sets of kernels can (`tis_cap` corrects what remains).
-TRAINING_DTYPE = "float32"
-GPU_COMPUTE_DTYPE = "bfloat16"
 
 
 def load_policy(policy_dir: str | Path, verify: bool = False):

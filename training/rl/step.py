@@ -1,4 +1,4 @@
-"""One training step as a self-contained job: what `python -m assets.train_process` runs.
+"""One training step, as `python -m assets.train_process` runs its job (training/rl/job.py).
 
 The job names its inputs by location (parent checkpoint, trajectory partition, reference policy)
 rather than carrying them, so that the step can run as its own process, under `torchrun` on a
@@ -8,31 +8,15 @@ GPU node as well as beside the orchestrator, and can simply be run again after a
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict
 
 from datastore.store import DatasetStore
 from statuses import RewardStatus
 from training.optim.distributed import current_ranks
 from training.policy.checkpoint import verify_checkpoint
-from training.rl.trainer import GRPOConfig, ProgressFn, TrainSample, train_policy
-
-
-class TrainJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["grpo"] = "grpo"
-    parent_dir: str
-    out_dir: str
-    storage_root: str  # where the trajectories dataset lives (any fsspec URI)
-    trajectory_files: list[str]  # the partition's files, as its manifest named them when the step began
-    grpo: GRPOConfig
-    temperature: float  # the samples were drawn at it; the trainer's log-probs are taken at it too
-    reference_dir: str | None = None  # the frozen policy of the KL penalty
-    lineage: dict = {}
+from training.rl.job import TrainJob
+from training.rl.trainer import ProgressFn, TrainSample, train_policy
 
 
 def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[dict, dict | None]:

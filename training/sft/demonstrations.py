@@ -28,7 +28,7 @@ from training.agent.episodes import episode_messages, perform, wrote
 from training.agent.prompts import render_prompt
 from training.agent.sessions import OpenSession
 from training.policy.chat import ChatFormat
-from training.sft.warmup import Example
+from training.sft.job import Example
 
 DemonstratedTurn = tuple[str, str | None]  # the reply, what it was answered (None: the episode ended)
 

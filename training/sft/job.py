@@ -1,6 +1,7 @@
 """The warm-up as a self-contained job: what `python -m assets.train_process` runs for the
-base_policy asset, in a process of its own (under `torchrun` on a GPU node as well as beside the
-orchestrator), as the RL step does (training/rl/step.py).
+base_policy asset (training/sft/warmup.py's run_warmup_job), in a process of its own (under
+`torchrun` on a GPU node as well as beside the orchestrator), as the RL step does
+(training/rl/job.py). Importable without torch.
 
 The demonstrations are made where the task set and its sandboxes are, and handed over as a
 Parquet file of token ids beside the initial policy; the job names both by location.
@@ -9,16 +10,29 @@ Parquet file of token ids beside the initial policy; the job names both by locat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
-from training.optim.distributed import current_ranks
-from training.optim.loop import ProgressFn
-from training.policy.checkpoint import verify_checkpoint
-from training.sft.warmup import Example, SFTConfig, supervised_warmup
+from training.sft.settings import SFTConfig
+
+
+class Example(NamedTuple):
+    prompt: list[int]
+    response: list[int]
+    scored: list[int] | None = None  # per response token, 1 where it is learned (an episode's replies); None: all
+
+    @property
+    def length(self) -> int:
+        """Positions through the decoder (the last token is only a target)."""
+        return len(self.prompt) + len(self.response) - 1
+
+    @property
+    def learned(self) -> int:
+        return len(self.response) if self.scored is None else sum(self.scored)
+
 
 EXAMPLES = pa.schema([("prompt", pa.list_(pa.int32())), ("response", pa.list_(pa.int32())),
                       ("scored", pa.list_(pa.int8()))])
@@ -40,10 +54,3 @@ def write_examples(examples: list[Example], path: Path) -> None:
 
 def read_examples(path: str | Path) -> list[Example]:
     return [Example(**row) for row in pq.read_table(path, schema=EXAMPLES).to_pylist()]
-
-
-def run_warmup_job(job: WarmupJob, progress: ProgressFn | None = None) -> tuple[dict, dict | None]:
-    """Warm up, then verify what was written; returns (metrics, the base policy's manifest),
-    the manifest on the writing rank only (None on the others)."""
-    metrics = supervised_warmup(job.initial_dir, read_examples(job.examples_file), job.out_dir, job.sft, progress)
-    return metrics, verify_checkpoint(job.out_dir) if current_ranks().writes else None

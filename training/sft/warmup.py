@@ -16,64 +16,20 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
-from pydantic import Field
 
-from training.optim.distributed import deal
+from training.optim.distributed import current_ranks, deal
 from training.optim.loop import Loop, ProgressFn, adamw, take_step
 from training.optim.placement import Placement
 from training.optim.resume import ProgressFile, fingerprint
 from training.optim.saving import save_trained
 from training.optim.schedule import lr_factor
-from training.optim.settings import OptimizerSettings
 from training.policy.batching import TokenBatch, make_batch, micro_batches_by_tokens
 from training.policy.chat import ChatFormat
-from training.policy.checkpoint import read_manifest
-
-
-class Example(NamedTuple):
-    prompt: list[int]
-    response: list[int]
-    scored: list[int] | None = None  # per response token, 1 where it is learned (an episode's replies); None: all
-
-    @property
-    def length(self) -> int:
-        """Positions through the decoder (the last token is only a target)."""
-        return len(self.prompt) + len(self.response) - 1
-
-    @property
-    def learned(self) -> int:
-        return len(self.response) if self.scored is None else sum(self.scored)
-
-
-class SFTConfig(OptimizerSettings):
-    """The warm-up's settings; where and in what pieces it runs: training/optim/settings.py (the
-    experiment's `grpo` section gives them, so the warm-up runs where the RL step does)."""
-
-    steps: int = Field(200, ge=1, description="optimizer steps: 200 is 3.2k examples (~4 epochs of compose's "
-                       "train split), ~80 s on 2 cores")
-    lr: float = Field(3e-3, gt=0, description="peak learning rate; a small (3M) from-scratch model is stable at "
-                      "a high peak with warm-up and cosine decay")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor, as a share of lr")
-    warmup_steps: int = Field(30, ge=0, description="steps of linear warm-up")
-    batch_size: int = Field(16, ge=1, description="examples per optimizer step")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
-    betas: tuple[float, float] = (0.9, 0.95)
-    max_len: int = Field(1024, ge=2, description="examples longer than this (prompt + response) are skipped")
-    micro_batch_tokens: int = Field(16384, ge=1, description="tokens per forward pass, padded: a default batch (16 "
-                                    "examples of at most max_len) is one pass; lower it where memory is short (the "
-                                    "loss is unchanged, to float rounding)")
-    save_progress_every: int = Field(50, ge=1, description="optimizer steps between resumable progress saves")
-    group_by_length: bool = Field(True, description="batch similar lengths together: less padding")
-    share_prefixes: bool = Field(True, description="run the prefix every example of a batch starts with (the chat "
-                                 "template's header and system message) once per batch: the same loss and gradients "
-                                 "on fewer tokens (25% fewer on repair's demonstrations); not for a model whose cached "
-                                 "forward differs")
-    prompt_loss_weight: float = Field(0.0, ge=0, description="0: prompt targets masked; more also models the prompt")
-    seed: int = 0
+from training.policy.checkpoint import read_manifest, verify_checkpoint
+from training.sft.job import Example, WarmupJob, read_examples
+from training.sft.settings import SFTConfig
 
 
 def supervised_warmup(
@@ -206,3 +162,10 @@ def _learned(batch: TokenBatch, scored: list[list[int] | None]) -> torch.Tensor:
         if row_scored is not None:
             mask[row, span] = torch.tensor(row_scored, dtype=mask.dtype)
     return mask
+
+
+def run_warmup_job(job: WarmupJob, progress: ProgressFn | None = None) -> tuple[dict, dict | None]:
+    """Warm up, then verify what was written; returns (metrics, the base policy's manifest),
+    the manifest on the writing rank only (None on the others)."""
+    metrics = supervised_warmup(job.initial_dir, read_examples(job.examples_file), job.out_dir, job.sft, progress)
+    return metrics, verify_checkpoint(job.out_dir) if current_ranks().writes else None
