@@ -4,12 +4,17 @@ a run reaches, at `<run id>/<step key>/…`, and deleted once the gathering step
 
 The deletion is a success hook on the gathering step, so it runs after the gathered output is
 stored: a run that fails before then keeps its hand-overs, which its re-execution from failure
-reads (and then deletes with its own). It deletes the asset's steps' hand-overs only: with a
-process per step, the run's next fan-out may already be writing its own.
+reads (and then deletes with its own). The hook also deletes those of every ended run of the same
+partition (a run killed mid-fan-out, then run afresh rather than re-executed): this run has just
+gathered the asset they were for, so nothing will read them. It deletes the asset's steps'
+hand-overs only: with a process per step, the run's next fan-out may already be writing its own.
 """
 
 import fsspec
-from dagster import HookContext, HookDefinition, success_hook
+from dagster import DagsterInstance, DagsterRunStatus, HookContext, HookDefinition, RunsFilter, success_hook
+
+ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+PARTITION_TAG = "dagster/partition"
 
 STEP_OUTPUTS = "step_outputs"  # the IO manager's resource key
 
@@ -24,11 +29,19 @@ def hand_overs_gathered(asset: str) -> HookDefinition:
 
     @success_hook(name=f"{asset}_hand_overs_gathered", required_resource_keys={"crucible"})
     def delete(context: HookContext) -> None:
-        _, group = context.instance.get_run_group(context.run_id) or ("", [])  # with the runs it re-executes
-        for run_id in {context.run_id, *(run.run_id for run in group)}:
+        for run_id in done_with(context.instance, context.run_id):
             delete_hand_overs(context.resources.crucible.storage_root, run_id, asset)
 
     return delete
+
+
+def done_with(instance: DagsterInstance, run_id: str) -> set[str]:
+    """The runs whose hand-overs of an asset are of no use once `run_id` has gathered it: itself,
+    the runs it re-executes, and the ended runs of its partition."""
+    _, group = instance.get_run_group(run_id) or ("", [])
+    partition = instance.get_run_by_id(run_id).tags.get(PARTITION_TAG)
+    ended = instance.get_runs(RunsFilter(tags={PARTITION_TAG: partition}, statuses=ENDED)) if partition else []
+    return {run_id, *(run.run_id for run in group), *(run.run_id for run in ended)}
 
 
 def delete_hand_overs(storage_root: str, run_id: str, asset: str) -> None:

@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster import DagsterEventType, DagsterInstance, DagsterRun, EventLogEntry, materialize
+from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, EventLogEntry, materialize
 
 from assets.io_manager import DatasetIOManager
 from assets.iteration import task_set
 from assets.partitions import add_iteration, experiments
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
+from assets.step_outputs import PARTITION_TAG, step_outputs_dir
 from assets.training_step import TrainingStepClient
-from assets.step_outputs import step_outputs_dir
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from task_sets.loader import load_task_set
 from training.experiment import BasePolicySettings, ExperimentConfig
@@ -61,6 +61,7 @@ def fanned_out(tmp_path_factory) -> dict:
                                resources={"crucible": crucible, "training_step": TrainingStepClient(),
                                           "io_manager": DatasetIOManager(storage_root=crucible.storage_root)}).success
             instance.event_log_storage.set_concurrency_slots("accelerator", 2)  # both samplers at once
+            debris = _ended_runs_hand_overs(instance, environment, {"fan|0001": "killed", "fan|0002": "other"})
         # Three processes: the executor counts the planning step's until it has exited, and the
         # pool's two slots still keep the shards at two.
         samples = {processes: _materialize(environment, crucible, "rollouts", processes) for processes in (1, 3)}
@@ -69,8 +70,23 @@ def fanned_out(tmp_path_factory) -> dict:
         verified = {shards: _materialize(environment, crucible, "verified_rollouts", processes, grading_shards=shards)
                     for shards, processes in ((1, 1), (2, 3))}
         grading_run, grading_steps = _last_run()
-    return {"samples": samples, "steps": steps, "run": last, "workdir": workdir,
+    return {"samples": samples, "steps": steps, "run": last, "workdir": workdir, "debris": debris,
             "verified": verified, "grading_run": grading_run, "grading_steps": grading_steps}
+
+
+def _ended_runs_hand_overs(instance: DagsterInstance, environment: dict[str, str],
+                           runs: dict[str, str]) -> dict[str, Path]:
+    """A shard's hand-over left by an ended run of each partition, as a run killed mid-fan-out
+    leaves it once the daemon's monitoring has failed the run."""
+    folders = {}
+    for partition, run_id in runs.items():
+        instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=run_id, status=DagsterRunStatus.FAILURE,
+                                    tags={PARTITION_TAG: partition}))
+        folder = Path(step_outputs_dir(environment["CRUCIBLE_STORAGE_ROOT"])) / run_id
+        (folder / "rollouts.sample_rollout_shard[shard_0]").mkdir(parents=True)
+        (folder / "rollouts.sample_rollout_shard[shard_0]" / "result").write_bytes(b"a pickled shard")
+        folders[partition] = folder
+    return folders
 
 
 def _materialize(environment: dict[str, str], crucible: CrucibleResource, asset: str, processes: int,
@@ -127,6 +143,13 @@ def test_the_shards_hand_overs_are_deleted_once_gathered(fanned_out):
     assert hand_overs.is_dir()
     assert [run.run_id for run in (fanned_out["run"], fanned_out["grading_run"])
             if (hand_overs / run.run_id).exists()] == []
+
+
+def test_gathering_deletes_the_hand_overs_ended_runs_of_the_partition_left(fanned_out):
+    """A killed run's hand-overs go once a later run of its partition has gathered that asset;
+    another partition's stay (its re-execution from failure may still read them)."""
+    assert {partition: folder.exists() for partition, folder in fanned_out["debris"].items()} == {
+        "fan|0001": False, "fan|0002": True}
 
 
 def test_two_grading_shards_in_a_process_each_give_the_verdicts_of_one_grading(fanned_out):
