@@ -52,6 +52,8 @@ RUNNER_CONFIGURATION = (
 )
 CI_FILES = (".github/*", ".gitlab-ci.yml", ".circleci/*", "Makefile")
 WORKSPACE_DIR = "/workspace"
+# Longer than any model's context window (about a million tokens): a prompt no policy can read.
+MAX_PROMPT_CHARS = 4_000_000
 # A function task's submission, as the hidden tests import it.
 SOLUTION_FILE = "solution.py"
 # A script line that fetches from the network: a task whose test script has one needs `network`
@@ -86,7 +88,7 @@ class TaskBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-/]+$")
-    prompt: str = Field(min_length=1)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     files: dict[str, str] = Field(default_factory=dict, description="starting workspace")
     protected_paths: tuple[str, ...] = ()
     difficulty: Difficulty
@@ -109,6 +111,21 @@ class TaskBase(BaseModel):
         for name in files:
             _check_relative_path(name)
         return files
+
+    @model_validator(mode="after")
+    def _starting_files_fit_the_workspace(self) -> TaskBase:
+        """The workspace is a filesystem of limits.disk_mb: starting files that do not fit it
+        could never be written there, so no sample of the task could be graded."""
+        size = self.starting_bytes()
+        if size > self.limits.disk_mb << 20:
+            raise PydanticCustomError("workspace_size", "{reason}", {"reason": (
+                f"its starting files take {size / (1 << 20):.1f} MiB, more than its workspace holds "
+                f"(limits.disk_mb = {self.limits.disk_mb}): raise limits.disk_mb or start from fewer files")})
+        return self
+
+    def starting_bytes(self) -> int:
+        """What the starting files take in the workspace."""
+        return sum(len(text.encode()) for text in self.files.values())
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -211,6 +228,9 @@ class RepositoryTask(TaskBase):
 
     def binary_contents(self) -> dict[str, bytes]:
         return {path: base64.b64decode(data) for path, data in self.binary_files.items()}
+
+    def starting_bytes(self) -> int:
+        return super().starting_bytes() + sum(len(data) * 3 // 4 for data in self.binary_files.values())
 
     @field_validator("hidden_tests", "grader_files", "binary_files")
     @classmethod

@@ -20,7 +20,7 @@ from task_sets.generator import (
 )
 from task_sets.generator import main as generate
 from task_sets.loader import TaskSet, TaskSetError, load_task_set
-from task_sets.schema import DIFFICULTIES, TaskBase
+from task_sets.schema import DIFFICULTIES, MAX_PROMPT_CHARS, TaskBase
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +331,15 @@ _ERROR_CASES = {
     "duplicate id": (
         {"a.jsonl": _jsonl(_record("demo/x")), "b.yaml": _yaml(_record("demo/y"), _record("demo/x"))},
         "bad/b.yaml:3: task 'demo/x': duplicate id, first defined at bad/a.jsonl:1",
+    ),
+    "starting files beyond the workspace": (
+        {"tasks.jsonl": _jsonl(_record(files={"data.txt": "x" * (2 << 20)}, limits={"disk_mb": 1}))},
+        "bad/tasks.jsonl:1: task 'demo/a': its starting files take 2.0 MiB, more than its workspace holds "
+        "(limits.disk_mb = 1): raise limits.disk_mb or start from fewer files",
+    ),
+    "prompt beyond any context window": (
+        {"tasks.jsonl": _jsonl(_record(prompt="x" * (MAX_PROMPT_CHARS + 1)))},
+        f"bad/tasks.jsonl:1: task 'demo/a': field 'prompt': String should have at most {MAX_PROMPT_CHARS} characters",
     ),
     "empty set": (
         {"tasks.jsonl": "\n", "tasks.yaml": "# nothing yet\n"},
