@@ -48,7 +48,7 @@ def fanned_out(tmp_path_factory) -> dict:
                                 checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"])
     crucible.save_experiment(ExperimentConfig(name="fan", tasks_per_iteration=8, samples_per_task=2, max_new_tokens=16,
                                               rollout_shards=2, refill_rounds=0, base=BasePolicySettings(hidden_size=64, num_layers=2,
-                                                                                        sft_steps=10)))
+                                                                                        sft_steps=0)))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])
         prepare_instance()
