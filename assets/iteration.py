@@ -195,7 +195,8 @@ def not_judged() -> list[Verdict]:
 @asset(
     # iteration_rewards (assets/analytics.py) judges the samples first: its failed error checks stop the step.
     **ITERATION, deps=[trajectories, "iteration_rewards"], kinds={"pytorch"}, pool=ACCELERATOR,
-    retry_policy=RetryPolicy(max_retries=2),  # a retried step resumes from its saved progress
+    # Retried when its job died or lost a connection (assets/training_step.py), resuming from its saved progress.
+    retry_policy=RetryPolicy(max_retries=2),
     check_specs=[AssetCheckSpec(name, asset="checkpoint", description=text, blocking=blocking)
                  for name, (text, blocking) in STABILITY_CHECKS.items()],
 )

@@ -16,6 +16,7 @@ asset's warm-up: assets/train_process.py): the Dagster Pipes client, chosen by a
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import warnings
 from pathlib import Path
@@ -25,6 +26,7 @@ import docker.errors
 from dagster import (
     AssetExecutionContext,
     ConfigurableResource,
+    DagsterEventType,
     Failure,
     PipesClientCompletedInvocation,
     PipesSubprocessClient,
@@ -45,6 +47,16 @@ warnings.filterwarnings("ignore", message="Function `PipesMessageReader.expected
 warnings.filterwarnings("ignore", message="AssetExecutionContext.run_id is deprecated", category=DeprecationWarning)
 
 TRAIN_MODULE = ["-m", "assets.train_process"]
+# What a second attempt can outlive: a connection lost (to a peer rank, the S3 endpoint, the
+# Docker daemon) or a timeout, anywhere in the chain of the error the job raised. Anything else
+# it raised fails the same way again (a full disk, a corrupt input, a bug), so it is not retried;
+# a job that died without raising (killed, out of memory) is, and resumes from its progress.
+TRANSIENT_ERRORS = frozenset({
+    "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError",
+    "TimeoutError", "DistError", "DistNetworkError", "DistStoreError", "DistBackendError", "EndpointConnectionError",
+    "ConnectTimeoutError", "ReadTimeoutError",
+})
+PIPES_CLOSED_WITH_ERROR = "[pipes] external process pipes closed with exception"  # Dagster's engine event
 # What the step needs of this process's environment inside a container: S3 credentials and
 # endpoint, Crucible's own settings, Hugging Face's cache and offline switches.
 PASSED_ENV_PREFIXES = ("AWS_", "CRUCIBLE_", "HF_", "FSSPEC_")
@@ -60,6 +72,22 @@ class TrainingStepClient(ConfigurableResource):
 
     def run(self, context: AssetExecutionContext, crucible: CrucibleResource,
             extras: dict) -> PipesClientCompletedInvocation:
+        """The job run to its end; a failure carries the error the job raised, as Pipes passed it
+        back, and may be retried only when that error is transient (TRANSIENT_ERRORS)."""
+        before = _last_event(context)
+        try:
+            return self._launch(context, crucible, extras)
+        except Failure:
+            raise
+        except Exception:
+            error = _job_error(context, before)
+            if error is None:
+                raise  # died without raising: retried
+            raise Failure(f"the training job failed: {_described(error)}",
+                          allow_retries=any(link.cls_name in TRANSIENT_ERRORS for link in _chain(error))) from None
+
+    def _launch(self, context: AssetExecutionContext, crucible: CrucibleResource,
+                extras: dict) -> PipesClientCompletedInvocation:
         if self.client == "subprocess":
             command = [*crucible.train_launcher_command(), *TRAIN_MODULE]
             return PipesSubprocessClient().run(command=command, context=context, extras=extras)
@@ -110,6 +138,33 @@ class TrainingStepClient(ConfigurableResource):
         requests = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])] if self.gpus else []
         return dict(volumes=volumes, network_mode="host", user=f"{os.getuid()}:{os.getgid()}",
                     environment={"HOME": "/tmp"}, device_requests=requests, labels=labels)
+
+
+def _last_event(context: AssetExecutionContext) -> int:
+    records = context.instance.get_records_for_run(context.run_id, limit=1, ascending=False).records
+    return records[0].storage_id if records else 0
+
+
+def _job_error(context: AssetExecutionContext, after: int):
+    """The error the job raised in this attempt, as Dagster recorded it from the Pipes session."""
+    step = context.get_step_execution_context().step.key
+    records = context.instance.get_records_for_run(context.run_id, of_type=DagsterEventType.ENGINE_EVENT).records
+    for record in reversed(records):
+        entry = record.event_log_entry
+        if record.storage_id > after and entry.step_key == step and entry.message == PIPES_CLOSED_WITH_ERROR:
+            return entry.dagster_event.engine_event_data.error
+    return None
+
+
+def _chain(error):
+    while error is not None:
+        yield error
+        error = error.cause or error.context
+
+
+def _described(error) -> str:
+    """`Class: message`, the class without its module path (`OSError: [Errno 28] …`)."""
+    return re.sub(rf"^[\w.]*\.(?={re.escape(error.cls_name or '')}:)", "", error.message.strip())
 
 
 def _remove_step_containers(daemon: docker.DockerClient, labels: dict[str, str]) -> None:

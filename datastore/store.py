@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from datastore.schema import DATASETS, SCHEMA_VERSION, unknown_value
+from datastore.space import free_bytes, out_of_space, size_text
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "crucible-manifest/1"
@@ -54,6 +55,10 @@ class SchemaError(ValueError):
 
 class StorageUnavailable(RuntimeError):
     """The storage root cannot be reached or used; the message names it and says why."""
+
+
+class StorageFull(StorageUnavailable):
+    """The storage root's device has no room for a write: a retry fails the same way."""
 
 
 class CorruptManifest(StorageUnavailable):
@@ -156,6 +161,25 @@ class DatasetStore:
         directory = self.partition_dir(dataset, experiment, iteration)
         name = f"{part}-{uuid.uuid4().hex}.parquet"
         self.fs.makedirs(directory, exist_ok=True)
+        try:
+            manifest, expired = self._write_part(dataset, directory, name, table, keep,
+                                                 self.manifest_path(dataset, experiment, iteration, part))
+        except OSError as error:
+            with suppress(OSError):
+                self.fs.rm(f"{directory}/{name}")  # no half-written file left behind
+            if not out_of_space(error):
+                raise
+            free = free_bytes(directory) if self.is_local else None
+            raise StorageFull(f"{dataset}, experiment {experiment!r} iteration {iteration}: no space left on the device "
+                              f"of {self.uri_of(directory)} for its {table.num_rows} rows ({size_text(table.nbytes)} "
+                              f"before compression{f', {size_text(free)} free' if free is not None else ''}): free "
+                              "space there or move the storage root") from None
+        self._sweep(directory, part, manifest, expired)
+        return self.uri_of(f"{directory}/{name}")
+
+    def _write_part(self, dataset: str, directory: str, name: str, table: pa.Table, keep: Iterable[str],
+                    path: str) -> tuple[dict, set[str]]:
+        """Write the data file, then publish the manifest naming it; (manifest, expired files)."""
         pq.write_table(
             table.replace_schema_metadata({"crucible_schema_version": str(SCHEMA_VERSION)}),
             f"{directory}/{name}",
@@ -163,7 +187,6 @@ class DatasetStore:
             compression="zstd",
             row_group_size=ROW_GROUP_ROWS,
         )
-        path = self.manifest_path(dataset, experiment, iteration, part)
         now = time.time()
         superseded = self._superseded(path, now)
         kept = {uri.rsplit("/", 1)[-1] for uri in keep}
@@ -174,8 +197,7 @@ class DatasetStore:
                     "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                     "superseded": [entry for entry in superseded if entry["file"] not in expired]}
         self._publish(path, manifest)
-        self._sweep(directory, part, manifest, expired)
-        return self.uri_of(f"{directory}/{name}")
+        return manifest, expired
 
     def partition_files(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> list[str]:
         """URIs of the files a part's manifest names; FileNotFoundError when it was never written."""
@@ -267,8 +289,13 @@ class DatasetStore:
             self.fs.pipe_file(path, content)  # one PUT: the object appears whole or not at all
             return
         scratch = f"{path}.{uuid.uuid4().hex}.partial"
-        self.fs.pipe_file(scratch, content)
-        self.fs.mv(scratch, path)  # a rename: atomic on a local filesystem
+        try:
+            self.fs.pipe_file(scratch, content)
+            self.fs.mv(scratch, path)  # a rename: atomic on a local filesystem
+        except OSError:
+            with suppress(OSError):
+                self.fs.rm(scratch)
+            raise
 
     def _superseded(self, path: str, now: float) -> list[dict]:
         """What the next manifest of a part lists as replaced: the current version, as of now,

@@ -39,6 +39,19 @@ def save_trained(policy: torch.nn.Module, model, parent_dir: str | Path, out_dir
         if dtype != TRAINING_DTYPE:  # updates below the published dtype's resolution would round away
             torch.save(weights, directory / MASTER_WEIGHTS_FILE)
 
+    master = weights if dtype != TRAINING_DTYPE else None  # saved beside the published weights
+    needs = tensor_bytes(published) + tensor_bytes(optimizer_state) + tensor_bytes(master)
     model.eval()
     save_checkpoint(model, parent_dir, out_dir, manifest, extra=training_state, weights=published, dtype=dtype,
-                    max_shard_size=max_shard_size)
+                    max_shard_size=max_shard_size, needs=needs)
+
+
+def tensor_bytes(state: object) -> int:
+    """The bytes of the tensors in a (nested) state dict, as saving writes them."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0

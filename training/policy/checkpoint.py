@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from datastore.space import free_bytes, out_of_space, size_text
+
 MANIFEST_FILE = "crucible_manifest.json"
 FORMAT = "crucible-checkpoint/1"
 REQUIRED_FILES: tuple[str, ...] = ("config.json", "generation_config.json", "tokenizer_config.json")
@@ -35,6 +37,10 @@ _RESERVED_KEYS = ("format", "files", "content_hash")
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory is missing, incomplete or corrupt."""
+
+
+class CheckpointSpaceError(OSError):
+    """The checkpoint's filesystem has no room for it: a retry fails the same way."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -51,13 +57,19 @@ def content_hash(files: dict[str, str]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def write_checkpoint_dir(out_dir: str | Path, write: Callable[[Path], None], manifest: dict[str, Any]) -> Path:
-    """Atomically create `out_dir` from `write(tmp_dir)` and a manifest; replaces an existing dir."""
+def write_checkpoint_dir(out_dir: str | Path, write: Callable[[Path], None], manifest: dict[str, Any],
+                         needs: int | None = None) -> Path:
+    """Atomically create `out_dir` from `write(tmp_dir)` and a manifest; replaces an existing dir.
+    `needs`: the bytes it will take, refused up front when its filesystem has less free."""
     clash = [k for k in _RESERVED_KEYS if k in manifest]
     if clash:
         raise ValueError(f"manifest keys {clash} are reserved by the checkpoint format")
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
+    free = free_bytes(out.parent)
+    if needs is not None and free is not None and needs > free:
+        raise CheckpointSpaceError(f"checkpoint {out} needs {size_text(needs)} and its filesystem has "
+                                   f"{size_text(free)} free: free space there or move the checkpoint root")
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
@@ -65,6 +77,13 @@ def write_checkpoint_dir(out_dir: str | Path, write: Callable[[Path], None], man
         _write_manifest(tmp, manifest)
         _fsync_dir_files(tmp)
         _replace_dir(tmp, out)
+    except OSError as error:
+        if not out_of_space(error):
+            raise
+        wanted = f"needs {size_text(needs)}" if needs is not None else "did not fit"
+        raise CheckpointSpaceError(f"checkpoint {out} {wanted} and its filesystem filled up while it was written "
+                                   f"({size_text(free or 0)} was free): free space there or move the checkpoint "
+                                   "root") from error
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -80,6 +99,7 @@ def save_checkpoint(
     weights: dict[str, Any] | None = None,
     dtype: str | None = None,
     max_shard_size: str = "5GB",
+    needs: int | None = None,
 ) -> Path:
     """Save `model` (HF PreTrainedModel, safetensors, in shards of at most `max_shard_size`)
     with the tokenizer files of `tokenizer_dir` (the checkpoint it was trained from),
@@ -87,7 +107,7 @@ def save_checkpoint(
 
     `weights` (a full state dict) replaces the model's own, as gathered from sharded training;
     `dtype` is what config.json then records (theirs); `extra(tmp_dir)` may add more files
-    (e.g. optimizer state); they are hashed too.
+    (e.g. optimizer state); they are hashed too. `needs`: write_checkpoint_dir's.
     """
 
     def write(tmp: Path) -> None:
@@ -99,7 +119,7 @@ def save_checkpoint(
         if extra is not None:
             extra(tmp)
 
-    return write_checkpoint_dir(out_dir, write, manifest)
+    return write_checkpoint_dir(out_dir, write, manifest, needs)
 
 
 def copy_checkpoint(source_dir: str | Path, out_dir: str | Path, manifest: dict[str, Any]) -> Path:
@@ -113,7 +133,7 @@ def copy_checkpoint(source_dir: str | Path, out_dir: str | Path, manifest: dict[
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source / name, tmp / name)
 
-    return write_checkpoint_dir(out_dir, write, manifest)
+    return write_checkpoint_dir(out_dir, write, manifest, needs=sum((source / name).stat().st_size for name in names))
 
 
 def checkpoint_dtype(checkpoint_dir: str | Path) -> str:

@@ -1,0 +1,31 @@
+"""Out-of-space failures told in one sentence: a size in binary units, what a local filesystem
+has free, and whether an error is the device running out of space (pyarrow's included, which
+carries the errno in its message only)."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+
+def size_text(count: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Free space of the filesystem holding `path` (or its nearest existing parent); None where
+    it is not a local path."""
+    if "://" in str(path):
+        return None
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return shutil.disk_usage(existing).free
+
+
+def out_of_space(error: BaseException) -> bool:
+    return isinstance(error, OSError) and (error.errno == errno.ENOSPC or "No space left on device" in str(error))
