@@ -7,11 +7,13 @@ does: a code server that imports the code location once, on a socket of its own,
 socket (pipelines/run_submission.py), so a submission does not import the project again.
 
 Commands on one machine share the daemon one of them started: the starter holds a lock in
-DAGSTER_HOME while its daemon lives, and the others leave the launching to it. When the starter
-ends it stops its daemon, records it as stopped (its last heartbeat would look alive for minutes)
-and lets go of the lock; a command still following runs then starts its own (`ensure`, called
-while it follows one). The code server stops last, once the runs it launched have ended: a run's
-worker is its child.
+DAGSTER_HOME while its daemon lives (the lock file names it), and the others leave the launching
+to it. A daemon a command started lives no longer than its starter holds the lock: the starter
+stops it before letting go, and the kernel kills it with a starter that was killed. So a
+command-started daemon whose starter holds no lock is gone, however fresh its last heartbeat
+(those look alive for minutes): a command still following runs, or started after a kill, then
+starts its own at once (`ensure`, called while it follows one). The code server stops last, once
+the runs it launched have ended: a run's worker is its child.
 
 While it lives, the daemon does all a daemon does: it evaluates the sensors that are on
 (`keep_analytics_current` is, and may queue a reward_analytics run between iterations), watches
@@ -40,7 +42,8 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 LOCATION = "pipelines.definitions"  # workspace.yaml's code location: the UI lists the runs under it
 # A daemon heartbeats every 30 s: one silent for five beats is gone (a loaded machine delays beats).
 HEARTBEAT_FRESH_S = 150.0
-STOPPED_FILE = ".stopped-daemons"  # in DAGSTER_HOME: the ids of the daemons commands started and stopped
+COMMAND_DAEMONS_FILE = ".command-daemons"  # in DAGSTER_HOME: the ids of the daemons commands started
+LOCK_FILE = ".local-daemon.lock"  # in DAGSTER_HOME: held by the command whose daemon lives; names it
 GRPC_INFO_TAG = ".dagster/grpc_info"  # on a run: the code server that started its worker
 START_TIMEOUT_S = 600.0  # importing the code location on a loaded 2-core machine
 STOP_TIMEOUT_S = 60.0
@@ -50,11 +53,26 @@ UNFINISHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunSta
 
 
 def live_daemons(instance: DagsterInstance) -> set[str]:
-    """The ids of the daemons heartbeating on this instance now, less those commands stopped."""
-    stopped_file = Path(instance.root_directory) / STOPPED_FILE
-    stopped = set(stopped_file.read_text().split()) if stopped_file.exists() else set()
+    """The ids of the daemons heartbeating on this instance now, less those commands started
+    whose starter no longer holds the lock (stopped, or killed with it)."""
+    home = Path(instance.root_directory)
+    started = (home / COMMAND_DAEMONS_FILE).read_text().split() if (home / COMMAND_DAEMONS_FILE).exists() else []
+    gone = set(started) - {_locked_daemon(home / LOCK_FILE)}
     return {beat.daemon_id for beat in instance.get_daemon_heartbeats().values()
-            if time.time() - beat.timestamp < HEARTBEAT_FRESH_S} - stopped
+            if time.time() - beat.timestamp < HEARTBEAT_FRESH_S} - gone
+
+
+def _locked_daemon(lock: Path) -> str | None:
+    """The daemon id the lock file names while a command holds it; None when none does."""
+    if not lock.exists():
+        return None
+    with lock.open("r") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return probe.read().strip() or None
+        fcntl.flock(probe, fcntl.LOCK_UN)
+        return None
 
 
 class LocalDaemon:
@@ -69,11 +87,10 @@ class LocalDaemon:
         self.instance, self.say = instance, say
         self.environment = {**os.environ, **settings}
         self.workspace = PROJECT_DIR / "workspace.yaml"
-        self._lock = (Path(instance.root_directory) / ".local-daemon.lock").open("a")
+        self._lock = (Path(instance.root_directory) / LOCK_FILE).open("a")
         self._folder: Path | None = None  # our code server's socket, workspace file and logs
         self._code_server: subprocess.Popen | None = None
         self._daemon: subprocess.Popen | None = None
-        self._daemon_ids: set[str] = set()
 
     def __enter__(self) -> LocalDaemon:
         return self
@@ -92,6 +109,7 @@ class LocalDaemon:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return  # another command on this machine runs (or is starting) the daemon
+        self._name_in_lock("")  # a killed starter's daemon died with it
         if live_daemons(self.instance):
             fcntl.flock(self._lock, fcntl.LOCK_UN)  # the instance's own daemon
             return
@@ -103,8 +121,7 @@ class LocalDaemon:
         if self._daemon is not None:
             _stop(self._daemon)
             self._daemon = None
-            with (Path(self.instance.root_directory) / STOPPED_FILE).open("a") as stopped:
-                stopped.write("".join(f"{daemon_id}\n" for daemon_id in self._daemon_ids))
+            self._name_in_lock("")
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
         if self._code_server is not None:
@@ -133,7 +150,15 @@ class LocalDaemon:
         self._daemon = _start([console_script("dagster-daemon"), "run", "-w", str(self.workspace)], log,
                               self.environment)
         self._wait_for(lambda: live_daemons(self.instance), "the Dagster daemon", self._daemon, log)
-        self._daemon_ids = live_daemons(self.instance)  # no other was live: we hold the lock and saw none
+        [daemon_id] = live_daemons(self.instance)  # no other was live: we hold the lock and saw none
+        with (Path(self.instance.root_directory) / COMMAND_DAEMONS_FILE).open("a") as started:
+            started.write(f"{daemon_id}\n")
+        self._name_in_lock(daemon_id)
+
+    def _name_in_lock(self, daemon_id: str) -> None:
+        self._lock.truncate(0)
+        self._lock.write(daemon_id)
+        self._lock.flush()
 
     def _wait_for(self, ready, what: str, process: subprocess.Popen, log: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -9,15 +9,18 @@ and the steps' own messages (pipelines/logging.py chooses which).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
+import psutil
+from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
 
 from pipelines.errors import RunFailed
-from pipelines.local_daemon import PROJECT_DIR, LocalDaemon, console_script
+from pipelines.local_daemon import GRPC_INFO_TAG, PROJECT_DIR, LocalDaemon, console_script
 from pipelines.logging import shown
 
 POLL_S = 2.0
@@ -89,6 +92,13 @@ def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Ca
             say(f"run {run_id[:8]}: {status.value.lower()}")
         if polls % DAEMON_CHECK_POLLS == 0:  # queued, it waits for one; under way, run monitoring watches it
             daemon.ensure()
+            if status == DagsterRunStatus.STARTED and (gone := worker_gone(instance, run)):
+                # As run monitoring does for a run it fails: its pool slots go back at once (its
+                # retry waits for the accelerator's), and Dagster's run retries resume it from
+                # its failure, skipping the steps that succeeded.
+                say(f"run {run_id[:8]}: {gone}")
+                instance.report_run_failed(run, gone)
+                instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         records = instance.get_records_for_run(run_id, cursor=cursor, limit=EVENTS_PER_READ)
         for record in records.records:
             if line := shown(record.event_log_entry):
@@ -98,3 +108,33 @@ def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Ca
             say(f"run {run_id[:8]}: {status.value.lower()}")
             return run
         time.sleep(0 if records.has_more else POLL_S)
+
+
+def worker_gone(instance: DagsterInstance, run: DagsterRun) -> str | None:
+    """Why a started run's worker is known to be gone, if it is: launched on this machine by a code
+    server that no longer exists, its process is no more (killed with the command that started
+    them both, or the machine restarted). Run monitoring cannot tell: Dagster's default run
+    launcher learns of a dead worker only from the code server that started it."""
+    grpc = json.loads(run.tags.get(GRPC_INFO_TAG, "{}"))
+    if not grpc.get("socket") or not Path(grpc["socket"]).exists() or _listening(grpc["socket"]):
+        return None  # another machine's, or its code server is there to report the worker's end
+    started = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.RUN_START, limit=1).records
+    if not started:
+        return None
+    pid, at = started[0].event_log_entry.dagster_event.pid, started[0].event_log_entry.timestamp
+    try:
+        alive = psutil.Process(pid).create_time() <= at + 1 and psutil.boot_time() <= at
+    except psutil.Error:
+        alive = False
+    return None if alive else (f"its worker (pid {pid}) and the code server that started it "
+                               f"({grpc['socket']}) are gone: killed, or the machine restarted")
+
+
+def _listening(path: str) -> bool:
+    """Whether a server answers on the Unix socket (a killed one leaves the file behind)."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True

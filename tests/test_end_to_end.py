@@ -137,7 +137,7 @@ def test_crucible_runs_runs_went_through_the_queue_to_a_daemon_it_stopped_when_d
                  if record.dagster_run.tags.get("dagster/partition") == "tiny|0001"]
         assert run.job_name == "iteration" and run.remote_job_origin is not None
         assert run.remote_job_origin.location_name == "pipelines.definitions"
-        assert live_daemons(instance) == set()  # recorded as stopped: the next command starts its own at once
+        assert live_daemons(instance) == set()  # its starter let go of the lock: the next command starts its own at once
     services = [" ".join(process.info["cmdline"] or []) for process in psutil.process_iter(["cmdline", "environ"])
                 if (process.info["environ"] or {}).get("DAGSTER_HOME") == environment["DAGSTER_HOME"]]
     assert [line for line in services if "dagster-daemon" in line or " api grpc " in line] == []
