@@ -3,7 +3,8 @@ the tests, the benchmarks, and trying S3 storage without a cloud account.
 
 Every address is bound to 127.0.0.1, every port is a free one (so runs side by side never
 collide), data and log stay in a directory of its own, and requests need the credentials it was
-started with.
+started with. Started again on the same directory (after an outage, say), it serves the same data
+on the same ports with the same credentials, so its clients' settings still hold.
 
     python -m datastore.seaweedfs --dir /tmp/s3   # prints the environment to export; Ctrl-C stops it
 """
@@ -33,6 +34,7 @@ PORT_FLAGS = (
     "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "admin.port", "admin.port.grpc", "debug.port",
 )
 START_TIMEOUT_S = 90.0
+IDENTITY_FILE = "server.json"  # in its directory: the ports and credentials a restart there reuses
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,11 @@ def seaweedfs(directory: Path, bucket: str = "crucible") -> Iterator[S3Server]:
     """Start a server keeping its data in `directory`, wait until `bucket` answers, stop it on exit."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "data").mkdir(exist_ok=True)
-    access_key, secret_key = "crucible", secrets.token_hex(16)
+    access_key, secret_key, ports = _identity(directory)
     credentials = directory / "s3-credentials.json"
     credentials.write_text(json.dumps({"identities": [{
         "name": "crucible", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
     log = directory / "weed.log"
     command = [weed_binary(), "mini", f"-dir={directory / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-admin.ui=false", "-webdav=false", f"-s3.config={credentials}", f"-bucket={bucket}",
@@ -81,6 +82,32 @@ def seaweedfs(directory: Path, bucket: str = "crucible") -> Iterator[S3Server]:
         server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", bucket, access_key, secret_key, log)
         _wait_until_serving(server, process)
         yield server
+
+
+def _identity(directory: Path) -> tuple[str, str, dict[str, int]]:
+    """(access key, secret key, ports): those the directory was served with before, else new ones."""
+    saved = directory / IDENTITY_FILE
+    if not saved.exists():
+        identity = {"access_key": "crucible", "secret_key": secrets.token_hex(16),
+                    "ports": dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))}
+        saved.write_text(json.dumps(identity))
+    identity = json.loads(saved.read_text())
+    busy = sorted(port for port in identity["ports"].values() if not _free(port))
+    if busy:
+        raise RuntimeError(f"{directory} is served on ports {', '.join(map(str, busy))}, which something else holds "
+                           "now: stop it (or the server still running there), or use another directory")
+    return identity["access_key"], identity["secret_key"], identity["ports"]
+
+
+def _free(port: int) -> bool:
+    """Whether a server could listen on it now (as servers do, past connections still closing)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _free_ports(count: int) -> list[int]:
