@@ -42,7 +42,7 @@ from assets.trackers import report_to_trackers
 from assets.training_step import TrainingStepClient
 from datastore.charts import eval_curve_png, markdown_table, png_markdown
 from datastore.schema import TRAINING_STEPS
-from datastore.store import rows_to_table
+from datastore.store import StorageFull, rows_to_table
 from grading.gradability import build_environments, needs_proof
 from task_sets.loader import TaskSet
 from task_sets.schema import TaskBase
@@ -55,6 +55,7 @@ from training.iteration.context import IterationRef, Refused
 from training.iteration.held_out import Evaluation
 from training.iteration.lineage import Checkpoints
 from training.iteration.training_step import NOTHING_LEARNED, judge_step, train_job
+from training.policy.checkpoint import CheckpointSpaceError
 from training.rl.job import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
@@ -76,10 +77,11 @@ def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible
 
 @contextmanager
 def refusals_fail_the_run() -> Iterator[None]:
-    """An iteration the rules refuse fails its run with their one sentence, not a traceback."""
+    """An iteration the rules refuse, or whose write a full disk refuses, fails its run with that
+    one sentence, not a traceback, and is not retried: the same inputs meet the same refusal."""
     try:
         yield
-    except Refused as refusal:  # the same inputs are refused again: no retry
+    except (Refused, StorageFull, CheckpointSpaceError) as refusal:
         raise Failure(str(refusal), allow_retries=False) from None
 
 

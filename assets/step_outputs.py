@@ -15,6 +15,8 @@ from dagster import DagsterInstance, DagsterRunStatus, HookContext, HookDefiniti
 
 ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 PARTITION_TAG = "dagster/partition"
+# Dagster's tags on a failed run that its run retries will launch again, and on it, its retry.
+WILL_RETRY_TAG, RETRY_TAG = "dagster/will_retry", "dagster/auto_retry_run_id"
 
 STEP_OUTPUTS = "step_outputs"  # the IO manager's resource key
 
@@ -41,7 +43,10 @@ def done_with(instance: DagsterInstance, run_id: str) -> set[str]:
     _, group = instance.get_run_group(run_id) or ("", [])
     partition = instance.get_run_by_id(run_id).tags.get(PARTITION_TAG)
     ended = instance.get_runs(RunsFilter(tags={PARTITION_TAG: partition}, statuses=ENDED)) if partition else []
-    return {run_id, *(run.run_id for run in group), *(run.run_id for run in ended)}
+    # A failed run whose retry is still to be made: the retry, a re-execution from its failure, reads them.
+    awaiting_retry = {run.run_id for run in ended
+                      if run.tags.get(WILL_RETRY_TAG) == "true" and RETRY_TAG not in run.tags}
+    return {run_id, *(run.run_id for run in group), *(run.run_id for run in ended)} - awaiting_retry
 
 
 def delete_hand_overs(storage_root: str, run_id: str, asset: str) -> None:

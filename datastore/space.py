@@ -28,4 +28,8 @@ def free_bytes(path: str | Path) -> int | None:
 
 
 def out_of_space(error: BaseException) -> bool:
-    return isinstance(error, OSError) and (error.errno == errno.ENOSPC or "No space left on device" in str(error))
+    """ENOSPC or EDQUOT, raised as such or told in the message (pyarrow's, safetensors' Rust
+    "os error 28"): writers that wrap the system's error keep only its text."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(text in str(error) for text in ("No space left on device", "Disk quota exceeded", "os error 28"))

@@ -165,10 +165,10 @@ class DatasetStore:
             manifest, expired = self._write_part(dataset, directory, name, table, keep,
                                                  self.manifest_path(dataset, experiment, iteration, part))
         except OSError as error:
-            with suppress(OSError):
-                self.fs.rm(f"{directory}/{name}")  # no half-written file left behind
             if not out_of_space(error):
-                raise
+                raise  # the manifest may have landed (an S3 reply lost): its file stays
+            with suppress(OSError):
+                self.fs.rm(f"{directory}/{name}")  # a local manifest is replaced whole or not at all
             free = free_bytes(directory) if self.is_local else None
             raise StorageFull(f"{dataset}, experiment {experiment!r} iteration {iteration}: no space left on the device "
                               f"of {self.uri_of(directory)} for its {table.num_rows} rows ({size_text(table.nbytes)} "
@@ -180,13 +180,18 @@ class DatasetStore:
     def _write_part(self, dataset: str, directory: str, name: str, table: pa.Table, keep: Iterable[str],
                     path: str) -> tuple[dict, set[str]]:
         """Write the data file, then publish the manifest naming it; (manifest, expired files)."""
-        pq.write_table(
-            table.replace_schema_metadata({"crucible_schema_version": str(SCHEMA_VERSION)}),
-            f"{directory}/{name}",
-            filesystem=self.fs,
-            compression="zstd",
-            row_group_size=ROW_GROUP_ROWS,
-        )
+        try:
+            pq.write_table(
+                table.replace_schema_metadata({"crucible_schema_version": str(SCHEMA_VERSION)}),
+                f"{directory}/{name}",
+                filesystem=self.fs,
+                compression="zstd",
+                row_group_size=ROW_GROUP_ROWS,
+            )
+        except Exception:
+            with suppress(OSError):
+                self.fs.rm(f"{directory}/{name}")  # no half-written file left behind
+            raise
         now = time.time()
         superseded = self._superseded(path, now)
         kept = {uri.rsplit("/", 1)[-1] for uri in keep}

@@ -57,9 +57,12 @@ def live_daemons(instance: DagsterInstance) -> set[str]:
     whose starter no longer holds the lock (stopped, or killed with it)."""
     home = Path(instance.root_directory)
     started = (home / COMMAND_DAEMONS_FILE).read_text().split() if (home / COMMAND_DAEMONS_FILE).exists() else []
-    gone = set(started) - {_locked_daemon(home / LOCK_FILE)}
+    return _heartbeating(instance) - (set(started) - {_locked_daemon(home / LOCK_FILE)})
+
+
+def _heartbeating(instance: DagsterInstance) -> set[str]:
     return {beat.daemon_id for beat in instance.get_daemon_heartbeats().values()
-            if time.time() - beat.timestamp < HEARTBEAT_FRESH_S} - gone
+            if time.time() - beat.timestamp < HEARTBEAT_FRESH_S}
 
 
 def _locked_daemon(lock: Path) -> str | None:
@@ -146,14 +149,14 @@ class LocalDaemon:
         self._wait_for(socket.exists, "the code server", self._code_server, self._folder / "code-server.log")
 
     def _start_daemon(self) -> None:
-        log = self._folder / "daemon.log"
+        log, before = self._folder / "daemon.log", _heartbeating(self.instance)
         self._daemon = _start([console_script("dagster-daemon"), "run", "-w", str(self.workspace)], log,
                               self.environment)
-        self._wait_for(lambda: live_daemons(self.instance), "the Dagster daemon", self._daemon, log)
-        [daemon_id] = live_daemons(self.instance)  # no other was live: we hold the lock and saw none
+        self._wait_for(lambda: _heartbeating(self.instance) - before, "the Dagster daemon", self._daemon, log)
+        daemon_id = min(_heartbeating(self.instance) - before)  # ours: the one that was not there before
+        self._name_in_lock(daemon_id)  # first: once in the file below, only the lock says it lives
         with (Path(self.instance.root_directory) / COMMAND_DAEMONS_FILE).open("a") as started:
             started.write(f"{daemon_id}\n")
-        self._name_in_lock(daemon_id)
 
     def _name_in_lock(self, daemon_id: str) -> None:
         self._lock.truncate(0)

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
 
+from assets.step_outputs import RETRY_TAG, WILL_RETRY_TAG
 from pipelines.errors import RunFailed
 from pipelines.local_daemon import GRPC_INFO_TAG, PROJECT_DIR, LocalDaemon, console_script
 from pipelines.logging import shown
@@ -27,8 +28,6 @@ POLL_S = 2.0
 EVENTS_PER_READ = 1000
 DAEMON_CHECK_POLLS = 5  # while a run is followed, that a daemon is still there: every 10 s
 RETRY_WAIT_S = 300.0  # the retry daemon's ticks are seconds apart; one that declines says nothing here
-# Dagster's tags on a failed run that its run retries will launch again, and on the run, its retry.
-WILL_RETRY_TAG, RETRY_TAG = "dagster/will_retry", "dagster/auto_retry_run_id"
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
@@ -92,7 +91,8 @@ def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Ca
             say(f"run {run_id[:8]}: {status.value.lower()}")
         if polls % DAEMON_CHECK_POLLS == 0:  # queued, it waits for one; under way, run monitoring watches it
             daemon.ensure()
-            if status == DagsterRunStatus.STARTED and (gone := worker_gone(instance, run)):
+            if status == DagsterRunStatus.STARTED and (gone := worker_gone(instance, run)) and \
+                    instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED:  # not ended meanwhile
                 # As run monitoring does for a run it fails: its pool slots go back at once (its
                 # retry waits for the accelerator's), and Dagster's run retries resume it from
                 # its failure, skipping the steps that succeeded.
@@ -112,9 +112,9 @@ def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Ca
 
 def worker_gone(instance: DagsterInstance, run: DagsterRun) -> str | None:
     """Why a started run's worker is known to be gone, if it is: launched on this machine by a code
-    server that no longer exists, its process is no more (killed with the command that started
-    them both, or the machine restarted). Run monitoring cannot tell: Dagster's default run
-    launcher learns of a dead worker only from the code server that started it."""
+    server that no longer answers on its socket, its process is no more (killed with the command
+    that started them both). Run monitoring cannot tell: Dagster's default run launcher learns of
+    a dead worker only from the code server that started it."""
     grpc = json.loads(run.tags.get(GRPC_INFO_TAG, "{}"))
     if not grpc.get("socket") or not Path(grpc["socket"]).exists() or _listening(grpc["socket"]):
         return None  # another machine's, or its code server is there to report the worker's end
@@ -124,15 +124,18 @@ def worker_gone(instance: DagsterInstance, run: DagsterRun) -> str | None:
     pid, at = started[0].event_log_entry.dagster_event.pid, started[0].event_log_entry.timestamp
     try:
         alive = psutil.Process(pid).create_time() <= at + 1 and psutil.boot_time() <= at
+    except psutil.AccessDenied:  # there, but not ours to see
+        alive = True
     except psutil.Error:
         alive = False
     return None if alive else (f"its worker (pid {pid}) and the code server that started it "
-                               f"({grpc['socket']}) are gone: killed, or the machine restarted")
+                               f"({grpc['socket']}) are gone: killed")
 
 
 def _listening(path: str) -> bool:
     """Whether a server answers on the Unix socket (a killed one leaves the file behind)."""
     with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(2.0)
         try:
             probe.connect(path)
         except OSError:

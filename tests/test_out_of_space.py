@@ -16,8 +16,8 @@ from dagster import AssetExecutionContext, DagsterEventType, DagsterInstance, Re
 from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
 from datastore.store import DatasetStore, StorageFull, rows_to_table
-from training.policy.checkpoint import CheckpointSpaceError, write_checkpoint_dir
-from training.policy.model import build_base_policy
+from training.policy.checkpoint import CheckpointSpaceError, save_checkpoint
+from training.policy.model import build_base_policy, load_policy
 from training.policy.settings import PolicyConfig
 from training.rl.sample import TrainSample
 from training.rl.settings import GRPOConfig
@@ -55,13 +55,13 @@ def test_a_trained_checkpoint_that_cannot_fit_is_refused_before_a_byte_is_writte
     assert list(full_disk.iterdir()) == []
 
 
-def test_a_checkpoint_whose_disk_fills_while_it_is_written_is_named_and_leaves_nothing(full_disk):
-    def write(directory: Path) -> None:
-        (directory / "model.safetensors").write_bytes(os.urandom(512 << 10))
-
+def test_a_checkpoint_whose_disk_fills_while_it_is_written_is_named_and_leaves_nothing(tmp_path, full_disk):
+    """Written without a size to check first: safetensors' own error (not an OSError) tells of it."""
+    policy = build_base_policy(tmp_path / "larger", PolicyConfig(hidden_size=64, num_layers=2))  # ~0.6 MiB
+    model, _ = load_policy(policy)
     with pytest.raises(CheckpointSpaceError, match=rf"^checkpoint {full_disk / 'ckpt'} did not fit and its "
                        "filesystem filled up while it was written"):
-        write_checkpoint_dir(full_disk / "ckpt", write, {"kind": "test"})
+        save_checkpoint(model, policy, full_disk / "ckpt", {"kind": "test"})
     assert list(full_disk.iterdir()) == []
 
 
@@ -75,10 +75,11 @@ def test_a_dataset_part_that_cannot_fit_names_its_partition_and_size_and_leaves_
     assert [path for path in (full_disk / "data").rglob("*") if path.is_file()] == []
 
 
-def warm_up(policy: Path, out_dir: Path, scratch: Path, launcher: str = ""):
+def warm_up(policy: Path, out_dir: Path, scratch: Path, launcher: str = "", examples: bool = True):
     """The warm-up job of `policy` into `out_dir`, run by the Pipes client in a process of its own,
     as an asset with the checkpoint asset's retry policy: the materialization's result."""
-    write_examples([Example([5, 6, 7], [8, 9])] * 4, scratch / "examples.parquet")
+    if examples:
+        write_examples([Example([5, 6, 7], [8, 9])] * 4, scratch / "examples.parquet")
     job = WarmupJob(initial_dir=str(policy), examples_file=str(scratch / "examples.parquet"), out_dir=str(out_dir),
                     sft=SFTConfig(steps=1, batch_size=2))
 
@@ -106,6 +107,17 @@ def test_a_training_job_that_runs_out_of_space_fails_once_with_its_own_error(pol
         f"the training job failed: CheckpointSpaceError: checkpoint {full_disk / 'base'} needs ")
     assert restarts(result) == 0
     assert list(full_disk.iterdir()) == []
+
+
+def test_a_training_job_that_raises_is_run_once_and_its_error_is_the_steps(policy, tmp_path):
+    """Any error the job raises (here: its examples file is missing) would be met again: the
+    step fails with it, as the job's process passed it up through Pipes, and is not retried."""
+    result = warm_up(policy, tmp_path / "checkpoints" / "base", tmp_path, examples=False)
+    [failure] = result.get_step_failure_events()
+    assert failure.step_failure_data.user_failure_data.description.startswith(
+        "the training job failed: FileNotFoundError: ")
+    assert str(tmp_path / "examples.parquet") in failure.step_failure_data.user_failure_data.description
+    assert restarts(result) == 0
 
 
 def test_a_training_job_killed_without_a_word_is_run_again(policy, tmp_path):

@@ -28,7 +28,7 @@ class ServerSettings(BaseModel):
 
 class VLLMSettings(BaseModel):
     """The one vLLM engine a run keeps (`engine = "vllm"`). It computes in the trainer's GPU
-    dtype (bfloat16, training/policy/model.py), so that behaviour log-probs and the trainer's agree."""
+    dtype (bfloat16, training/policy/settings.py), so that behaviour log-probs and the trainer's agree."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -33,6 +33,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
                    "chat_template.json")
 _RESERVED_KEYS = ("format", "files", "content_hash")
+FULL_BELOW = 1 << 20  # bytes free after a failed write that mean the write failed for want of space
 
 
 class CheckpointError(RuntimeError):
@@ -77,8 +78,9 @@ def write_checkpoint_dir(out_dir: str | Path, write: Callable[[Path], None], man
         _write_manifest(tmp, manifest)
         _fsync_dir_files(tmp)
         _replace_dir(tmp, out)
-    except OSError as error:
-        if not out_of_space(error):
+    except Exception as error:
+        # torch.save reports a full disk without saying so ("unexpected pos …"): what is free tells.
+        if not (out_of_space(error) or (free_bytes(out.parent) or 0) < FULL_BELOW):
             raise
         wanted = f"needs {size_text(needs)}" if needs is not None else "did not fit"
         raise CheckpointSpaceError(f"checkpoint {out} {wanted} and its filesystem filled up while it was written "

@@ -11,7 +11,7 @@
   submit. The episode is one example: its prompt, then its replies (learned) and observations (not
   learned, as in a trajectory's loss mask), so the warm-up teaches the token sequences an episode
   produces at the cost of one pass over it.
-Examples are token ids (training/sft/warmup.py's Example), every reply ending with the model's own
+Examples are token ids (training/sft/job.py's Example), every reply ending with the model's own
 end-of-turn token.
 """
 
