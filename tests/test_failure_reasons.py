@@ -62,6 +62,13 @@ def test_a_wrong_answer_names_the_first_failing_test_and_its_assertion():
     assert "test_hidden.py::test_small" in why.detail and "assert add(1, 2) == 3" in why.detail
 
 
+def test_an_error_the_submission_raises_is_told_once_with_its_class():
+    _, why = failure(FUNCTION, 'def add(a, b):\n    raise ValueError("no sum of " + repr((a, b)))\n')
+    assert why.detail.endswith("first: test_hidden.py::test_small: ValueError: no sum of (1, 2)")
+    _, why = failure(FUNCTION, "class Odd(Exception):\n    pass\n\ndef add(a, b):\n    raise Odd('no')\n")
+    assert why.detail.endswith("first: test_hidden.py::test_small: SubmissionError: Odd: no")
+
+
 def test_a_submission_that_does_not_parse_is_told_so():
     _, why = failure(FUNCTION, "def add(a, b) return a + b\n")
     assert why.reason is FailureReason.COLLECTION_ERROR and "SyntaxError" in why.detail

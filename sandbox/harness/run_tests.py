@@ -101,11 +101,17 @@ def _check_own_imports(source: str) -> None:
 
 
 def _short(exc: BaseException) -> str:
+    said = _said(exc)
+    return (f"{type(exc).__name__}: {said}" if said is not None else type(exc).__name__)[:MAX_MESSAGE]
+
+
+def _said(exc: BaseException) -> str | None:
+    """The exception's own message; None where its __str__ fails (a hostile one must not take the
+    harness down)."""
     try:
-        text = f"{type(exc).__name__}: {exc}"
-    except BaseException:  # a hostile __str__ must not take the harness down
-        text = type(exc).__name__
-    return text[:MAX_MESSAGE]
+        return str(exc)[:MAX_MESSAGE]
+    except BaseException:
+        return None
 
 
 def _detail(exc: BaseException) -> str:
@@ -229,7 +235,7 @@ def _answer(module, request) -> tuple:
         _, name, args, kwargs = request
         result = getattr(module, name)(*args, **kwargs)
     except BaseException as e:  # SystemExit included: the test sees an error, not an exit
-        return "raise", (type(e).__name__, _short(e))
+        return "raise", (type(e).__name__, _said(e) or "")
     if not _portable(result):
         return "raise", ("TypeError", f"{name}() returned a {type(result).__name__}, which is not plain data")
     return "ok", result
@@ -250,8 +256,8 @@ def _rebuilt(payload) -> BaseException:
         try:
             return cls(message)
         except TypeError:  # a built-in exception that wants other arguments (UnicodeError's)
-            return SubmissionError(message)
-    return SubmissionError(message)
+            return SubmissionError(f"{name}: {message}")
+    return SubmissionError(f"{name}: {message}")  # the submission's own class, by name
 
 
 def _send(sock: _socket.socket, message) -> None:
