@@ -21,6 +21,7 @@ from dagster import (
     asset,
 )
 
+from assets.failure_policy import failure_policy
 from assets.iteration import ITERATION, check_result, checkpoint_eval, this_iteration, trajectories
 from assets.resources import CrucibleResource
 from datastore import catalog, metrics
@@ -67,18 +68,19 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     and its episodes turn by turn: turns, runs before submitting, wasted turns, pass rate by
     number of turns, the commonest failures the commands printed."""
     iteration = this_iteration(context, crucible)
-    experiment, con = iteration.experiment, catalog.connect(crucible.storage_root)
-    where = [experiment.name, iteration.number]
-    found = metrics.of_iteration(con, "iteration_rewards", *where)
-    if not found:
-        raise Failure(f"no trajectories stored for {experiment.name} iteration {iteration.number}")
-    [stats] = found
-    tasks = metrics.of_iteration(con, "task_rewards", *where, order_by="pass_rate, task_id")
-    rewards = metrics.scored_rewards(con, *where)
-    flags = metrics.tamper_flags(con, *where)
-    [episodes] = metrics.of_iteration(con, "turn_analytics", *where)
-    by_turns = metrics.of_iteration(con, "pass_rate_by_turns", *where, order_by="turns")
-    failures = metrics.of_iteration(con, "failing_observations", *where, order_by="runs DESC, failure", limit=10)
+    experiment, where = iteration.experiment, [iteration.name, iteration.number]
+    with failure_policy():
+        con = catalog.connect(crucible.storage_root)
+        found = metrics.of_iteration(con, "iteration_rewards", *where)
+        if not found:
+            raise Failure(f"no trajectories stored for {experiment.name} iteration {iteration.number}")
+        [stats] = found
+        tasks = metrics.of_iteration(con, "task_rewards", *where, order_by="pass_rate, task_id")
+        rewards = metrics.scored_rewards(con, *where)
+        flags = metrics.tamper_flags(con, *where)
+        [episodes] = metrics.of_iteration(con, "turn_analytics", *where)
+        by_turns = metrics.of_iteration(con, "pass_rate_by_turns", *where, order_by="turns")
+        failures = metrics.of_iteration(con, "failing_observations", *where, order_by="runs DESC, failure", limit=10)
     verdicts = judge_samples(stats, experiment.monitors)
     if stats["scored"]:
         scored = f"pass rate {stats['pass_rate']:.3f}, reward {stats['reward_mean']:.3f} ± {stats['reward_std']:.3f}"
@@ -114,12 +116,13 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
 def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """Every iteration of every experiment: reward analytics beside the held-out evaluation, the
     reward curve, and the pass rate by difficulty."""
-    con = catalog.connect(crucible.storage_root)
-    # Iteration 0 (the base policy) has an evaluation but no samples.
-    rows = metrics.rewards_beside_evaluation(con)
-    by_difficulty = metrics.every_iteration(con, "difficulty_rewards")
+    with failure_policy():
+        con = catalog.connect(crucible.storage_root)
+        # Iteration 0 (the base policy) has an evaluation but no samples.
+        rows = metrics.rewards_beside_evaluation(con)
+        by_difficulty = metrics.every_iteration(con, "difficulty_rewards")
+        every = metrics.every_iteration(con, "iterations")
     context.log.info(f"{len(rows)} iterations summarised")
-    every = metrics.every_iteration(con, "iterations")
     per_experiment = {}
     for experiment in sorted({row["experiment"] for row in every}):
         mine = [row for row in every if row["experiment"] == experiment]

@@ -17,6 +17,7 @@ import typing
 from dagster import ConfigurableIOManager, Failure, InputContext, OutputContext
 from pydantic import TypeAdapter, ValidationError
 
+from assets.failure_policy import failure_policy
 from assets.partitions import parse_iteration_key
 from datastore.store import DatasetStore, rows_to_table
 from task_sets.schema import Task, TaskBase
@@ -30,19 +31,21 @@ class DatasetIOManager(ConfigurableIOManager):
         rows = [{"index": index, "record": _adapter(type(value)).dump_json(value, exclude_computed_fields=True).decode()}
                 for index, value in enumerate(obj)]
         store = DatasetStore(self.storage_root)
-        path = store.write_partition("outputs", experiment, number, rows_to_table("outputs", rows),
-                                     part=context.asset_key.to_user_string())
+        with failure_policy():
+            path = store.write_partition("outputs", experiment, number, rows_to_table("outputs", rows),
+                                         part=context.asset_key.to_user_string())
         context.add_output_metadata({"stored_as": store.uri_of(path)})
 
     def load_input(self, context: InputContext) -> list:
         asset = context.asset_key.to_user_string()
         experiment, number = parse_iteration_key(context.asset_partition_key)
         store = DatasetStore(self.storage_root)
-        if not store.has_partition("outputs", experiment, number, part=asset):
-            raise Failure(f"{asset} of {experiment} iteration {number} was never stored: materialize it first (or "
-                          "the whole iteration)", allow_retries=False)
-        rows = sorted(store.read_partition("outputs", experiment, number, part=asset).to_pylist(),
-                      key=lambda row: row["index"])
+        with failure_policy():
+            if not store.has_partition("outputs", experiment, number, part=asset):
+                raise Failure(f"{asset} of {experiment} iteration {number} was never stored: materialize it first "
+                              "(or the whole iteration)", allow_retries=False)
+            rows = sorted(store.read_partition("outputs", experiment, number, part=asset).to_pylist(),
+                          key=lambda row: row["index"])
         item = _adapter(_item_type(context.dagster_type.typing_type, asset))
         try:
             return [item.validate_json(row["record"]) for row in rows]

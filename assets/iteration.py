@@ -14,7 +14,6 @@ run queue runs one iteration of an experiment at a time (pipelines/dagster.yaml)
 import math
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 from dagster import (
     AssetCheckResult,
@@ -31,6 +30,7 @@ from dagster import (
 )
 
 from assets.datasets import report_stored
+from assets.failure_policy import STORAGE_RETRIES, STORAGE_RETRY_WAIT_S, failure_policy
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
 from assets.partitions import iterations, parse_iteration_key, refuse_beside_other_writers
 from assets.policy import stored_experiment
@@ -42,7 +42,7 @@ from assets.trackers import report_to_trackers
 from assets.training_step import TrainingStepClient
 from datastore.charts import eval_curve_png, markdown_table, png_markdown
 from datastore.schema import TRAINING_STEPS
-from datastore.store import StorageFull, rows_to_table
+from datastore.store import rows_to_table
 from grading.gradability import build_environments, needs_proof
 from task_sets.loader import TaskSet
 from task_sets.schema import TaskBase
@@ -51,11 +51,10 @@ from training.agent.trajectory import VerifiedRollout, trajectory_row
 from training.evaluation.monitors import Verdict
 from training.inference.engines import gpu_released
 from training.iteration import held_out, tasks
-from training.iteration.context import IterationRef, Refused
+from training.iteration.context import IterationRef
 from training.iteration.held_out import Evaluation
 from training.iteration.lineage import Checkpoints
 from training.iteration.training_step import NOTHING_LEARNED, judge_step, train_job
-from training.policy.checkpoint import CheckpointSpaceError
 from training.rl.job import STEP_STATS
 
 ITERATION = dict(partitions_def=iterations, group_name="iteration")
@@ -73,16 +72,6 @@ def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible
                       f"first (`crucible run --experiment {name} --iterations {number}`, or the create_experiment job "
                       f"with iterations = {number})", allow_retries=False)
     return IterationRef(experiment, number)
-
-
-@contextmanager
-def refusals_fail_the_run() -> Iterator[None]:
-    """An iteration the rules refuse, or whose write a full disk refuses, fails its run with that
-    one sentence, not a traceback, and is not retried: the same inputs meet the same refusal."""
-    try:
-        yield
-    except (Refused, StorageFull, CheckpointSpaceError) as refusal:
-        raise Failure(str(refusal), allow_retries=False) from None
 
 
 def check_result(verdict: Verdict) -> AssetCheckResult:
@@ -120,8 +109,9 @@ def task_set(
                       f"{usable.name} says why)")
     sampled = tasks.sample_tasks(iteration, usable)
     store, name, number = crucible.store(), iteration.name, iteration.number
-    store.write_partition("tasks", name, number, rows_to_table("tasks", tasks.task_rows(usable, sampled)))
-    report_stored(context, store, "tasks", name, number)
+    with failure_policy():
+        store.write_partition("tasks", name, number, rows_to_table("tasks", tasks.task_rows(usable, sampled)))
+        report_stored(context, store, "tasks", name, number)
     by_difficulty = Counter(task.difficulty for task in sampled)
     digests = sorted({t.environment.digest[:16] for t in loaded if t.environment})
     yield Output(sampled, metadata={"tasks": len(sampled), "environments": ", ".join(digests)
@@ -164,7 +154,7 @@ def trajectories(
     """The iteration's samples as one atomically written Parquet partition."""
     iteration = this_iteration(context, crucible)
     name, number, store = iteration.name, iteration.number, crucible.store()
-    with timed_stage(store, name, number, "trajectories"):
+    with failure_policy(), timed_stage(store, name, number, "trajectories"):
         table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
         # A re-run replaces the partition, but never deletes what a checkpoint's lineage names.
         path = store.write_partition("trajectories", name, number, table,
@@ -197,8 +187,9 @@ def not_judged() -> list[Verdict]:
 @asset(
     # iteration_rewards (assets/analytics.py) judges the samples first: its failed error checks stop the step.
     **ITERATION, deps=[trajectories, "iteration_rewards"], kinds={"pytorch"}, pool=ACCELERATOR,
-    # Retried when its job died or lost a connection (assets/training_step.py), resuming from its saved progress.
-    retry_policy=RetryPolicy(max_retries=2),
+    # Retried when its job died or lost a connection (assets/training_step.py), resuming from its saved
+    # progress; as patient as any step with storage that does not answer (assets/failure_policy.py).
+    retry_policy=RetryPolicy(max_retries=STORAGE_RETRIES, delay=STORAGE_RETRY_WAIT_S),
     check_specs=[AssetCheckSpec(name, asset="checkpoint", description=text, blocking=blocking)
                  for name, (text, blocking) in STABILITY_CHECKS.items()],
 )
@@ -213,7 +204,7 @@ def checkpoint(
     name, number, store = iteration.name, iteration.number, crucible.store()
     checkpoints = Checkpoints(crucible, name)
     replaced = checkpoints.recorded_hash(number)  # None: a first training step
-    with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint"):
+    with failure_policy(), timed_stage(store, name, number, "checkpoint"):
         job = train_job(iteration, crucible)
         with gpu_released():
             invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
@@ -252,10 +243,10 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     and the curve across iterations; then the experiment's trackers (`report_to`) are told."""
     iteration = this_iteration(context, crucible)
     store, name, number = crucible.store(), iteration.name, iteration.number
-    with refusals_fail_the_run(), timed_stage(store, name, number, "checkpoint_eval"):
+    with failure_policy(), timed_stage(store, name, number, "checkpoint_eval"):
         evaluated = Evaluation(iteration, crucible, context.log.info).run()
     report_stored(context, store, "evaluations", name, number)
-    with refusals_fail_the_run():
+    with failure_policy():
         curve = held_out.held_out_curve(iteration, crucible.storage_root)
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
     context.log.info(f"held-out pass rate {now['pass_rate']:.3f} ± {now['stderr']:.3f} "

@@ -6,6 +6,7 @@ import shutil
 import pyarrow.parquet as pq
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
+from assets.failure_policy import failure_policy
 from assets.lineage_check import report_off_lineage
 from assets.partitions import experiments, refuse_beside_other_writers
 from assets.pools import ACCELERATOR
@@ -82,8 +83,9 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
         context.log.warning(f"{experiment.base_model}: {manifest['prompt_format_reason']} "
                             f"({manifest['completion_template']}; set prompt_format to choose)")
     if replaced not in (None, manifest["content_hash"]):
-        report_off_lineage(context.instance, experiment.name, "the rebuilt base policy", 1,
-                           crucible.store().iterations("checkpoints", experiment.name))
+        with failure_policy():
+            stored = crucible.store().iterations("checkpoints", experiment.name)
+        report_off_lineage(context.instance, experiment.name, "the rebuilt base policy", 1, stored)
     return MaterializeResult(
         metadata={
             "path": MetadataValue.path(str(out_dir)),

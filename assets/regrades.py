@@ -8,7 +8,8 @@ from collections import Counter
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
+from assets.failure_policy import failure_policy
+from assets.iteration import ITERATION, this_iteration
 from assets.resources import CrucibleResource
 from datastore.store import rows_to_table
 from training.iteration import regrading
@@ -19,7 +20,7 @@ def regrades(context: AssetExecutionContext, crucible: CrucibleResource) -> Mate
     """The iteration's trained-on submissions graded again in fresh sandboxes, stored under the
     current reward version."""
     iteration = this_iteration(context, crucible)
-    with refusals_fail_the_run():
+    with failure_policy():
         regrade = regrading.regrade(iteration, crucible, context.log.info)
     store, rows = crucible.store(), regrade.rows
     path = store.write_partition("regrades", iteration.name, iteration.number,

@@ -25,8 +25,9 @@ from dagster import (
     op,
 )
 
+from assets.failure_policy import failure_policy
 from assets.fan_out import Shard, ShardDone, gathered, planned
-from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
+from assets.iteration import ITERATION, this_iteration
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
@@ -47,7 +48,7 @@ def plan_rollout_shards(context: OpExecutionContext, crucible: CrucibleResource,
     """The sampled tasks in the experiment's `rollout_shards` slices, and the checkpoint they
     sample, checked once (its lineage and content hash) for all of them."""
     iteration, planned_at = this_iteration(context, crucible), dt.datetime.now(dt.timezone.utc)
-    with refusals_fail_the_run():
+    with failure_policy():
         policy = Checkpoints(crucible, iteration.name).sampled_by(iteration.number)
     yield from planned(sampling.shards(iteration.experiment, task_set), planned_at, policy)
 
@@ -58,7 +59,7 @@ def sample_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource
     iteration = this_iteration(context, crucible)
     sampler = Sampler.of(crucible, iteration.experiment, usable_task_set(crucible, iteration.experiment),
                          context.log.info)
-    with refusals_fail_the_run():
+    with failure_policy():
         return ShardDone(shard, sampler.sample_shard(iteration, shard.work, shard.index, shard.count, shard.policy))
 
 
@@ -69,7 +70,8 @@ def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
     shard. Once it has succeeded, the shards' hand-overs are deleted (assets/step_outputs.py)."""
     iteration = this_iteration(context, crucible)
     samples, first = gathered(shards)
-    record_stage(crucible.store(), iteration.name, iteration.number, "rollouts", started_at=first.planned_at)
+    with failure_policy():
+        record_stage(crucible.store(), iteration.name, iteration.number, "rollouts", started_at=first.planned_at)
     tokens, seconds = sum(r.sampled_tokens for r in samples), sum(r.generate_s for r in samples)
     return Output(samples, metadata={
         "policy": MetadataValue.path(str(first.policy[0])),

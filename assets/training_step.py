@@ -54,7 +54,7 @@ TRAIN_MODULE = ["-m", "assets.train_process"]
 TRANSIENT_ERRORS = frozenset({
     "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError",
     "TimeoutError", "DistError", "DistNetworkError", "DistStoreError", "DistBackendError", "EndpointConnectionError",
-    "ConnectTimeoutError", "ReadTimeoutError",
+    "ConnectTimeoutError", "ReadTimeoutError", "StorageUnreachable",
 })
 PIPES_CLOSED_WITH_ERROR = "[pipes] external process pipes closed with exception"  # Dagster's engine event
 # What the step needs of this process's environment inside a container: S3 credentials and

@@ -30,8 +30,9 @@ from dagster import (
     op,
 )
 
+from assets.failure_policy import failure_policy
 from assets.fan_out import Shard, ShardDone, gathered, planned
-from assets.iteration import ITERATION, refusals_fail_the_run, this_iteration
+from assets.iteration import ITERATION, this_iteration
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
 from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
@@ -63,7 +64,7 @@ def grade_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource,
     if shard.count > 1:
         context.log.info(f"grading shard {shard.index + 1}/{shard.count}: {len(shard.work)} rollouts")
     grader = Grader.of(crucible, usable_task_set(crucible, iteration.experiment), context.log.info)
-    with refusals_fail_the_run():
+    with failure_policy():
         return ShardDone(shard, grader.grade(shard.work, shares=shard.count))
 
 
@@ -77,13 +78,13 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
     usable = usable_task_set(crucible, iteration.experiment)
     sampler = Sampler.of(crucible, iteration.experiment, usable, log)
     grades, first = gathered(shards)
-    with refusals_fail_the_run():
+    with failure_policy():
         verification = verify(
             iteration, task_set=usable, sampled=task_set, rollouts=rollouts, graded=grades,
             grader=Grader.of(crucible, usable, log),
             sample_more=more_samples(sampler, iteration,
                                      lambda: Checkpoints(crucible, iteration.name).sampled_by(iteration.number)))
-    record_stage(crucible.store(), iteration.name, iteration.number, "verified_rollouts", started_at=first.planned_at)
+        record_stage(crucible.store(), iteration.name, iteration.number, "verified_rollouts", started_at=first.planned_at)
     graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:
         context.log.warning(f"verdicts changed on a second grading for: {', '.join(repeat.disagreeing_task_ids)}")

@@ -24,6 +24,7 @@ that ran it. Read through `crucible sql`, `read_partition` or `dataset_files`, n
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 import time
@@ -61,8 +62,40 @@ class StorageFull(StorageUnavailable):
     """The storage root's device has no room for a write: a retry fails the same way."""
 
 
+class StorageUnreachable(StorageUnavailable):
+    """The storage root's server did not answer (refused, reset or timed out), or answered that it
+    cannot serve now (HTTP 5xx): once it is back, the same call succeeds, and nothing was
+    half-published (a manifest is one PUT)."""
+
+
+# What a client that lost its server raises at the bottom of its chain (builtin ConnectionError and
+# TimeoutError), or by botocore's names when it raises with no cause.
+LOST_CONNECTION = (ConnectionError, TimeoutError)
+LOST_CONNECTION_NAMES = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                                   "ConnectionClosedError", "ClientConnectorError", "ServerDisconnectedError"})
+SERVER_ERROR = 500  # and above: the server's own trouble (InternalError, ServiceUnavailable, SlowDown)
+
+
 class CorruptManifest(StorageUnavailable):
     """A partition's manifest cannot be read; the message names it."""
+
+
+def _answered(method):
+    """A call to a remote storage root whose server does not answer raises StorageUnreachable,
+    naming the root, instead of the client library's error."""
+
+    @functools.wraps(method)
+    def calling(self: DatasetStore, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except StorageUnavailable:
+            raise
+        except Exception as error:
+            if self.is_local or not _lost_connection(error):
+                raise
+            raise self._unusable(error) from None
+
+    return calling
 
 
 def rows_to_table(dataset: str, rows: Iterable[dict]) -> pa.Table:
@@ -127,14 +160,21 @@ class DatasetStore:
         except FileNotFoundError:  # a prefix not written yet, fine if its bucket exists
             self._check_bucket()
         except Exception as error:  # noqa: BLE001  botocore, aiohttp and OS errors alike; all mean "unusable"
-            raise StorageUnavailable(f"storage {self.uri}: {_reason(error)}") from None
+            raise self._unusable(error) from None
 
     def _check_bucket(self) -> None:
         bucket = self.root.split("/", 1)[0]
         try:
             self.fs.ls(bucket, refresh=True)
         except Exception as error:  # noqa: BLE001  as in check()
-            raise StorageUnavailable(f"storage {self.uri}: {_reason(error)}") from None
+            raise self._unusable(error) from None
+
+    def _unusable(self, error: Exception) -> StorageUnavailable:
+        if _lost_connection(error):
+            reply = _replied(error)
+            how = "answered with a server error" if _is_reply(reply) else "did not answer"
+            return StorageUnreachable(f"storage {self.uri} {how}: {_reason(reply)}")
+        return StorageUnavailable(f"storage {self.uri}: {_reason(error)}")
 
     def partition_dir(self, dataset: str, experiment: str, iteration: int) -> str:
         return f"{self.root}/{dataset}/experiment={experiment}/iteration={iteration}"
@@ -146,6 +186,7 @@ class DatasetStore:
         """Full URI of a path inside this store (what DuckDB and people are given)."""
         return self.fs.unstrip_protocol(path)
 
+    @_answered
     def write_partition(
         self, dataset: str, experiment: str, iteration: int, table: pa.Table, part: str = "data",
         keep: Iterable[str] = (),
@@ -204,6 +245,7 @@ class DatasetStore:
         self._publish(path, manifest)
         return manifest, expired
 
+    @_answered
     def partition_files(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> list[str]:
         """URIs of the files a part's manifest names; FileNotFoundError when it was never written."""
         path = self.manifest_path(dataset, experiment, iteration, part)
@@ -213,14 +255,17 @@ class DatasetStore:
     def read_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> pa.Table:
         return self.read_files(dataset, self.partition_files(dataset, experiment, iteration, part))
 
+    @_answered
     def read_files(self, dataset: str, uris: list[str], columns: list[str] | None = None) -> pa.Table:
         paths = [self.fs._strip_protocol(uri) for uri in uris]
         return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset], columns=columns)
 
+    @_answered
     def has_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> bool:
         self._forget_listings(self.partition_dir(dataset, experiment, iteration))
         return self.fs.exists(self.manifest_path(dataset, experiment, iteration, part))
 
+    @_answered
     def iterations(self, dataset: str, experiment: str, part: str = "data") -> list[int]:
         """The experiment's iterations that have `part` of `dataset` published, in order."""
         pattern = self.manifest_path(dataset, experiment, 0, part).replace("/iteration=0/", "/iteration=*/")
@@ -232,6 +277,7 @@ class DatasetStore:
         reader (DuckDB, polars, pyarrow) should scan."""
         return [uri for published in self.published(dataset) for uri in published.files]
 
+    @_answered
     def published(self, dataset: str) -> list[Published]:
         """Every published part of a dataset, from its manifests (fetched concurrently on S3)."""
         prefix = f"{self.root}/{dataset}"
@@ -330,7 +376,34 @@ def _modified(info: dict) -> float:
     return stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp)
 
 
-def _reason(error: Exception) -> str:
+def _lost_connection(error: BaseException | None) -> bool:
+    """Whether a lost connection, or a server error reply, is in the error's chain (followed as
+    Python prints it)."""
+    while error is not None:
+        if isinstance(error, LOST_CONNECTION) or type(error).__name__ in LOST_CONNECTION_NAMES:
+            return True
+        if _is_reply(error) and error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= SERVER_ERROR:
+            return True
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return False
+
+
+def _replied(error: BaseException) -> BaseException:
+    """The server's error reply in the chain (s3fs turns botocore's ClientError into an OSError
+    with only its message), else the error itself."""
+    link = error
+    while link is not None:
+        if _is_reply(link):
+            return link
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+    return error
+
+
+def _is_reply(error: BaseException) -> bool:
+    return isinstance(getattr(error, "response", None), dict)  # botocore's ClientError: the reply it got
+
+
+def _reason(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     if isinstance(error, FileNotFoundError):
         return f"no such bucket or directory ({text})"

@@ -15,16 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dagster import (
     AssetKey,
     AssetRecordsFilter,
-    DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
     Definitions,
-    EventLogEntry,
 )
 
 from assets.partitions import add_experiment, add_iteration, iteration_key
@@ -33,7 +30,7 @@ from commands.console import errors as console  # progress on stderr: stdout car
 from commands.errors import UserError
 from commands.settings import Settings
 from pipelines import run_submission
-from pipelines.errors import RunFailed
+from pipelines.errors import RunFailed, run_failures
 from pipelines.local_daemon import LocalDaemon
 from pipelines.resources import crucible_resource
 from task_sets.loader import TaskSetError, load_task_set
@@ -42,30 +39,10 @@ from training.iteration.context import Refused
 from training.iteration.lineage import Checkpoints
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 
-if TYPE_CHECKING:
-    from dagster_shared.error import SerializableErrorInfo
-
-
 
 def say(line: str) -> None:
     """A line of a run's progress as the run wrote it: one line however wide, never rich markup."""
     console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
-    """The error at the bottom of a chain: Dagster wraps what a resource or an asset raised
-    ("Error executing resource_fn …"), and that is the sentence that says what happened."""
-    while error.cause is not None:
-        error = error.cause
-    return error
-
-
-def reason(error: SerializableErrorInfo) -> str:
-    """What a failed step says: an asset's deliberate Failure by its own sentence, any other
-    error as Python prints it (its class, then its message)."""
-    error = innermost(error)
-    message = error.message.strip()
-    return message.split(": ", 1)[1] if error.cls_name == "Failure" and ": " in message else message
 
 
 class ExperimentRunner:
@@ -248,25 +225,6 @@ class ExperimentRunner:
             run = record.dagster_run
             say(f"{job_name} {partition_key}: run {run.run_id} is {run.status.value.lower()} already; following it")
             run_submission.follow(self.instance, self.daemon, run.run_id, say)
-
-
-def run_failures(instance: DagsterInstance, run_id: str) -> list[str]:
-    """Why a run that ended elsewhere failed: its steps' reasons, else the run's own (a worker that
-    never started, a run the monitoring cancelled)."""
-    steps = [reason(entry.dagster_event.step_failure_data.error)
-             for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE)
-             if entry.dagster_event.step_failure_data.error]
-    if steps:
-        return steps
-    ended = instance.all_logs(run_id, of_type={DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED})
-    return [_run_reason(entry) for entry in ended] or ["(no reason recorded)"]
-
-
-def _run_reason(entry: EventLogEntry) -> str:
-    """A run's failure: the error raised outside its steps (the executor's), else Dagster's word."""
-    event = entry.dagster_event
-    error = event.job_failure_data.error if event.event_type == DagsterEventType.RUN_FAILURE else None
-    return reason(error) if error else event.message or entry.user_message
 
 
 def refuse_unusable(config: ExperimentConfig, crucible: CrucibleResource, new: bool) -> None:

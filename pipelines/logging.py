@@ -1,5 +1,5 @@
 """What a command following a run shows of its event log: the assets' own progress lines, the
-steps' starts, ends and failures, and not every framework event nor Dagster Pipes' plumbing."""
+steps' starts, ends, retries and failures, and not every framework event nor Dagster Pipes' plumbing."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import time
 
 from dagster import DagsterEventType, EventLogEntry
 
+from pipelines.errors import reason
+
 # Dagster Pipes notes its own session with the training step's process in lines that start so
 # ("successfully opened dagster pipes"): plumbing. Not its warnings ("did not receive any
 # messages"), nor the step's own lines, which reach the run's log through that session.
 PIPES_PREFIX = "[pipes] "
-STEP_EVENTS = (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)
+STEP_EVENTS = (DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE,
+               DagsterEventType.STEP_UP_FOR_RETRY)
 
 
 def shown(entry: EventLogEntry) -> str | None:
@@ -22,6 +25,9 @@ def shown(entry: EventLogEntry) -> str | None:
         if event.event_type not in STEP_EVENTS:
             return None
         text = event.event_type.value.lower().replace("_", " ")
+        if event.event_type == DagsterEventType.STEP_UP_FOR_RETRY and event.step_retry_data.error:
+            retry = event.step_retry_data
+            text = f"{reason(retry.error)}; retried in {retry.seconds_to_wait or 0:g} s"
     elif entry.level < logging.INFO or entry.level < logging.WARNING and entry.user_message.startswith(PIPES_PREFIX):
         return None
     else:
