@@ -258,7 +258,14 @@ class DatasetStore:
     @_answered
     def read_files(self, dataset: str, uris: list[str], columns: list[str] | None = None) -> pa.Table:
         paths = [self.fs._strip_protocol(uri) for uri in uris]
-        return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset], columns=columns)
+        try:
+            return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset], columns=columns)
+        except FileNotFoundError:
+            # pyarrow's bridge to fsspec says "not found" for any file it failed to open (a lost
+            # connection too): asked again, the filesystem raises the real reason.
+            for path in paths:
+                self.fs.info(path)
+            raise
 
     @_answered
     def has_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> bool:

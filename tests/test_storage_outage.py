@@ -35,7 +35,7 @@ class Outage:
                 monkeypatch.setenv(key, value)
             monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: seconds per call the tests need not wait
             self.store = DatasetStore(f"s3://{server.bucket}/crucible")
-            self.store.write_partition("stages", "e", 1, rows_to_table("stages", [ROW]), part="rollouts")
+            self.file = self.store.write_partition("stages", "e", 1, rows_to_table("stages", [ROW]), part="rollouts")
         self.server = threading.Thread(target=self._serve)
 
     def _serve(self):
@@ -62,12 +62,15 @@ def stored_stage(store: DatasetStore) -> float:
 
 
 def test_a_store_whose_server_does_not_answer_names_the_root_in_one_sentence(outage):
-    for call in (lambda: stored_stage(outage.store), lambda: outage.store.published("stages"),
-                 lambda: outage.store.write_partition("stages", "e", 2, rows_to_table("stages", [ROW]), part="rollouts"),
-                 outage.store.check):
+    S3FileSystem.clear_instance_cache()  # nothing cached: every call asks the server
+    store = DatasetStore(outage.store.uri)
+    for call in (lambda: stored_stage(store), lambda: store.published("stages"),
+                 lambda: store.read_files("stages", [outage.file]),  # through pyarrow's bridge to fsspec
+                 lambda: store.write_partition("stages", "e", 2, rows_to_table("stages", [ROW]), part="rollouts"),
+                 store.check):
         with pytest.raises(StorageUnreachable) as raised:
             call()
-        assert str(raised.value).startswith(f"storage {outage.store.uri} did not answer: EndpointConnectionError: ")
+        assert str(raised.value).startswith(f"storage {store.uri} did not answer: EndpointConnectionError: ")
         assert raised.value.__cause__ is None and "\n" not in str(raised.value)
 
 
