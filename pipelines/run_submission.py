@@ -24,9 +24,9 @@ from pipelines.errors import RunFailed
 from pipelines.local_daemon import GRPC_INFO_TAG, PROJECT_DIR, LocalDaemon, console_script
 from pipelines.logging import shown
 
-POLL_S = 2.0
+POLL_S = 0.5  # a step's lines show within half a second; a query of the run's new events is cheap
 EVENTS_PER_READ = 1000
-DAEMON_CHECK_POLLS = 5  # while a run is followed, that a daemon is still there: every 10 s
+DAEMON_CHECK_POLLS = 20  # while a run is followed, that a daemon is still there: every 10 s
 RETRY_WAIT_S = 300.0  # the retry daemon's ticks are seconds apart; one that declines says nothing here
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 

@@ -23,11 +23,13 @@ from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from pipelines.local_daemon import live_daemons
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
+from tests.lineage import EVERY_STEP_MOVES, assert_one_lineage
 from training.experiment import BasePolicySettings, ExperimentConfig
 from training.policy.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parent.parent
+GRADING_S = 2
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +40,16 @@ def experiment(tmp_path_factory) -> dict[str, str]:
                    "CRUCIBLE_STORAGE_ROOT": str(workdir / "data"), "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "ckpt")}
     environment.pop(POSTGRES_URL_ENV, None)
     compose = load_task_set("compose")
-    write_task_set([*compose.train()[:4], *compose.eval()[:2]], workdir / "mini")
+    # Grading that takes seconds, so that a kill once it has started lands in it.
+    slow = [task.model_copy(update={"tests": f"import time\ntime.sleep({GRADING_S})\n{task.tests}"})
+            for task in [*compose.train()[:4], *compose.eval()[:2]]]
+    write_task_set(slow, workdir / "mini")
     crucible = CrucibleResource(storage_root=environment["CRUCIBLE_STORAGE_ROOT"],
                                 checkpoint_root=environment["CRUCIBLE_CHECKPOINT_ROOT"])
     crucible.save_experiment(ExperimentConfig(
         name="tiny", task_set=str(workdir / "mini"), tasks_per_iteration=2, samples_per_task=2, max_new_tokens=16,
         eval_tasks=2, eval_samples=1, refill_rounds=0, regrade_fraction=0.0, max_turns=1,
-        base=BasePolicySettings(hidden_size=32, num_layers=1, sft_steps=0)))
+        base=BasePolicySettings(hidden_size=32, num_layers=1, sft_steps=0), grpo=EVERY_STEP_MOVES))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])
         prepare_instance()
@@ -55,11 +60,21 @@ def experiment(tmp_path_factory) -> dict[str, str]:
     return environment
 
 
-def crucible_run(environment: dict[str, str], until: str | None = None) -> tuple[int, str]:
-    """`crucible run` for one iteration; with `until`, the command and everything it started
-    (code server, daemon, run worker, training process) are SIGKILLed once a line has it."""
+# Where `crucible run` and everything it started (code server, daemon, run worker, step processes,
+# the training job) are SIGKILLed, one stage per iteration: a line it shows once the stage is under way.
+KILLED_IN = {
+    1: "rollouts.sample_rollout_shard[shard_0]: step start",
+    2: "verified_rollouts.grade_rollout_shard[shard_0]: step start",
+    3: "checkpoint: step start",  # the training step, with its job's process
+    4: "checkpoint_eval: step start",
+}
+
+
+def crucible_run(environment: dict[str, str], iterations: int, until: str | None = None) -> tuple[int, str]:
+    """`crucible run` through `iterations`; with `until`, the command and everything it started
+    are SIGKILLed once a line has it."""
     process = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "tiny",
-                                "--iterations", "1"], cwd=ROOT, env=environment, text=True,
+                                "--iterations", str(iterations)], cwd=ROOT, env=environment, text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     lines = []
     for line in process.stderr:
@@ -73,24 +88,34 @@ def crucible_run(environment: dict[str, str], until: str | None = None) -> tuple
     return process.returncode, "".join(lines)
 
 
-def test_a_run_killed_with_its_command_in_the_training_step_resumes_at_that_step(experiment):
-    killed, _ = crucible_run(experiment, until="checkpoint: step start")
-    assert killed == -9
-    with DagsterInstance.from_config(experiment["DAGSTER_HOME"]) as instance:
-        # Its daemon's last heartbeat is fresh, but it died with its command: not one to wait for.
-        assert live_daemons(instance) == set()
-    code, said = crucible_run(experiment)
-    assert code == 0, said[-3000:]
-    assert "and the code server that started it" in said and "are gone: killed" in said
-    assert "Dagster's run retries launch it again" in said
-    with DagsterInstance.from_config(experiment["DAGSTER_HOME"]) as instance:
-        [resumed, _killed] = [run for run in instance.get_runs() if run.tags.get("dagster/partition") == "tiny|0001"]
-        steps = {record.event_log_entry.step_key for record in instance.get_records_for_run(
-            resumed.run_id, of_type=DagsterEventType.STEP_START).records}
-        assert steps == {"checkpoint", "checkpoint_eval"}  # from the step it was killed in; rollouts were not redone
-        for asset in ("trajectories", "checkpoint_eval"):
-            assert len(instance.fetch_materializations(
-                AssetRecordsFilter(AssetKey(asset), asset_partitions=["tiny|0001"]), limit=5).records) == 1, asset
-    crucible = CrucibleResource(storage_root=experiment["CRUCIBLE_STORAGE_ROOT"],
-                                checkpoint_root=experiment["CRUCIBLE_CHECKPOINT_ROOT"])
-    verify_checkpoint(crucible.checkpoint_dir("tiny", 1))
+def steps(instance: DagsterInstance, run_id: str, event: DagsterEventType) -> set[str]:
+    return {record.event_log_entry.step_key for record in instance.get_records_for_run(run_id, of_type=event).records}
+
+
+def test_a_run_killed_with_its_command_at_any_stage_resumes_at_that_stage(experiment):
+    for number, line in KILLED_IN.items():
+        stage = line.split(":")[0]
+        killed, _ = crucible_run(experiment, number, until=line)
+        assert killed == -9
+        with DagsterInstance.from_config(experiment["DAGSTER_HOME"]) as instance:
+            # Its daemon's last heartbeat is fresh, but it died with its command: not one to wait for.
+            assert live_daemons(instance) == set()
+        code, said = crucible_run(experiment, number)
+        assert code == 0, said[-3000:]
+        assert "and the code server that started it" in said and "are gone: killed" in said
+        assert "Dagster's run retries launch it again" in said
+        partition = f"tiny|{number:04d}"
+        with DagsterInstance.from_config(experiment["DAGSTER_HOME"]) as instance:
+            [resumed, first] = [run for run in instance.get_runs() if run.tags.get("dagster/partition") == partition]
+            done_before = steps(instance, first.run_id, DagsterEventType.STEP_SUCCESS)
+            under_way = steps(instance, first.run_id, DagsterEventType.STEP_START) - done_before
+            assert under_way == {stage}, f"iteration {number}: killed in {under_way}, not in {stage}"
+            run_again = steps(instance, resumed.run_id, DagsterEventType.STEP_START)
+            assert stage in run_again and not run_again & done_before, f"iteration {number}: {run_again}"
+            for asset in ("trajectories", "checkpoint", "checkpoint_eval"):
+                assert len(instance.fetch_materializations(
+                    AssetRecordsFilter(AssetKey(asset), asset_partitions=[partition]), limit=5).records) == 1, asset
+        crucible = CrucibleResource(storage_root=experiment["CRUCIBLE_STORAGE_ROOT"],
+                                    checkpoint_root=experiment["CRUCIBLE_CHECKPOINT_ROOT"])
+        verify_checkpoint(crucible.checkpoint_dir("tiny", number))
+    assert_one_lineage(crucible, "tiny", len(KILLED_IN))

@@ -26,9 +26,8 @@ from datastore.store import DatasetStore
 from pipelines.jobs import ITERATION_ASSETS
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
+from tests.lineage import EVERY_STEP_MOVES, assert_one_lineage
 from training.experiment import BasePolicySettings, ExperimentConfig
-from training.policy.checkpoint import verify_checkpoint
-from training.rl.settings import GRPOConfig
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +37,7 @@ ROOT = Path(__file__).parent.parent
 # checkpoint differs from its parent and a wrong parent shows in the lineage (assert_one_lineage).
 TINY = dict(tasks_per_iteration=3, samples_per_task=2, max_new_tokens=16, eval_tasks=2, eval_samples=1,
             refill_rounds=0, regrade_fraction=0.0, base=BasePolicySettings(hidden_size=32, num_layers=1, sft_steps=0),
-            grpo=GRPOConfig(zero_variance_groups="keep", skip_zero_advantage=False, weight_decay=0.1, epochs=1))
+            grpo=EVERY_STEP_MOVES)
 
 
 @pytest.fixture(scope="module")
@@ -82,21 +81,6 @@ def create_experiment(environment, crucible: CrucibleResource, name: str, task_s
         instance.add_dynamic_partitions(experiments.name, [name])
         assert materialize([base_policy], partition_key=name, instance=instance,
                            resources={"crucible": crucible, "training_step": TrainingStepClient()}).success
-
-
-def assert_one_lineage(crucible: CrucibleResource, name: str, iterations: int) -> None:
-    """Every iteration's samples come from the previous checkpoint, and every checkpoint's parent is
-    the previous checkpoint, as each is on disk now; and no two checkpoints are alike, without
-    which a wrong parent would go unseen."""
-    store = crucible.store()
-    hashes = [verify_checkpoint(crucible.checkpoint_dir(name, number))["content_hash"] for number in range(iterations + 1)]
-    assert len(set(hashes)) == iterations + 1, hashes
-    for number in range(1, iterations + 1):
-        parent = verify_checkpoint(crucible.checkpoint_dir(name, number - 1))["content_hash"]
-        sampled_by = set(store.read_partition("trajectories", name, number)["policy_version"].to_pylist())
-        [row] = store.read_partition("checkpoints", name, number).to_pylist()
-        assert sampled_by == {parent} and row["parent_hash"] == parent, f"iteration {number}"
-        assert row["content_hash"] == verify_checkpoint(crucible.checkpoint_dir(name, number))["content_hash"]
 
 
 def crucible_run(environment, name: str, iterations: int) -> subprocess.Popen:

@@ -1,0 +1,27 @@
+"""What the tests that run whole experiments check of their checkpoints' lineage."""
+
+from __future__ import annotations
+
+from assets.resources import CrucibleResource
+from training.policy.checkpoint import verify_checkpoint
+from training.rl.settings import GRPOConfig
+
+# A tiny policy rarely gets a reward spread, so the default trainer would take no optimizer step and
+# every checkpoint would be its parent, one hash: a wrong parent would go unseen. Zero-advantage
+# samples kept, and weight decay, move every step.
+EVERY_STEP_MOVES = GRPOConfig(zero_variance_groups="keep", skip_zero_advantage=False, weight_decay=0.1, epochs=1)
+
+
+def assert_one_lineage(crucible: CrucibleResource, name: str, iterations: int) -> None:
+    """Every iteration's samples come from the previous checkpoint, and every checkpoint's parent is
+    the previous checkpoint, as each is on disk now; and no two checkpoints are alike, without
+    which a wrong parent would go unseen."""
+    store = crucible.store()
+    hashes = [verify_checkpoint(crucible.checkpoint_dir(name, number))["content_hash"] for number in range(iterations + 1)]
+    assert len(set(hashes)) == iterations + 1, hashes
+    for number in range(1, iterations + 1):
+        parent = verify_checkpoint(crucible.checkpoint_dir(name, number - 1))["content_hash"]
+        sampled_by = set(store.read_partition("trajectories", name, number)["policy_version"].to_pylist())
+        [row] = store.read_partition("checkpoints", name, number).to_pylist()
+        assert sampled_by == {parent} and row["parent_hash"] == parent, f"iteration {number}"
+        assert row["content_hash"] == verify_checkpoint(crucible.checkpoint_dir(name, number))["content_hash"]
