@@ -23,7 +23,9 @@ runs (monitoring) and retries those whose worker died.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,6 +52,16 @@ STOP_TIMEOUT_S = 60.0
 CODE_SERVER_GRACE_S = 1.0
 POLL_S = 1.0
 UNFINISHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+# A command's code server lives in a folder named for this machine, so that a run's record (the
+# socket path of the code server that started its worker) says on which machine its worker ran.
+MACHINE = hashlib.sha256(os.uname().nodename.encode()).hexdigest()[:8]
+SERVER_FOLDER = re.compile(r"/crucible-(?P<machine>[0-9a-f]{8})-[^/]+/[^/]+$")
+
+
+def launched_here(socket_path: str) -> bool:
+    """Whether a command's code server on this machine listens, or listened, on that socket."""
+    found = SERVER_FOLDER.search(socket_path)
+    return found is not None and found["machine"] == MACHINE
 
 
 def live_daemons(instance: DagsterInstance) -> set[str]:
@@ -137,7 +149,8 @@ class LocalDaemon:
             shutil.rmtree(self._folder, ignore_errors=True)
 
     def _start_code_server(self) -> None:
-        self._folder = Path(tempfile.mkdtemp(prefix="crucible-"))  # short: a socket path has 107 bytes
+        # Short: a socket path has 107 bytes.
+        self._folder = Path(tempfile.mkdtemp(prefix=f"crucible-{MACHINE}-"))
         socket = self._folder / "code.sock"
         self._code_server = _start(
             [console_script("dagster"), "api", "grpc", "--module-name", LOCATION, "--working-directory",

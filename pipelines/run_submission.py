@@ -14,14 +14,13 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
 
 from assets.step_outputs import RETRY_TAG, WILL_RETRY_TAG
 from pipelines.errors import RunFailed
-from pipelines.local_daemon import GRPC_INFO_TAG, PROJECT_DIR, LocalDaemon, console_script
+from pipelines.local_daemon import GRPC_INFO_TAG, PROJECT_DIR, LocalDaemon, console_script, launched_here
 from pipelines.logging import shown
 
 POLL_S = 0.5  # a step's lines show within half a second; a query of the run's new events is cheap
@@ -111,25 +110,27 @@ def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Ca
 
 
 def worker_gone(instance: DagsterInstance, run: DagsterRun) -> str | None:
-    """Why a started run's worker is known to be gone, if it is: launched on this machine by a code
-    server that no longer answers on its socket, its process is no more (killed with the command
-    that started them both). Run monitoring cannot tell: Dagster's default run launcher learns of
-    a dead worker only from the code server that started it."""
+    """Why a started run's worker is known to be gone, if it is: launched on this machine by a
+    command's code server that no longer answers on its socket, its process is no more (killed
+    with the command that started them both, or by a restart of the machine, which may also have
+    emptied the temporary folder the socket was in). Run monitoring cannot tell: Dagster's default
+    run launcher learns of a dead worker only from the code server that started it."""
     grpc = json.loads(run.tags.get(GRPC_INFO_TAG, "{}"))
-    if not grpc.get("socket") or not Path(grpc["socket"]).exists() or _listening(grpc["socket"]):
+    if not launched_here(grpc.get("socket") or "") or _listening(grpc["socket"]):
         return None  # another machine's, or its code server is there to report the worker's end
     started = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.RUN_START, limit=1).records
     if not started:
         return None
     pid, at = started[0].event_log_entry.dagster_event.pid, started[0].event_log_entry.timestamp
+    restarted = psutil.boot_time() > at  # and the pid, if taken, is another process's
     try:
-        alive = psutil.Process(pid).create_time() <= at + 1 and psutil.boot_time() <= at
+        alive = not restarted and psutil.Process(pid).create_time() <= at + 1
     except psutil.AccessDenied:  # there, but not ours to see
         alive = True
     except psutil.Error:
         alive = False
-    return None if alive else (f"its worker (pid {pid}) and the code server that started it "
-                               f"({grpc['socket']}) are gone: killed")
+    return None if alive else (f"its worker (pid {pid}) and the code server that started it ({grpc['socket']}) "
+                               f"are gone: {'the machine restarted' if restarted else 'killed'}")
 
 
 def _listening(path: str) -> bool:
