@@ -69,6 +69,16 @@ def test_an_error_the_submission_raises_is_told_once_with_its_class():
     assert why.detail.endswith("first: test_hidden.py::test_small: SubmissionError: Odd: no")
 
 
+def test_a_failure_reads_as_typed_with_the_characters_a_report_escapes():
+    """The reports are JUnit XML; their escaping (&quot; &lt; &amp;) never reaches the reason."""
+    typed = 'a "quoted" <tag> & \'more\''
+    _, why = failure(FUNCTION, f"def add(a, b):\n    raise ValueError({typed!r})\n")
+    assert why.detail.endswith(f"ValueError: {typed}")
+    broken = change("calc/ops.py", "def add(a, b):\n    return a - b", f"def add(a, b):\n    raise ValueError({typed!r})")
+    _, why = failure(repository(), broken)
+    assert f"ValueError: {typed}" in why.detail, why.detail
+
+
 def test_a_submission_that_does_not_parse_is_told_so():
     _, why = failure(FUNCTION, "def add(a, b) return a + b\n")
     assert why.reason is FailureReason.COLLECTION_ERROR and "SyntaxError" in why.detail
