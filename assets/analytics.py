@@ -69,7 +69,7 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
     number of turns, the commonest failures the commands printed."""
     iteration = this_iteration(context, crucible)
     experiment, where = iteration.experiment, [iteration.name, iteration.number]
-    with failure_policy():
+    with failure_policy(crucible.store()):
         con = catalog.connect(crucible.storage_root)
         found = metrics.of_iteration(con, "iteration_rewards", *where)
         if not found:
@@ -116,7 +116,7 @@ def iteration_rewards(context: AssetExecutionContext, crucible: CrucibleResource
 def reward_analytics(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """Every iteration of every experiment: reward analytics beside the held-out evaluation, the
     reward curve, and the pass rate by difficulty."""
-    with failure_policy():
+    with failure_policy(crucible.store()):
         con = catalog.connect(crucible.storage_root)
         # Iteration 0 (the base policy) has an evaluation but no samples.
         rows = metrics.rewards_beside_evaluation(con)

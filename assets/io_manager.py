@@ -31,7 +31,7 @@ class DatasetIOManager(ConfigurableIOManager):
         rows = [{"index": index, "record": _adapter(type(value)).dump_json(value, exclude_computed_fields=True).decode()}
                 for index, value in enumerate(obj)]
         store = DatasetStore(self.storage_root)
-        with failure_policy():
+        with failure_policy(store):
             path = store.write_partition("outputs", experiment, number, rows_to_table("outputs", rows),
                                          part=context.asset_key.to_user_string())
         context.add_output_metadata({"stored_as": store.uri_of(path)})
@@ -40,7 +40,7 @@ class DatasetIOManager(ConfigurableIOManager):
         asset = context.asset_key.to_user_string()
         experiment, number = parse_iteration_key(context.asset_partition_key)
         store = DatasetStore(self.storage_root)
-        with failure_policy():
+        with failure_policy(store):
             if not store.has_partition("outputs", experiment, number, part=asset):
                 raise Failure(f"{asset} of {experiment} iteration {number} was never stored: materialize it first "
                               "(or the whole iteration)", allow_retries=False)

@@ -66,7 +66,8 @@ def this_iteration(context: AssetExecutionContext | OpExecutionContext, crucible
         name, number = parse_iteration_key(context.partition_key)
     except ValueError as error:
         raise Failure(str(error), allow_retries=False) from None
-    experiment = stored_experiment(crucible, name)
+    with failure_policy(crucible.store()):
+        experiment = stored_experiment(crucible, name)
     if number > experiment.iterations:
         raise Failure(f"iteration {number} is beyond experiment {name!r}'s limit of {experiment.iterations}: raise it "
                       f"first (`crucible run --experiment {name} --iterations {number}`, or the create_experiment job "
@@ -109,7 +110,7 @@ def task_set(
                       f"{usable.name} says why)")
     sampled = tasks.sample_tasks(iteration, usable)
     store, name, number = crucible.store(), iteration.name, iteration.number
-    with failure_policy():
+    with failure_policy(store):
         store.write_partition("tasks", name, number, rows_to_table("tasks", tasks.task_rows(usable, sampled)))
         report_stored(context, store, "tasks", name, number)
     by_difficulty = Counter(task.difficulty for task in sampled)
@@ -154,7 +155,7 @@ def trajectories(
     """The iteration's samples as one atomically written Parquet partition."""
     iteration = this_iteration(context, crucible)
     name, number, store = iteration.name, iteration.number, crucible.store()
-    with failure_policy(), timed_stage(store, name, number, "trajectories"):
+    with failure_policy(store), timed_stage(store, name, number, "trajectories"):
         table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
         # A re-run replaces the partition, but never deletes what a checkpoint's lineage names.
         path = store.write_partition("trajectories", name, number, table,
@@ -203,8 +204,10 @@ def checkpoint(
     iteration = this_iteration(context, crucible)
     name, number, store = iteration.name, iteration.number, crucible.store()
     checkpoints = Checkpoints(crucible, name)
-    replaced = checkpoints.recorded_hash(number)  # None: a first training step
-    with failure_policy(), timed_stage(store, name, number, "checkpoint"):
+    with failure_policy(store):  # read before the step writes anything
+        replaced = checkpoints.recorded_hash(number)  # None: a first training step
+        later = checkpoints.later_trained(number)
+    with failure_policy(store), timed_stage(store, name, number, "checkpoint"):
         job = train_job(iteration, crucible)
         with gpu_released():
             invocation = training_step.run(context, crucible, extras={"job": job.model_dump(mode="json")})
@@ -216,11 +219,10 @@ def checkpoint(
         store.write_partition("checkpoints", name, number, rows_to_table("checkpoints", [record.row]))
         step_rows = [{**{key: m[key] for key in TRAINING_STEPS.names}, "tokens": int(m["tokens"])} for m in steps]
         store.write_partition("training_steps", name, number, rows_to_table("training_steps", step_rows))
-    for dataset in ("checkpoints", "training_steps"):
-        report_stored(context, store, dataset, name, number)
+        for dataset in ("checkpoints", "training_steps"):
+            report_stored(context, store, dataset, name, number)
     if replaced not in (None, record.row["content_hash"]):
-        report_off_lineage(context.instance, name, f"the re-run of iteration {number}", number + 1,
-                           checkpoints.later_trained(number))
+        report_off_lineage(context.instance, name, f"the re-run of iteration {number}", number + 1, later)
     return MaterializeResult(
         metadata={
             **reported,
@@ -243,15 +245,15 @@ def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) 
     and the curve across iterations; then the experiment's trackers (`report_to`) are told."""
     iteration = this_iteration(context, crucible)
     store, name, number = crucible.store(), iteration.name, iteration.number
-    with failure_policy(), timed_stage(store, name, number, "checkpoint_eval"):
-        evaluated = Evaluation(iteration, crucible, context.log.info).run()
-    report_stored(context, store, "evaluations", name, number)
-    with failure_policy():
+    with failure_policy(store):
+        with timed_stage(store, name, number, "checkpoint_eval"):
+            evaluated = Evaluation(iteration, crucible, context.log.info).run()
+        report_stored(context, store, "evaluations", name, number)
         curve = held_out.held_out_curve(iteration, crucible.storage_root)
+        blanked = held_out.feedback_curve(iteration, crucible.storage_root)
     now, gain = curve[-1], curve[-1]["improvement_in_stderrs"]
     context.log.info(f"held-out pass rate {now['pass_rate']:.3f} ± {now['stderr']:.3f} "
                      f"({now['improvement']:+.3f} over the base policy, {gain:+.1f} standard errors)")
-    blanked = held_out.feedback_curve(iteration, crucible.storage_root)
     blind = blanked[-1] if blanked and blanked[-1]["iteration"] == number else None
     if blind:
         context.log.info(f"with observations blanked: {blind['blanked_pass_rate']:.3f}; what feedback is worth: "

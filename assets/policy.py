@@ -60,6 +60,8 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
     prove_unproven(crucible, loaded, context.log.info)
     task_set = usable(crucible, loaded)
     replaced = _content_hash(out_dir)
+    with failure_policy(crucible.store()):  # read before the policy is rebuilt: a retry sees the same
+        trained = crucible.store().iterations("checkpoints", experiment.name)
     metrics = {"examples": 0}
     # Beside the policy, so that a container or pod of the warm-up finds its inputs where this
     # process left them; under a fixed name, so that what a killed run left is removed here.
@@ -83,9 +85,7 @@ def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
         context.log.warning(f"{experiment.base_model}: {manifest['prompt_format_reason']} "
                             f"({manifest['completion_template']}; set prompt_format to choose)")
     if replaced not in (None, manifest["content_hash"]):
-        with failure_policy():
-            stored = crucible.store().iterations("checkpoints", experiment.name)
-        report_off_lineage(context.instance, experiment.name, "the rebuilt base policy", 1, stored)
+        report_off_lineage(context.instance, experiment.name, "the rebuilt base policy", 1, trained)
     return MaterializeResult(
         metadata={
             "path": MetadataValue.path(str(out_dir)),

@@ -20,11 +20,12 @@ def regrades(context: AssetExecutionContext, crucible: CrucibleResource) -> Mate
     """The iteration's trained-on submissions graded again in fresh sandboxes, stored under the
     current reward version."""
     iteration = this_iteration(context, crucible)
-    with failure_policy():
+    store = crucible.store()
+    with failure_policy(store):
         regrade = regrading.regrade(iteration, crucible, context.log.info)
-    store, rows = crucible.store(), regrade.rows
-    path = store.write_partition("regrades", iteration.name, iteration.number,
-                                 rows_to_table("regrades", rows), part=re.sub(r"[^\w@.-]", "_", regrade.reward_version))
+        rows = regrade.rows
+        path = store.write_partition("regrades", iteration.name, iteration.number, rows_to_table("regrades", rows),
+                                     part=re.sub(r"[^\w@.-]", "_", regrade.reward_version))
     return MaterializeResult(metadata={
         "path": MetadataValue.path(store.uri_of(path)), "reward_version": regrade.reward_version,
         "samples": len(rows), "pass_rate": sum(row["passed"] for row in rows) / max(len(rows), 1),

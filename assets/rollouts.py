@@ -48,7 +48,7 @@ def plan_rollout_shards(context: OpExecutionContext, crucible: CrucibleResource,
     """The sampled tasks in the experiment's `rollout_shards` slices, and the checkpoint they
     sample, checked once (its lineage and content hash) for all of them."""
     iteration, planned_at = this_iteration(context, crucible), dt.datetime.now(dt.timezone.utc)
-    with failure_policy():
+    with failure_policy(crucible.store()):
         policy = Checkpoints(crucible, iteration.name).sampled_by(iteration.number)
     yield from planned(sampling.shards(iteration.experiment, task_set), planned_at, policy)
 
@@ -59,7 +59,7 @@ def sample_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource
     iteration = this_iteration(context, crucible)
     sampler = Sampler.of(crucible, iteration.experiment, usable_task_set(crucible, iteration.experiment),
                          context.log.info)
-    with failure_policy():
+    with failure_policy(crucible.store()):
         return ShardDone(shard, sampler.sample_shard(iteration, shard.work, shard.index, shard.count, shard.policy))
 
 
@@ -70,7 +70,7 @@ def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
     shard. Once it has succeeded, the shards' hand-overs are deleted (assets/step_outputs.py)."""
     iteration = this_iteration(context, crucible)
     samples, first = gathered(shards)
-    with failure_policy():
+    with failure_policy(crucible.store()):
         record_stage(crucible.store(), iteration.name, iteration.number, "rollouts", started_at=first.planned_at)
     tokens, seconds = sum(r.sampled_tokens for r in samples), sum(r.generate_s for r in samples)
     return Output(samples, metadata={

@@ -64,7 +64,7 @@ def grade_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource,
     if shard.count > 1:
         context.log.info(f"grading shard {shard.index + 1}/{shard.count}: {len(shard.work)} rollouts")
     grader = Grader.of(crucible, usable_task_set(crucible, iteration.experiment), context.log.info)
-    with failure_policy():
+    with failure_policy(crucible.store()):
         return ShardDone(shard, grader.grade(shard.work, shares=shard.count))
 
 
@@ -78,7 +78,7 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
     usable = usable_task_set(crucible, iteration.experiment)
     sampler = Sampler.of(crucible, iteration.experiment, usable, log)
     grades, first = gathered(shards)
-    with failure_policy():
+    with failure_policy(crucible.store()):
         verification = verify(
             iteration, task_set=usable, sampled=task_set, rollouts=rollouts, graded=grades,
             grader=Grader.of(crucible, usable, log),

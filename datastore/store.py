@@ -73,7 +73,9 @@ class StorageUnreachable(StorageUnavailable):
 LOST_CONNECTION = (ConnectionError, TimeoutError)
 LOST_CONNECTION_NAMES = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
                                    "ConnectionClosedError", "ClientConnectorError", "ServerDisconnectedError"})
-SERVER_ERROR = 500  # and above: the server's own trouble (InternalError, ServiceUnavailable, SlowDown)
+# The server's own passing trouble (InternalError, Bad Gateway, ServiceUnavailable and SlowDown,
+# Gateway Timeout); not 501 or 505, which say what it will never do.
+SERVER_TROUBLE = frozenset({500, 502, 503, 504})
 
 
 class CorruptManifest(StorageUnavailable):
@@ -169,6 +171,19 @@ class DatasetStore:
         except Exception as error:  # noqa: BLE001  as in check()
             raise self._unusable(error) from None
 
+    def unreachable(self) -> StorageUnreachable | None:
+        """The outage, when the storage root's server does not answer now (a local root always does):
+        what a failure whose own error does not say so (DuckDB's, a library's) is checked against."""
+        if self.is_local:
+            return None
+        try:
+            self.check()
+        except StorageUnreachable as outage:
+            return outage
+        except StorageUnavailable:
+            pass  # it answers, if only to refuse
+        return None
+
     def _unusable(self, error: Exception) -> StorageUnavailable:
         if _lost_connection(error):
             reply = _replied(error)
@@ -262,10 +277,11 @@ class DatasetStore:
             return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset], columns=columns)
         except FileNotFoundError:
             # pyarrow's bridge to fsspec says "not found" for any file it failed to open (a lost
-            # connection too): asked again, the filesystem raises the real reason.
+            # connection too): asked again, the filesystem raises the real reason, or finds them
+            # all (a server back from an outage), and they are read again.
             for path in paths:
                 self.fs.info(path)
-            raise
+            return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset], columns=columns)
 
     @_answered
     def has_partition(self, dataset: str, experiment: str, iteration: int, part: str = "data") -> bool:
@@ -389,7 +405,7 @@ def _lost_connection(error: BaseException | None) -> bool:
     while error is not None:
         if isinstance(error, LOST_CONNECTION) or type(error).__name__ in LOST_CONNECTION_NAMES:
             return True
-        if _is_reply(error) and error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= SERVER_ERROR:
+        if _is_reply(error) and error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in SERVER_TROUBLE:
             return True
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return False

@@ -30,9 +30,10 @@ from commands.console import errors as console  # progress on stderr: stdout car
 from commands.errors import UserError
 from commands.settings import Settings
 from pipelines import run_submission
-from pipelines.errors import RunFailed, run_failures
+from pipelines.errors import RunFailed
 from pipelines.local_daemon import LocalDaemon
 from pipelines.resources import crucible_resource
+from pipelines.run_failures import run_failures
 from task_sets.loader import TaskSetError, load_task_set
 from training.experiment import ExperimentConfig, ExperimentFileError, updated_settings
 from training.iteration.context import Refused

@@ -8,7 +8,7 @@ import time
 
 from dagster import DagsterEventType, EventLogEntry
 
-from pipelines.errors import reason
+from pipelines.run_failures import reason
 
 # Dagster Pipes notes its own session with the training step's process in lines that start so
 # ("successfully opened dagster pipes"): plumbing. Not its warnings ("did not receive any

@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunRecord, RunsFilter
@@ -115,21 +116,25 @@ def worker_gone(instance: DagsterInstance, run: DagsterRun) -> str | None:
     with the command that started them both, or by a restart of the machine, which may also have
     emptied the temporary folder the socket was in). Run monitoring cannot tell: Dagster's default
     run launcher learns of a dead worker only from the code server that started it."""
-    grpc = json.loads(run.tags.get(GRPC_INFO_TAG, "{}"))
-    if not launched_here(grpc.get("socket") or "") or _listening(grpc["socket"]):
-        return None  # another machine's, or its code server is there to report the worker's end
+    socket_path = json.loads(run.tags.get(GRPC_INFO_TAG, "{}")).get("socket") or ""
+    if not launched_here(socket_path):
+        return None  # another machine's, or a code server that reports its workers' ends itself
     started = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.RUN_START, limit=1).records
     if not started:
         return None
     pid, at = started[0].event_log_entry.dagster_event.pid, started[0].event_log_entry.timestamp
     restarted = psutil.boot_time() > at  # and the pid, if taken, is another process's
+    if Path(socket_path).exists() and _listening(socket_path):
+        return None  # its code server is there to report the worker's end
+    if not Path(socket_path).exists() and not restarted:
+        return None  # not this machine's after all (its name is another's too): only a restart deletes it here
     try:
         alive = not restarted and psutil.Process(pid).create_time() <= at + 1
     except psutil.AccessDenied:  # there, but not ours to see
         alive = True
     except psutil.Error:
         alive = False
-    return None if alive else (f"its worker (pid {pid}) and the code server that started it ({grpc['socket']}) "
+    return None if alive else (f"its worker (pid {pid}) and the code server that started it ({socket_path}) "
                                f"are gone: {'the machine restarted' if restarted else 'killed'}")
 
 

@@ -25,7 +25,7 @@ from assets.step_outputs import STEP_OUTPUTS
 from assets.training_step import TrainingStepClient
 from assets.verification import verified_rollouts
 from grading.submission import grade_solution
-from pipelines.errors import innermost
+from pipelines.run_failures import innermost
 from task_sets.loader import load_task_set
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout, Turn

@@ -17,8 +17,8 @@ import assets.failure_policy as policy
 from assets.failure_policy import failure_policy
 from datastore.seaweedfs import seaweedfs
 from datastore.store import DatasetStore, StorageUnreachable, rows_to_table
-from pipelines.errors import run_failures
 from pipelines.logging import shown
+from pipelines.run_failures import run_failures
 
 ROW = {"stage": "rollouts", "seconds": 1.5, "started_at": None}
 
@@ -101,7 +101,7 @@ def test_a_step_that_meets_an_outage_goes_on_once_the_server_is_back(outage, mon
 
     @asset
     def reads_the_store() -> float:
-        with failure_policy():
+        with failure_policy(outage.store):
             return stored_stage(outage.store)
 
     with DagsterInstance.ephemeral() as instance:
@@ -115,28 +115,41 @@ def test_a_step_that_meets_an_outage_goes_on_once_the_server_is_back(outage, mon
         result = materialize([reads_the_store], instance=instance)
         assert result.success and result.output_for_node("reads_the_store") == 1.5
         retries = [shown(entry) for entry in instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY)]
-    [told] = retries  # as `crucible run` shows it, after the time of day
-    assert told.split(" ", 1)[1].startswith(f"reads_the_store: storage {outage.store.uri} did not answer: ")
+    told = retries[0].split(" ", 1)[1]  # as `crucible run` shows it, after the time of day
+    assert told.startswith(f"reads_the_store: storage {outage.store.uri} did not answer: ")
     assert told.endswith("resumes the experiment where it stopped; retried in 10 s")
 
 
-def test_an_outage_that_outlasts_the_retries_fails_the_step_with_its_sentence(outage, monkeypatch):
+def test_an_error_of_its_own_while_the_root_does_not_answer_is_the_outage(outage, monkeypatch):
+    """What DuckDB or a client library raises says nothing of S3; the step asks the root."""
     monkeypatch.setattr(policy, "STORAGE_RETRIES", 1)
     monkeypatch.setattr(policy, "STORAGE_RETRY_WAIT_S", 0)
 
     @asset
-    def reads_the_store() -> float:
-        with failure_policy():
-            return stored_stage(outage.store)
+    def queries_the_store() -> None:
+        with failure_policy(outage.store):
+            raise RuntimeError("IO Error: an error of the reader's own words")
 
     with DagsterInstance.ephemeral() as instance:
-        result = materialize([reads_the_store], instance=instance, raise_on_error=False)
+        result = materialize([queries_the_store], instance=instance, raise_on_error=False)
         assert not result.success
         [told] = run_failures(instance, result.run_id)
     assert told.startswith(f"storage {outage.store.uri} did not answer: EndpointConnectionError: Could not connect")
-    assert told.endswith("(a step asks again 1 times, 0 s apart, before it fails): once it answers, `crucible run` "
-                         "resumes the experiment where it stopped")
+    assert told.endswith("(a step asks again up to 1 times, 0 s apart, before it fails): once it answers, "
+                         "`crucible run` resumes the experiment where it stopped")
     outage.restart()
     monkeypatch.delenv("AWS_MAX_ATTEMPTS")  # a restarted server answers 500 until its volumes are up: retried
     S3FileSystem.clear_instance_cache()
     assert stored_stage(DatasetStore(outage.store.uri)) == 1.5  # published before the outage, there after it
+
+
+def test_an_error_while_the_root_answers_is_the_steps_own_and_not_retried(tmp_path):
+    @asset
+    def queries_the_store() -> None:
+        with failure_policy(DatasetStore(str(tmp_path))):
+            raise RuntimeError("a bug")
+
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([queries_the_store], instance=instance, raise_on_error=False)
+        assert run_failures(instance, result.run_id) == ["RuntimeError: a bug"]
+        assert not instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY)

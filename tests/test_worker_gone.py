@@ -6,6 +6,8 @@ the restart emptied the temporary folder the socket was in. (Killed for real: te
 from __future__ import annotations
 
 import json
+import socket
+from pathlib import Path
 
 import psutil
 import pytest
@@ -30,14 +32,19 @@ def started_run():
         yield instance, instance.get_run_by_id(run_id), start.event_log_entry.timestamp
 
 
-def launched_from(run, folder: str):
-    """The run as if the code server on `folder`/code.sock had launched it (a socket gone: no such file)."""
-    return run.with_tags({**run.tags, GRPC_INFO_TAG: json.dumps({"socket": f"/tmp/{folder}/code.sock"})})
+def launched_from(run, folder: str | Path):
+    """The run as if the code server on `folder`/code.sock had launched it (in /tmp: a socket gone)."""
+    return run.with_tags({**run.tags, GRPC_INFO_TAG: json.dumps({"socket": f"{Path('/tmp', folder)}/code.sock"})})
 
 
-def test_a_run_whose_worker_lives_is_not_gone(started_run):
+def test_a_run_whose_worker_lives_is_not_gone_though_its_code_server_is(started_run, tmp_path):
     instance, run, _ = started_run
-    assert worker_gone(instance, launched_from(run, f"crucible-{MACHINE}-abc123")) is None
+    folder = tmp_path / f"crucible-{MACHINE}-abc123"
+    folder.mkdir()
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(str(folder / "code.sock"))  # a killed code server's socket file: nothing listens
+    assert worker_gone(instance, launched_from(run, folder)) is None
+    assert worker_gone(instance, launched_from(run, f"crucible-{MACHINE}-gone12")) is None  # not here: not ours
 
 
 def test_a_run_another_machine_launched_is_never_judged_here(started_run, monkeypatch):
