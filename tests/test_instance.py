@@ -104,7 +104,10 @@ with DagsterInstance.get() as instance:
 """
 
 
-def test_two_runs_never_hold_the_accelerator_pool_at_once(home, tmp_path):
+def test_two_runs_never_hold_the_accelerator_pool_at_once(home, tmp_path, postgres_url, monkeypatch):
+    """On the Postgres instance, where runs may run side by side. (Dagster's slot claim on SQLite
+    is not atomic across processes: there the queue's one run at a time is what holds the pool.)"""
+    monkeypatch.setenv(POSTGRES_URL_ENV, postgres_url)
     prepare_instance()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     marks = [tmp_path / "first", tmp_path / "second"]

@@ -575,8 +575,11 @@ def test_a_warm_up_in_micro_batches_learns_what_one_pass_per_batch_does(base_dir
     whole = supervised_warmup(base_dir, examples, tmp_path / "whole", config)
     split = supervised_warmup(base_dir, examples, tmp_path / "split", config.model_copy(update={"micro_batch_tokens": 40}))
     assert split["loss_curve"] == pytest.approx(whole["loss_curve"], rel=1e-5)
+    # Summed in another order, float32 gradients differ in their last bits, and Adam's first steps
+    # (each about lr = 1e-2 per weight, whatever the gradient's size) carry that up to ~3e-5 on a
+    # loaded machine; a split that changed the step would move weights by a share of lr.
     assert max(float((a - b).abs().max()) for a, b in zip(_weights(tmp_path / "split"), _weights(tmp_path / "whole"))
-               ) < 1e-5
+               ) < 1e-4
 
 
 def test_a_crashed_warm_up_resumes_from_its_saved_progress(base_dir, tmp_path):
