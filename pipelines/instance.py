@@ -20,6 +20,7 @@ SQLite and Postgres; the datasets and checkpoints, in the storage root, do not d
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -33,6 +34,7 @@ from commands.settings import Settings, load_settings
 POSTGRES_URL_ENV = "CRUCIBLE_POSTGRES_URL"  # Dagster reads the URL from here: dagster.yaml names the variable
 RUN_LAUNCHER_ENV, RUN_IMAGE_ENV = "CRUCIBLE_RUN_LAUNCHER", "CRUCIBLE_RUN_IMAGE"
 MARK = "# Written by Crucible"
+INITIALIZED = ".initialized"  # in DAGSTER_HOME, per storage: its tables and the accelerator pool exist
 WRITTEN_BY = f"{MARK} (pipelines/instance.py): edit pipelines/dagster.yaml, or remove this line to keep your edits.\n"
 _TEMPLATES = Path(__file__).parent
 
@@ -56,20 +58,31 @@ def prepare_instance(settings: Settings | None = None) -> Path:
         _write_atomically(config, wanted)
     if url is not None:
         check_postgres(url)
-    elif not (home / "history" / "runs.db").exists():
-        _create_sqlite_tables(home)
+    marker = home / f"{INITIALIZED}-{hashlib.sha256((url or 'sqlite').encode()).hexdigest()[:12]}"
+    if not marker.exists():
+        _initialize(home, marker)
     return home
 
 
-def _create_sqlite_tables(home: Path) -> None:
-    """SQLite storage creates its tables when the instance is first opened: two commands doing
-    that at once (a UI and a `crucible run` started together) collide, and one fails with
-    "table runs already exists". One process at a time creates them here."""
+def _initialize(home: Path, marker: Path) -> None:
+    """Dagster creates an instance's tables when it is first opened, and a pool's slots when a
+    step first claims one: two processes doing either at once (a UI and a `crucible run` started
+    together, two runs' first accelerator steps) collide ("table runs already exists", a unique
+    violation on the pool's limit) and one fails. One process at a time does both here, once per
+    DAGSTER_HOME, and never resets a pool limit an operator set."""
     from dagster import DagsterInstance
+
+    from assets.pools import ACCELERATOR
 
     with (home / ".create-tables.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        DagsterInstance.get().dispose()  # opening it is what creates them
+        if marker.exists():
+            return
+        with DagsterInstance.get() as instance:  # opening it is what creates the tables
+            storage = instance.event_log_storage
+            if ACCELERATOR not in {limit.name for limit in storage.get_pool_limits()}:
+                storage.initialize_concurrency_limit_to_default(ACCELERATOR)
+        marker.touch()
 
 
 def _keeps_runs_in_postgres(config_text: str) -> bool:

@@ -73,6 +73,14 @@ def local_backend() -> None:
     require("local")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist's workers (the suite runs on `-n 2`) set COLUMNS=80 and LINES=24: the commands
+    a test runs print as they do when piped (commands/console.py), not at 80 columns."""
+    if hasattr(config, "workerinput"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tiers: a test not marked `unit` is `integration` (it may start a process, a server, a
     sandbox or a Dagster run); `slow` ones (whole runs) are marked in their modules."""

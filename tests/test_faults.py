@@ -29,7 +29,7 @@ from training.policy.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parent.parent
-GRADING_S = 2
+GRADING_S = 5  # a kill read from the command's lines seconds late, on a loaded machine, still lands in grading
 
 
 @pytest.fixture(scope="module")
