@@ -19,10 +19,10 @@ from commands.settings import BACKEND_HELP, Settings, load_settings, sandbox_hos
 from environments.store import EnvironmentStore
 from grading.gradability import ProofLedger, lock_environments, needs_proof, prove
 from grading.validation import DEFAULT_REPEATS, VERDICTS, ValidationReport, validate
+from grading.verdict import GradeResult
 from sandbox.backends import BACKENDS, open_sandbox
 from sandbox.base import SandboxUnavailable
 from sandbox.pool import PoolConfig, SandboxPool
-from statuses import RewardStatus
 from task_sets.importers import FORMATS, SPLITS, ImportError_, ImportOptions, import_tasks, write_task_set
 from task_sets.loader import (
     TASK_SET_NAME,
@@ -281,4 +281,4 @@ def grading_pool(backend: str, workers: int, settings: Settings) -> SandboxPool:
     except SandboxUnavailable as e:
         raise UserError(f"the {backend} sandbox is unavailable: {e}") from None
     return SandboxPool(lambda spec: open_sandbox(backend, spec, hosts), PoolConfig(cpu_slots=workers),
-                       is_infra_failure=lambda grade: grade.reward_status is RewardStatus.INFRA_ERROR)
+                       is_infra_failure=GradeResult.infra_failed)

@@ -98,6 +98,11 @@ class GradeResult:
                 and len(self.outcomes) == self.tests_expected
                 and all(outcome is Outcome.PASSED for outcome in self.outcomes.values()))
 
+    @staticmethod
+    def infra_failed(grade: GradeResult) -> bool:
+        """A grading the sandbox, not the submission, ended: what a sandbox pool retries on a fresh one."""
+        return grade.reward_status is RewardStatus.INFRA_ERROR
+
     def to_dict(self) -> dict:
         return {
             "passed": self.passed,

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from patience import PATIENCE_S
 from dagster import AssetKey, DagsterInstance, materialize
+from patience import PATIENCE_S
 
 from assets.io_manager import DatasetIOManager
 from assets.iteration import task_set as task_set_asset
@@ -19,6 +19,7 @@ from assets.partitions import add_iteration
 from assets.resources import CrucibleResource
 from environments.store import EnvironmentStore
 from grading.gradability import Gradability, ProofLedger, prove, unproven, with_proofs
+from grading.verdict import GradeResult
 from sandbox.backends import open_sandbox
 from sandbox.pool import PoolConfig, SandboxPool
 from task_sets.importers.records import write_task_set
@@ -60,7 +61,8 @@ def ledger(tmp_path) -> ProofLedger:
 
 
 def prove_on(backend: str, tasks, ledger: ProofLedger) -> None:
-    with SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=2)) as pool:
+    with SandboxPool(lambda spec: open_sandbox(backend, spec), PoolConfig(cpu_slots=2),
+                     is_infra_failure=GradeResult.infra_failed) as pool:  # as the product proves
         prove(tasks, backend, pool, ledger)
 
 

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from grading.gradability import ProofLedger, prove, unproven, with_proofs
-from statuses import RewardStatus
+from grading.verdict import GradeResult
 from task_sets.loader import TaskSet, load_task_set
 from task_sets.schema import TaskBase
 from training.experiment import ExperimentConfig
@@ -39,7 +39,7 @@ def prove_unproven(env: Environment, task_set: TaskSet, log: Log) -> int:
     if pending:
         log(f"proving {len(pending)} task(s) of {task_set.name!r} gradable on the {env.sandbox_backend} backend: "
             "reference and wrong submissions")
-        with env.sandbox_pool(is_infra_failure=lambda g: g.reward_status is RewardStatus.INFRA_ERROR) as pool:
+        with env.sandbox_pool(is_infra_failure=GradeResult.infra_failed) as pool:
             prove(pending, env.sandbox_backend, pool, ledger, progress=log)
     return len(pending)
 
