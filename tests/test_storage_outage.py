@@ -55,6 +55,9 @@ def outage(tmp_path, monkeypatch):
     down.stop.set()
     if down.server.is_alive():
         down.server.join()
+    # fsspec keys its filesystems by their arguments, not the environment: one made here would
+    # answer a later test's `s3://` with this stopped server's endpoint.
+    S3FileSystem.clear_instance_cache()
 
 
 def stored_stage(store: DatasetStore) -> float:
