@@ -29,7 +29,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -181,7 +181,7 @@ class DatasetStore:
         except StorageUnreachable as outage:
             return outage
         except StorageUnavailable:
-            pass  # it answers, if only to refuse
+            return None  # it answers, if only to refuse
         return None
 
     def _unusable(self, error: Exception) -> StorageUnavailable:
@@ -399,27 +399,24 @@ def _modified(info: dict) -> float:
     return stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp)
 
 
-def _lost_connection(error: BaseException | None) -> bool:
-    """Whether a lost connection, or a server error reply, is in the error's chain (followed as
-    Python prints it)."""
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    """The error and its causes, as Python prints them."""
     while error is not None:
-        if isinstance(error, LOST_CONNECTION) or type(error).__name__ in LOST_CONNECTION_NAMES:
-            return True
-        if _is_reply(error) and error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in SERVER_TROUBLE:
-            return True
+        yield error
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-    return False
+
+
+def _lost_connection(error: BaseException) -> bool:
+    """Whether a lost connection, or a server error reply, is in the error's chain."""
+    return any(isinstance(link, LOST_CONNECTION) or type(link).__name__ in LOST_CONNECTION_NAMES
+               or _is_reply(link) and link.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in SERVER_TROUBLE
+               for link in _chain(error))
 
 
 def _replied(error: BaseException) -> BaseException:
     """The server's error reply in the chain (s3fs turns botocore's ClientError into an OSError
     with only its message), else the error itself."""
-    link = error
-    while link is not None:
-        if _is_reply(link):
-            return link
-        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
-    return error
+    return next((link for link in _chain(error) if _is_reply(link)), error)
 
 
 def _is_reply(error: BaseException) -> bool:
