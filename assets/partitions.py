@@ -20,6 +20,7 @@ from dagster import (
     MultiPartitionsDefinition,
     RunsFilter,
 )
+from sqlalchemy.exc import IntegrityError
 
 experiments = DynamicPartitionsDefinition(name="experiments")
 # Not "iterations": instances from before experiments were a dimension hold `<experiment>-<NNNN>` keys there.
@@ -70,13 +71,24 @@ def refuse_beside_other_writers(instance: DagsterInstance, run_id: str, experime
 
 
 def add_experiment(instance: DagsterInstance, experiment: str) -> None:
-    if not instance.has_dynamic_partition(experiments.name, experiment):
-        instance.add_dynamic_partitions(experiments.name, [experiment])
+    _add_key(instance, experiments.name, experiment)
 
 
 def add_iteration(instance: DagsterInstance, experiment: str, iteration: int) -> MultiPartitionKey:
     """Make sure both dimensions hold the iteration's keys, and return its partition key."""
     add_experiment(instance, experiment)
-    if not instance.has_dynamic_partition(iteration_numbers.name, f"{iteration:04d}"):
-        instance.add_dynamic_partitions(iteration_numbers.name, [f"{iteration:04d}"])
+    _add_key(instance, iteration_numbers.name, f"{iteration:04d}")
     return iteration_key(experiment, iteration)
+
+
+def _add_key(instance: DagsterInstance, partitions: str, key: str) -> None:
+    """Add a key unless it is there. Dagster's SQLite storage looks, then inserts: two commands
+    adding one key at once (two `crucible run`s, a run and a sensor) collide on its unique index,
+    and the one that lost finds the key added (its Postgres storage inserts or does nothing)."""
+    if instance.has_dynamic_partition(partitions, key):
+        return
+    try:
+        instance.add_dynamic_partitions(partitions, [key])
+    except IntegrityError:
+        if not instance.has_dynamic_partition(partitions, key):
+            raise
