@@ -6,9 +6,13 @@ damaged partition: tests/test_sql_cli.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -29,7 +33,7 @@ from training.policy.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parent.parent
-GRADING_S = 5  # a kill read from the command's lines seconds late, on a loaded machine, still lands in grading
+GRADING_S = 2  # a sandbox open long enough to be seen
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def experiment(tmp_path_factory) -> dict[str, str]:
                    "CRUCIBLE_STORAGE_ROOT": str(workdir / "data"), "CRUCIBLE_CHECKPOINT_ROOT": str(workdir / "ckpt")}
     environment.pop(POSTGRES_URL_ENV, None)
     compose = load_task_set("compose")
-    # Grading that takes seconds, so that a kill once it has started lands in it.
+    # Grading whose sandbox stays open long enough to be seen.
     slow = [task.model_copy(update={"tests": f"import time\ntime.sleep({GRADING_S})\n{task.tests}"})
             for task in [*compose.train()[:4], *compose.eval()[:2]]]
     write_task_set(slow, workdir / "mini")
@@ -60,32 +64,68 @@ def experiment(tmp_path_factory) -> dict[str, str]:
     return environment
 
 
-# Where `crucible run` and everything it started (code server, daemon, run worker, step processes,
-# the training job) are SIGKILLed, one stage per iteration: a line it shows once the stage is under way.
+@dataclass(frozen=True)
+class Kill:
+    """Where `crucible run` and everything it started (code server, daemon, run worker, step
+    processes, the training job) are SIGKILLed: in `stage`, once a line has `after` (and, with
+    `sandbox_open`, once a sandbox runs under it)."""
+
+    stage: str
+    after: str
+    sandbox_open: bool = False
+
+
+# One stage per iteration. A grading step cannot have ended while one of its sandboxes is open, and
+# none opens between `after` and it: a line read seconds late on a loaded machine still kills it.
 KILLED_IN = {
-    1: "rollouts.sample_rollout_shard[shard_0]: step start",
-    2: "verified_rollouts.grade_rollout_shard[shard_0]: step start",
-    3: "checkpoint: step start",  # the training step, with its job's process
-    4: "checkpoint_eval: step start",
+    1: Kill("rollouts.sample_rollout_shard[shard_0]", after="rollouts.sample_rollout_shard[shard_0]: step start"),
+    2: Kill("verified_rollouts.grade_rollout_shard[shard_0]", after="rollouts.sample_rollout_shard[shard_0]: step start",
+            sandbox_open=True),
+    3: Kill("checkpoint", after="checkpoint: step start"),  # the training step, with its job's process
+    4: Kill("checkpoint_eval", after="checkpoint: step start", sandbox_open=True),
 }
+SANDBOX = "bwrap"
 
 
-def crucible_run(environment: dict[str, str], iterations: int, until: str | None = None) -> tuple[int, str]:
-    """`crucible run` through `iterations`; with `until`, the command and everything it started
-    are SIGKILLed once a line has it."""
+def crucible_run(environment: dict[str, str], iterations: int, kill: Kill | None = None) -> tuple[int, str]:
+    """`crucible run` through `iterations`, killed as `kill` says; its exit code and lines."""
     process = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "run", "--experiment", "tiny",
                                 "--iterations", str(iterations)], cwd=ROOT, env=environment, text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if until and until in line:
-            tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-            for member in tree:
-                member.kill()
-            break
+    lines, shown = [], threading.Event()
+
+    def read() -> None:  # all along: a full pipe would stop the processes that write to it
+        for line in process.stderr:
+            lines.append(line)
+            if kill and kill.after in line:
+                shown.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if kill:
+        _kill_when(process, kill, shown)
     process.wait(timeout=900)
+    reader.join(timeout=60)
     return process.returncode, "".join(lines)
+
+
+def _kill_when(process: subprocess.Popen, kill: Kill, shown: threading.Event) -> None:
+    while not shown.wait(0.05) and process.poll() is None:
+        pass
+    command = psutil.Process(process.pid)
+    while kill.sandbox_open and SANDBOX not in _names(command) and process.poll() is None:
+        time.sleep(0.05)
+    for member in [command, *command.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+
+
+def _names(process: psutil.Process) -> set[str]:
+    names = set()
+    for member in process.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names.add(member.name())
+    return names
 
 
 def steps(instance: DagsterInstance, run_id: str, event: DagsterEventType) -> set[str]:
@@ -93,9 +133,9 @@ def steps(instance: DagsterInstance, run_id: str, event: DagsterEventType) -> se
 
 
 def test_a_run_killed_with_its_command_at_any_stage_resumes_at_that_stage(experiment):
-    for number, line in KILLED_IN.items():
-        stage = line.split(":")[0]
-        killed, _ = crucible_run(experiment, number, until=line)
+    for number, kill in KILLED_IN.items():
+        stage = kill.stage
+        killed, _ = crucible_run(experiment, number, kill)
         assert killed == -9
         with DagsterInstance.from_config(experiment["DAGSTER_HOME"]) as instance:
             # Its daemon's last heartbeat is fresh, but it died with its command: not one to wait for.
