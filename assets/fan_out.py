@@ -14,9 +14,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-
 from dagster import DynamicOutput
+
+from training.iteration.context import SamplingPolicy
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Shard:
     count: int  # shards in all
     work: list  # a contiguous slice of the stage's work: tasks to sample, (task, rollout) pairs to grade
     planned_at: dt.datetime  # when the stage began, for its timing
-    policy: tuple[Path, str] | None = None  # sampling: the checkpoint every shard samples (directory, content hash)
+    policy: SamplingPolicy | None = None  # sampling: the checkpoint every shard samples
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ShardDone:
     results: list  # one per item of the shard's work, in its order
 
 
-def planned(slices: list[list], planned_at: dt.datetime, policy: tuple[Path, str] | None = None
+def planned(slices: list[list], planned_at: dt.datetime, policy: SamplingPolicy | None = None
             ) -> Iterator[DynamicOutput[Shard]]:
     """A dynamic output per slice, keyed `shard_<index>`."""
     for index, work in enumerate(slices):

@@ -156,7 +156,7 @@ def trajectories(
     iteration = this_iteration(context, crucible)
     name, number, store = iteration.name, iteration.number, crucible.store()
     with failure_policy(store), timed_stage(store, name, number, "trajectories"):
-        table = rows_to_table("trajectories", [trajectory_row(v) for v in verified_rollouts])
+        table = rows_to_table("trajectories", [trajectory_row(v, iteration.number) for v in verified_rollouts])
         # A re-run replaces the partition, but never deletes what a checkpoint's lineage names.
         path = store.write_partition("trajectories", name, number, table,
                                      keep=Checkpoints(crucible, name).trained_on(number))

@@ -49,7 +49,7 @@ def plan_rollout_shards(context: OpExecutionContext, crucible: CrucibleResource,
     sample, checked once (its lineage and content hash) for all of them."""
     iteration, planned_at = this_iteration(context, crucible), dt.datetime.now(dt.timezone.utc)
     with failure_policy(crucible.store()):
-        policy = Checkpoints(crucible, iteration.name).sampled_by(iteration.number)
+        policy = Checkpoints(crucible, iteration.name).sampled_by(iteration.number, iteration.experiment.max_staleness)
     yield from planned(sampling.shards(iteration.experiment, task_set), planned_at, policy)
 
 
@@ -74,8 +74,10 @@ def gather_rollouts(context: OpExecutionContext, crucible: CrucibleResource,
         record_stage(crucible.store(), iteration.name, iteration.number, "rollouts", started_at=first.planned_at)
     tokens, seconds = sum(r.sampled_tokens for r in samples), sum(r.generate_s for r in samples)
     return Output(samples, metadata={
-        "policy": MetadataValue.path(str(first.policy[0])),
-        "policy_version": first.policy[1],
+        "policy": MetadataValue.path(str(first.policy.checkpoint[0])),
+        "policy_version": first.policy.checkpoint[1],
+        "policy_iteration": first.policy.iteration,
+        "staleness": first.policy.staleness(iteration.number),
         "samples": len(samples),
         "shards": first.count,
         "sampled_tokens": tokens,

@@ -83,7 +83,8 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
             iteration, task_set=usable, sampled=task_set, rollouts=rollouts, graded=grades,
             grader=Grader.of(crucible, usable, log),
             sample_more=more_samples(sampler, iteration,
-                                     lambda: Checkpoints(crucible, iteration.name).sampled_by(iteration.number)))
+                                     lambda: Checkpoints(crucible, iteration.name).sampled_by(
+                                         iteration.number, iteration.experiment.max_staleness)))
         record_stage(crucible.store(), iteration.name, iteration.number, "verified_rollouts", started_at=first.planned_at)
     graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:

@@ -13,7 +13,7 @@ from statuses import ClosedSet, ExecStatus, FailureReason, Outcome, RewardStatus
 
 # Written into every Parquet file and manifest; raised whenever a dataset's columns change, so a
 # reader can tell which columns a file has (what each version changed: CHANGELOG.md).
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 class Observations(ClosedSet):
@@ -89,6 +89,11 @@ TRAJECTORIES = pa.schema(
         _field("group_id", pa.string(), "samples of one prompt share a group (GRPO baseline)"),
         _field("sample_index", pa.int32(), "index of the sample within its group"),
         _field("policy_version", pa.string(), "content hash of the checkpoint that sampled"),
+        _field("policy_iteration", pa.int32(), "the iteration whose checkpoint sampled (0: the base policy); null "
+               "outside an iteration (a model evaluation)"),
+        _field("staleness", pa.int32(), "training steps between the checkpoint that sampled and the one the "
+               "iteration trains from (its previous): 0 unless the experiment's max_staleness lets it sample an older "
+               "one; null outside an iteration"),
         _field("prompt_token_ids", pa.list_(pa.int32()), "prompt as token ids"),
         _field("response_token_ids", pa.list_(pa.int32()), "sampled token ids, stop token included"),
         _field("loss_mask", pa.list_(pa.int8()), "1 for tokens the policy produced, 0 otherwise"),
@@ -177,6 +182,9 @@ CHECKPOINTS = pa.schema(
         _field("parent_path", pa.string(), "checkpoint the step started from"),
         _field("parent_hash", pa.string(), "content hash of the parent"),
         _field("trajectories", pa.list_(pa.string()), "trajectory partitions the step trained on"),
+        _field("samplers", pa.list_(pa.struct([("iteration", pa.int32()), ("content_hash", pa.string())])),
+               "the checkpoints that sampled those trajectories (iteration, content hash): the parent, or older "
+               "ones within the experiment's max_staleness"),
         _field("task_set_version", pa.string(), "version of the task set the samples answered"),
         _field("config_hash", pa.string(), "sha256 of the experiment's settings"),
         _field("code_version", pa.string(), "crucible version and hash of the training and grading source"),

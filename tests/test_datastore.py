@@ -28,6 +28,8 @@ def trajectory_row(task_id: str = "t/1", sample_index: int = 0, reward: float = 
         "group_id": f"{task_id}#g",
         "sample_index": sample_index,
         "policy_version": "p0",
+        "policy_iteration": 0,
+        "staleness": 0,
         "prompt_token_ids": [1, 2, 3],
         "response_token_ids": [4, 5],
         "loss_mask": [1, 1],

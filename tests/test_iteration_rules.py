@@ -46,7 +46,7 @@ def evaluate(crucible: CrucibleResource, number: int, log=lambda message: None, 
 
 
 def sampled_by(crucible: CrucibleResource, number: int) -> tuple:
-    return Checkpoints(crucible, "exp").sampled_by(number)
+    return Checkpoints(crucible, "exp").sampled_by(number).checkpoint
 
 
 def test_an_iteration_samples_a_seeded_subset_of_train_tasks_that_changes_each_iteration(crucible):
@@ -126,7 +126,7 @@ def _checkpoint_row(crucible: CrucibleResource, iteration: int, content_hash: st
 def test_an_iteration_refuses_a_checkpoint_other_than_the_one_its_training_step_recorded(crucible):
     on_disk = _checkpoint(crucible, 1, recorded_hash="f" * 64)  # replaced by another run after its step
     with pytest.raises(Refused, match=f"checkpoint 1 on disk is {on_disk[:12]}, not ffffffffffff that iteration 1's "
-                                      "training step recorded .* iteration 2 would sample from it"):
+                                      "training step recorded .* iteration 2 samples from it"):
         sampled_by(crucible, 2)
 
 
@@ -182,6 +182,56 @@ def test_training_refuses_trajectories_another_policy_sampled(crucible):
     rows = [{**row, "policy_version": base} for row in rows]
     crucible.store().write_partition("trajectories", "exp", 1, rows_to_table("trajectories", rows))
     assert train_job(ref(1), crucible).lineage["parent"]["content_hash"] == base
+
+
+def _lineage(crucible: CrucibleResource, last: int) -> list[str]:
+    """Checkpoints 0 … `last` on one lineage, each with its training step's record; their hashes."""
+    hashes = [_checkpoint(crucible, 0)]
+    for number in range(1, last + 1):
+        hashes.append(_checkpoint(crucible, number, recorded_hash="", seed=number))
+        _checkpoint_row(crucible, number, hashes[number], hashes[number - 1])
+    return hashes
+
+
+def test_within_its_staleness_an_iteration_samples_the_newest_checkpoint_whose_training_step_ended(crucible):
+    hashes = _lineage(crucible, 1)
+    checkpoints = Checkpoints(crucible, "exp")
+    _checkpoint(crucible, 2, seed=2)  # on disk, its training step not ended: no record yet
+    policy = checkpoints.sampled_by(3, max_staleness=1)
+    assert (policy.iteration, policy.checkpoint[1], policy.staleness(3)) == (1, hashes[1], 1)
+    with pytest.raises(Refused, match="checkpoint 2 has no record of the training step .* iteration 3 samples from it"):
+        checkpoints.sampled_by(3)  # max_staleness 0: checkpoint 2 or nothing
+    _checkpoint_row(crucible, 2, verify_checkpoint(crucible.checkpoint_dir("exp", 2))["content_hash"], hashes[1])
+    assert checkpoints.sampled_by(3, max_staleness=1).iteration == 2
+
+
+def test_the_oldest_checkpoint_within_the_staleness_must_have_ended_its_training_step(crucible):
+    _lineage(crucible, 1)
+    with pytest.raises(Refused, match="iteration 4 samples from checkpoint 2, which is not usable: .* Materialize "
+                                      "iteration 2"):
+        Checkpoints(crucible, "exp").sampled_by(4, max_staleness=1)  # 2 and 3 in flight: 4 waits
+
+
+def test_training_takes_samples_within_the_staleness_and_names_their_sampler_in_its_lineage(crucible):
+    hashes = _lineage(crucible, 2)
+    rows = [{**trajectory_row(f"t/{i}", i), "policy_version": hashes[1], "policy_iteration": 1, "staleness": 1}
+            for i in range(2)]
+    crucible.store().write_partition("trajectories", "exp", 3, rows_to_table("trajectories", rows))
+    job = train_job(ref(3, max_staleness=1), crucible)
+    assert job.lineage["parent"]["content_hash"] == hashes[2]
+    assert job.lineage["samplers"] == [{"iteration": 1, "content_hash": hashes[1]}]
+    with pytest.raises(Refused, match="iteration 3's trajectories were sampled by checkpoint 1, 1 training steps "
+                                      "behind checkpoint 2 that it trains from, and the experiment's max_staleness "
+                                      "is 0: materialize iteration 3 again from its rollouts."):
+        train_job(ref(3), crucible)
+
+
+def test_training_refuses_samples_whose_sampler_has_since_been_replaced(crucible):
+    hashes = _lineage(crucible, 2)
+    rows = [{**trajectory_row("t/0", 0), "policy_version": "0123456789abcdef", "policy_iteration": 1, "staleness": 1}]
+    crucible.store().write_partition("trajectories", "exp", 3, rows_to_table("trajectories", rows))
+    with pytest.raises(Refused, match=f"sampled by 0123456789ab, not by checkpoint 1 as it is now \\({hashes[1][:12]}\\)"):
+        train_job(ref(3, max_staleness=1), crucible)
 
 
 def test_evaluation_refuses_a_checkpoint_replaced_after_its_training_step(crucible):

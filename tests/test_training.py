@@ -41,7 +41,14 @@ from training.policy.tokenizer import (
     learn_vocabulary,
     save_tokenizer,
 )
-from training.rl.grpo import advantages, clipped_policy_loss, group_advantages, informative_samples, kl_to_reference
+from training.rl.grpo import (
+    advantages,
+    clipped_policy_loss,
+    group_advantages,
+    informative_samples,
+    kl_to_reference,
+    truncated_is_weights,
+)
 from training.rl.settings import GRPOConfig
 from training.rl.trainer import TrainSample, train_policy
 from training.sft.demonstrations import single_turn_examples
@@ -696,6 +703,28 @@ def test_token_weights_scale_each_tokens_loss():
     weights = torch.tensor([[0.5, 2.0, 1.0]])
     loss, _ = clipped_policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 3), token_weights=weights)
     assert loss.item() == pytest.approx(-(0.5 + 2.0 + 1.0) / 3)
+
+
+def test_the_decoupled_objective_learns_from_a_stale_sample_hand_computed():
+    """A token its sampler (two checkpoints back) gave 0.5, the checkpoint the step starts from
+    0.8, the policy now 0.88; advantage 1, eps 0.2, cap 2. Against the stale sampler the ratio
+    is 1.76, clipped to 1.2: no gradient. Decoupled: ratio 0.88 / 0.8 = 1.1 (inside the clip),
+    weight min(0.8 / 0.5, 2) = 1.6, loss -1.6 * 1.1 = -1.76, gradient d/dlogp = -1.76."""
+    behaviour, proximal = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.8)]])
+    mask, advantage = torch.ones(1, 1), torch.tensor([1.0])
+    logprobs = torch.tensor([[math.log(0.88)]], requires_grad=True)
+    weights = truncated_is_weights(proximal, behaviour, mask, cap=2.0)
+    assert weights.item() == pytest.approx(1.6)
+    loss, stats = clipped_policy_loss(logprobs, proximal, advantage, mask, clip_eps=0.2, token_weights=weights)
+    assert loss.item() == pytest.approx(-1.76) and stats["clip_fraction"] == 0.0
+    loss.backward()
+    assert logprobs.grad.item() == pytest.approx(-1.76)
+    stale = torch.tensor([[math.log(0.88)]], requires_grad=True)
+    plain, stats = clipped_policy_loss(stale, behaviour, advantage, mask, clip_eps=0.2)
+    plain.backward()
+    assert plain.item() == pytest.approx(-1.2) and stats["clip_fraction"] == 1.0 and stale.grad.item() == 0.0
+    far = truncated_is_weights(torch.tensor([[math.log(0.9)]]), torch.tensor([[math.log(0.1)]]), mask, cap=2.0)
+    assert far.item() == 2.0  # 9x likelier now: truncated
 
 
 def test_truncated_importance_sampling_corrects_an_engine_that_disagrees_with_the_trainer(sft_result, tmp_path):

@@ -28,6 +28,10 @@ from training.policy.settings import PolicyConfig
 from training.rl.settings import GRPOConfig
 from training.sft.settings import SFTConfig
 
+# The truncation of Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
+# (2025): it bounds a token's weight, so a sample the trained policy now finds far likelier than its
+# sampler did cannot dominate the step.
+STALE_SAMPLES_TIS_CAP = 2.0
 IMPORTED_SFT_LR = 1e-5  # a usual fine-tuning rate for a pretrained model of 0.5-8B parameters
 # (max_new_tokens, episode_max_tokens) where the experiment leaves them unset
 BUILT_IN_BUDGETS, IMPORTED_BUDGETS = (96, 1024), (512, 2048)
@@ -77,6 +81,12 @@ class ExperimentConfig(BaseModel):
     iterations: int = Field(10, ge=1, description="the sensor stops advancing after this many")
     continuous: bool = Field(False, description="the advance_iterations sensor (when switched on) starts this "
                              "experiment's next iteration once the last one is evaluated")
+    max_staleness: int = Field(0, ge=0, description="how many training steps behind the policy it trains the samples "
+                               "of an iteration may be: iteration N samples from the newest checkpoint of N-1-k … N-1 "
+                               "that has finished its training step when it starts, so that up to k+1 iterations are "
+                               "in flight, sampling while an earlier one trains; 0: N samples from N-1 (strictly in "
+                               "turn). Above 0, grpo.tis_cap defaults to 2: the step corrects for the older samples "
+                               "(docs/async.md)")
     plateau_patience: int | None = Field(None, ge=1, description="the sensor stops once the held-out pass rate "
                                          "has not beaten its best for this many iterations; None: never")
     tasks_per_iteration: int | None = Field(
@@ -254,6 +264,14 @@ class ExperimentConfig(BaseModel):
         unset = {name: value for name, value in defaults.items() if getattr(self.base, name) is None}
         if unset:
             self.base = self.base.model_copy(update=unset)
+        return self
+
+    @model_validator(mode="after")
+    def _older_samples_are_corrected(self) -> ExperimentConfig:
+        """Samples from an older checkpoint are weighted towards the one the step starts from
+        (truncated importance sampling, training/rl/grpo.py): on by default where there may be any."""
+        if self.max_staleness and self.grpo.tis_cap is None:
+            self.grpo = self.grpo.model_copy(update={"tis_cap": STALE_SAMPLES_TIS_CAP})
         return self
 
     @model_validator(mode="before")

@@ -48,6 +48,7 @@ class Rollout:
     loss_mask: list[int] | None = None  # None: every response token was sampled
     turns: tuple[Turn, ...] = ()  # an episode's turns; () for a single-turn reply
     extraction: Extraction | None = None  # how a single reply's solution was found in it; None for an episode
+    policy_iteration: int | None = None  # the checkpoint that sampled it (0: the base policy); None outside an iteration
 
     @property
     def sampled_tokens(self) -> int:

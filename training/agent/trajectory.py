@@ -22,9 +22,11 @@ class VerifiedRollout:
     queue_s: float = 0.0  # from handing it to the sandbox pool until the grading that counted began
 
 
-def trajectory_row(verified: VerifiedRollout) -> dict:
-    """One row of the `trajectories` dataset (schema: datastore/schema.py)."""
+def trajectory_row(verified: VerifiedRollout, iteration: int | None = None) -> dict:
+    """One row of the `trajectories` dataset (schema: datastore/schema.py), of `iteration` (None:
+    sampled outside one)."""
     rollout, task, grade = verified.rollout, verified.task, verified.grade
+    sampler = rollout.policy_iteration
     execution = grade.exec
     return {
         "task_id": task.id,
@@ -35,6 +37,8 @@ def trajectory_row(verified: VerifiedRollout) -> dict:
         "group_id": rollout.group_id,
         "sample_index": rollout.sample_index,
         "policy_version": rollout.policy_version,
+        "policy_iteration": sampler,
+        "staleness": None if iteration is None or sampler is None else iteration - 1 - sampler,
         "prompt_token_ids": rollout.prompt_ids,
         "response_token_ids": rollout.response_ids,
         "loss_mask": rollout.loss_mask or [1] * len(rollout.response_ids),

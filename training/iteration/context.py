@@ -22,6 +22,18 @@ Log = Callable[[str], None]
 Checkpoint = tuple[Path, str]  # a checkpoint's directory and content hash
 
 
+@dataclass(frozen=True)
+class SamplingPolicy:
+    """The checkpoint an iteration samples from, and its number (0: the base policy)."""
+
+    iteration: int
+    checkpoint: Checkpoint
+
+    def staleness(self, number: int) -> int:
+        """Training steps between it and the checkpoint iteration `number` trains from (`number` - 1)."""
+        return number - 1 - self.iteration
+
+
 class Refused(Exception):
     """The iteration cannot go on; the message says why in one sentence, and what to do."""
 

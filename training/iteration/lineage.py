@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.iteration.context import Checkpoint, Environment, Refused
+from training.iteration.context import Checkpoint, Environment, Refused, SamplingPolicy
 from training.policy.checkpoint import CheckpointError, verify_checkpoint
 
 
@@ -16,19 +16,36 @@ class Checkpoints:
     env: Environment
     experiment: str
 
-    def sampled_by(self, number: int) -> Checkpoint:
-        """The checkpoint iteration `number` samples from (directory, content hash), refused
-        unless it is what its training step recorded, its lineage holds and its blocking
-        stability checks passed."""
-        policy_dir, content_hash = self.verified(number - 1, f"iteration {number} samples from")
-        record = self.trained(number - 1, content_hash, f"iteration {number} would sample from it")
-        self.lineage_holds(number - 1, rerun_through=number)
+    def sampled_by(self, number: int, max_staleness: int = 0) -> SamplingPolicy:
+        """The checkpoint iteration `number` samples from: the newest of `number`-1-k … `number`-1
+        (k: `max_staleness`) whose training step has ended (the oldest is always taken, else
+        refused), refused as `usable` says. With k = 0, checkpoint `number` - 1."""
+        oldest = max(0, number - 1 - max_staleness)
+        candidate = next(candidate for candidate in range(number - 1, oldest - 1, -1)
+                         if candidate == oldest or self.has_record(candidate))
+        return SamplingPolicy(candidate, self.usable(candidate, f"iteration {number} samples from", rerun_through=number))
+
+    def trained_from(self, number: int) -> Checkpoint:
+        """The checkpoint iteration `number`'s training step starts from: `number` - 1, refused as
+        `usable` says."""
+        return self.usable(number - 1, f"iteration {number} trains from", rerun_through=number)
+
+    def usable(self, iteration: int, use: str, rerun_through: int) -> Checkpoint:
+        """Checkpoint `iteration` (directory, content hash), refused unless it is what its training
+        step recorded, its lineage holds and its blocking stability checks passed (the refusals ask
+        for the iterations up to `rerun_through` again)."""
+        policy_dir, content_hash = self.verified(iteration, use)
+        record = self.trained(iteration, content_hash, f"{use} it")
+        self.lineage_holds(iteration, rerun_through=rerun_through)
         if record and record["blocked"]:
             failed = [m for m in record["monitor_messages"] if ": error: " in m]
-            raise Refused(f"iteration {number} would sample from checkpoint {number - 1}, which failed its "
-                          f"stability checks ({'; '.join(failed)}). Change the settings and materialize "
-                          f"iteration {number - 1} again.")
+            raise Refused(f"{use} checkpoint {iteration}, which failed its stability checks ({'; '.join(failed)}). "
+                          f"Change the settings and materialize iteration {iteration} again.")
         return policy_dir, content_hash
+
+    def has_record(self, iteration: int) -> bool:
+        """Whether checkpoint `iteration`'s training step has ended (the base policy has none)."""
+        return self.env.store().has_partition("checkpoints", self.experiment, iteration)
 
     def verified(self, iteration: int, use: str) -> Checkpoint:
         """Checkpoint `iteration` (0: the base policy), verified, and its content hash."""
@@ -75,6 +92,13 @@ class Checkpoints:
                           f"that iteration {iteration}'s training step recorded (another run, or a failed attempt, "
                           f"replaced it), and {use}: materialize iteration {iteration}'s checkpoint again.")
         return record
+
+    def current_hash(self, iteration: int) -> str:
+        """The content hash of checkpoint `iteration` on the lineage as it is now: the base
+        policy's on disk, a later one's as its training step recorded it."""
+        if iteration == 0:
+            return self.verified(0, "the lineage starts from")[1]
+        return self.record(iteration, "its samples are trained on")["content_hash"]
 
     def recorded_hash(self, iteration: int) -> str | None:
         """The content hash `iteration`'s last training step recorded, if it has one."""

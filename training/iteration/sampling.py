@@ -16,7 +16,7 @@ from training.agent.rollout import Rollout, sample_rollouts
 from training.experiment import ExperimentConfig
 from training.inference.engine import InferenceEngine, SamplingParams
 from training.inference.engines import open_engine
-from training.iteration.context import Checkpoint, Environment, IterationRef, Log, slices
+from training.iteration.context import Checkpoint, Environment, IterationRef, Log, SamplingPolicy, slices
 from training.progress import ProgressLines
 
 
@@ -79,31 +79,41 @@ class Sampler:
         return [as_rollout(episode, engine.chat) for episode in episodes]
 
     def sample_shard(self, ref: IterationRef, tasks: list[TaskBase], shard: int, count: int,
-                     checkpoint: Checkpoint) -> list[Rollout]:
-        """Shard `shard` of `count`: its samples from `checkpoint`, by an engine of its own. With
+                     policy: SamplingPolicy) -> list[Rollout]:
+        """Shard `shard` of `count`: its samples from `policy`, by an engine of its own. With
         several shards each samples on its share of the cores, however many run at once, so its
         samples do not depend on that; one samples as an unsharded iteration does."""
         if count == 1:
-            return self.sample(self.engine(checkpoint), tasks, rollout_params(ref), ref.group_prefix)
+            return self.sample_iteration(self.engine(policy.checkpoint), policy, tasks, ref, ref.group_prefix)
         import torch  # the CPU engine's; imported with it (training/inference/engines.py)
 
         threads, before = max(1, len(os.sched_getaffinity(0)) // count), torch.get_num_threads()
         self.log(f"shard {shard + 1}/{count}: {len(tasks)} tasks on {threads} of the CPU threads")
         try:
-            return self.sample(self.engine(checkpoint, threads=threads), tasks, rollout_params(ref), ref.group_prefix)
+            return self.sample_iteration(self.engine(policy.checkpoint, threads=threads), policy, tasks, ref,
+                                      ref.group_prefix)
         finally:  # the process's later steps (in one process, all of a run's) keep their threads
             torch.set_num_threads(before)
 
+    def sample_iteration(self, engine: InferenceEngine, policy: SamplingPolicy, tasks: list[TaskBase],
+                      ref: IterationRef, group_prefix: str) -> list[Rollout]:
+        """The iteration's samples of `tasks` by `engine`, which runs `policy`: each names its policy."""
+        return [dataclasses.replace(rollout, policy_iteration=policy.iteration)
+                for rollout in self.sample(engine, tasks, rollout_params(ref), group_prefix)]
+
 
 def more_samples(sampler: Sampler, ref: IterationRef,
-                 policy: Callable[[], Checkpoint]) -> Callable[[list[TaskBase], str], list[Rollout]]:
+                 policy: Callable[[], SamplingPolicy]) -> Callable[[list[TaskBase], str], list[Rollout]]:
     """Samples of more train tasks (tasks, group prefix) from the iteration's `policy`, as
     dynamic sampling asks for them; its engine is opened on the first call only."""
     engine: InferenceEngine | None = None
+    chosen: SamplingPolicy | None = None
 
     def sample(tasks: list[TaskBase], group_prefix: str) -> list[Rollout]:
-        nonlocal engine
-        engine = engine or sampler.engine(policy())
-        return sampler.sample(engine, tasks, rollout_params(ref), group_prefix)
+        nonlocal engine, chosen
+        if engine is None:
+            chosen = policy()
+            engine = sampler.engine(chosen.checkpoint)
+        return sampler.sample_iteration(engine, chosen, tasks, ref, group_prefix)
 
     return sample

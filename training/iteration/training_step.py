@@ -37,27 +37,46 @@ class StepRecord:
 
 
 def train_job(ref: IterationRef, env: Environment) -> TrainJob:
-    """The training step on the iteration's stored trajectories, from the policy that sampled them."""
-    parent_dir, parent_hash = Checkpoints(env, ref.name).sampled_by(ref.number)
-    store, experiment, number = env.store(), ref.experiment, ref.number
+    """The training step on the iteration's stored trajectories, from the previous checkpoint (which
+    sampled them, or, within the experiment's max_staleness, an older one did)."""
+    parent_dir, parent_hash = Checkpoints(env, ref.name).trained_from(ref.number)
+    store, experiment = env.store(), ref.experiment
     # The exact files (datastore/store.py never rewrites one): what lineage names is what is read.
-    trajectory_files = store.partition_files("trajectories", experiment.name, number)
-    samplers = sorted(set(store.read_files("trajectories", trajectory_files, ["policy_version"])
-                          ["policy_version"].to_pylist()), key=str)
-    if samplers != [parent_hash]:
-        sampled = ", ".join(str(version)[:12] for version in samplers)
-        raise Refused(f"iteration {number}'s trajectories were sampled by {sampled}, not by checkpoint "
-                      f"{number - 1} as it is now ({parent_hash[:12]}): materialize iteration {number} "
-                      "again from its rollouts.")
+    trajectory_files = store.partition_files("trajectories", experiment.name, ref.number)
     return TrainJob(
-        parent_dir=str(parent_dir), out_dir=str(env.checkpoint_dir(experiment.name, number)),
+        parent_dir=str(parent_dir), out_dir=str(env.checkpoint_dir(experiment.name, ref.number)),
         storage_root=env.storage_root, trajectory_files=trajectory_files, grpo=experiment.grpo,
         temperature=experiment.temperature,
         reference_dir=str(env.base_policy_dir(experiment.name)) if experiment.grpo.kl_coef else None,
         # Where the experiment reports its numbers changes no weight: not part of the settings' hash.
-        lineage=lineage(parent_dir, parent_hash, trajectory_files, usable_task_set(env, experiment).version,
+        lineage=lineage(parent_dir, parent_hash, trajectory_files, samplers(ref, env, trajectory_files, parent_hash),
+                        usable_task_set(env, experiment).version,
                         experiment.model_dump(mode="json", exclude={"report_to"})),
     )
+
+
+def samplers(ref: IterationRef, env: Environment, trajectory_files: list[str], parent_hash: str) -> list[dict]:
+    """The checkpoints that sampled the trajectories ({iteration, content_hash}, oldest first),
+    refused unless each is at most the experiment's max_staleness steps behind the checkpoint the
+    step trains from (`parent_hash`, iteration N-1), and is that checkpoint as it is now."""
+    number, most = ref.number, ref.experiment.max_staleness
+    table = env.store().read_files("trajectories", trajectory_files, ["policy_iteration", "policy_version"])
+    # A row stored before rows named their sampler's iteration was sampled by the previous one.
+    used = {(number - 1 if iteration is None else iteration, version)
+            for iteration, version in zip(table["policy_iteration"].to_pylist(), table["policy_version"].to_pylist())}
+    checkpoints = Checkpoints(env, ref.name)
+    for iteration, version in sorted(used, key=str):
+        if not number - 1 - most <= iteration <= number - 1:
+            raise Refused(f"iteration {number}'s trajectories were sampled by checkpoint {iteration}, "
+                          f"{number - 1 - iteration} training steps behind checkpoint {number - 1} that it trains "
+                          f"from, and the experiment's max_staleness is {most}: materialize iteration {number} again "
+                          "from its rollouts.")
+        now = parent_hash if iteration == number - 1 else checkpoints.current_hash(iteration)
+        if version != now:
+            raise Refused(f"iteration {number}'s trajectories were sampled by {str(version)[:12]}, not by checkpoint "
+                          f"{iteration} as it is now ({now[:12]}): materialize iteration {number} again from its "
+                          "rollouts.")
+    return [{"iteration": iteration, "content_hash": version} for iteration, version in sorted(used)]
 
 
 def judge_step(ref: IterationRef, env: Environment, job: TrainJob) -> StepRecord:
@@ -78,7 +97,8 @@ def judge_step(ref: IterationRef, env: Environment, job: TrainJob) -> StepRecord
     row = {
         "path": job.out_dir, "content_hash": manifest["content_hash"],
         "parent_path": parent["path"], "parent_hash": parent["content_hash"],
-        "trajectories": job.trajectory_files, "task_set_version": job.lineage["task_set_version"],
+        "trajectories": job.trajectory_files, "samplers": job.lineage["samplers"],
+        "task_set_version": job.lineage["task_set_version"],
         "config_hash": job.lineage["config_hash"], "code_version": job.lineage["code_version"],
         "global_step": manifest["global_step"], **signals,
         "train_tokens": trainer["tokens"], "tokens_per_s": trainer["tokens_per_s"],

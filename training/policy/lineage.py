@@ -1,7 +1,8 @@
 """What a checkpoint descends from: enough to say exactly how it was made.
 
 A GRPO checkpoint's manifest carries `lineage`: the parent checkpoint (path and content hash),
-the trajectory partitions it trained on, the task set's version, the hash of the experiment's
+the trajectory partitions it trained on and the checkpoints that sampled them (iteration and
+content hash: the parent, or older ones within the experiment's max_staleness), the task set's version, the hash of the experiment's
 settings and the version of the code that trained it.
 """
 
@@ -38,11 +39,12 @@ def code_version() -> str:
     return f"crucible {version}+src.{digest.hexdigest()[:12]}"
 
 
-def lineage(parent_dir: str | Path, parent_hash: str, trajectories: list[str], task_set_version: str,
-            settings: dict) -> dict:
+def lineage(parent_dir: str | Path, parent_hash: str, trajectories: list[str], samplers: list[dict],
+            task_set_version: str, settings: dict) -> dict:
     return {
         "parent": {"path": str(parent_dir), "content_hash": parent_hash},
         "trajectories": trajectories,
+        "samplers": samplers,
         "task_set_version": task_set_version,
         "config_hash": config_hash(settings),
         "settings": settings,

@@ -11,6 +11,14 @@ rewards are all equal, and singleton groups, get exactly 0: they carry no signal
 clipped_policy_loss: PPO's clipped surrogate, aggregated over tokens (DAPO / TRL "token" loss)
 or sequences, optionally with a KL penalty towards a frozen reference policy.
 
+truncated_is_weights: the decoupled objective's correction (Hilton et al. 2022, "Batch size-invariance
+for policy optimization"; AReaL's staleness-bounded PPO). When the samples' policy (the behaviour:
+an engine whose kernels differ, or a checkpoint up to max_staleness steps older) is not the one the
+step starts from (the proximal: the trainer's own log-probs at the parent's weights), the ratio is
+clipped around the proximal policy, so the trust region is one step's whatever the samples' age, and
+each token is weighted by min(pi_proximal / pi_behaviour, cap): plain PPO against a stale behaviour
+would clip away every token the policy has since moved by more than eps, and learn nothing from it.
+
 approx_kl: how far a policy moved from the one that sampled, k3 per token: the stability
 monitor's measure, after the step, and each optimizer step's statistic, before it.
 
@@ -58,6 +66,11 @@ def reinforce_pp_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-
     centred = torch.where(stats.degenerate, torch.zeros_like(stats.centred), stats.centred)
     spread = centred.std() if centred.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
     return _without_degenerate(centred / (spread + eps), stats)
+
+
+def truncated_is_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Per token: min(pi_proximal / pi_behaviour, cap), 0 at padding (see the module docstring)."""
+    return torch.exp(proximal_logprobs - behaviour_logprobs).clamp(max=cap) * mask
 
 
 def informative_samples(rewards: Tensor, group_ids: Tensor) -> Tensor:

@@ -45,7 +45,7 @@ from training.policy.batching import check_lm_head
 from training.policy.chat import ChatFormat
 from training.policy.checkpoint import copy_checkpoint, read_manifest
 from training.rl.forward import Forward, MicroBatch
-from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples
+from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples, truncated_is_weights
 from training.rl.sample import TrainSample
 from training.rl.settings import GRPOConfig
 
@@ -245,7 +245,7 @@ def _micro_loss(policy, samples, advantages, micro: MicroBatch, forward: Forward
     reference = None if reference_logprobs is None else _per_token(batch, [reference_logprobs[i] for i in micro.rows])
     weights = None
     if rollout_logprobs is not None:
-        weights = torch.exp(ratio_base - behaviour).clamp(max=config.tis_cap) * batch.mask
+        weights = truncated_is_weights(ratio_base, behaviour, batch.mask, config.tis_cap)
     logprobs, entropy = policy(batch, forward.temperature)
     loss, stats = clipped_policy_loss(logprobs, ratio_base.to(device), advantages[micro.rows].to(device),
                                       batch.mask.to(device), config.clip_eps, config.clip_eps_high,
