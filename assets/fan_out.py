@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
+
 from dagster import DynamicOutput
 
 from training.iteration.context import SamplingPolicy

@@ -102,6 +102,11 @@ METRIC_VIEWS = {
         SELECT experiment, iteration, difficulty, {SAMPLE_MEASURES}
         FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, difficulty
     """,
+    # Samples stored before rows named their sampler were sampled by the previous checkpoint.
+    "staleness_rewards": f"""
+        SELECT experiment, iteration, coalesce(staleness, 0) AS staleness, {SAMPLE_MEASURES}
+        FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, coalesce(staleness, 0)
+    """,
     "iteration_rewards": f"""
         SELECT experiment, iteration, count(DISTINCT task_id) AS tasks, {SAMPLE_MEASURES},
                zero_variance_groups / groups AS zero_variance_fraction,

@@ -120,3 +120,12 @@ def test_evaluations_stored_before_they_had_observations_are_the_shown_evaluatio
     assert held_out == {"tasks": 2, "pass_rate": 0.5}
     assert con.execute("SELECT count(*) FROM evaluations WHERE observations IS NULL AND turns IS NULL").fetchone() == (2,)
     assert metrics.records(con, "SELECT * FROM feedback_value") == []
+
+
+def test_rewards_per_staleness_count_samples_stored_before_rows_named_their_sampler_as_fresh(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    rows = [{**trajectory_row(f"t/{i}", i, reward), "staleness": staleness}
+            for i, (reward, staleness) in enumerate([(1.0, 0), (0.0, 1), (1.0, 1), (0.0, None)])]
+    store.write_partition("trajectories", "exp", 2, rows_to_table("trajectories", rows))
+    query = "SELECT staleness, samples, reward_mean FROM staleness_rewards ORDER BY staleness"
+    assert catalog.connect(str(tmp_path)).execute(query).fetchall() == [(0, 2, 0.5), (1, 2, 0.5)]

@@ -81,12 +81,10 @@ class ExperimentConfig(BaseModel):
     iterations: int = Field(10, ge=1, description="the sensor stops advancing after this many")
     continuous: bool = Field(False, description="the advance_iterations sensor (when switched on) starts this "
                              "experiment's next iteration once the last one is evaluated")
-    max_staleness: int = Field(0, ge=0, description="how many training steps behind the policy it trains the samples "
-                               "of an iteration may be: iteration N samples from the newest checkpoint of N-1-k … N-1 "
-                               "that has finished its training step when it starts, so that up to k+1 iterations are "
-                               "in flight, sampling while an earlier one trains; 0: N samples from N-1 (strictly in "
-                               "turn). Above 0, grpo.tis_cap defaults to 2: the step corrects for the older samples "
-                               "(docs/async.md)")
+    max_staleness: int = Field(0, ge=0, description="how many training steps behind the checkpoint it trains from an "
+                               "iteration's samples may be: iteration N samples from the newest checkpoint of N-1-k … "
+                               "N-1 whose training step has ended when it starts; 0: from N-1. Above 0, grpo.tis_cap "
+                               "defaults to 2: the step corrects for older samples (docs/async.md)")
     plateau_patience: int | None = Field(None, ge=1, description="the sensor stops once the held-out pass rate "
                                          "has not beaten its best for this many iterations; None: never")
     tasks_per_iteration: int | None = Field(
