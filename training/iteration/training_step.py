@@ -62,10 +62,10 @@ def samplers(ref: IterationRef, env: Environment, trajectory_files: list[str], p
     number, most = ref.number, ref.experiment.max_staleness
     table = env.store().read_files("trajectories", trajectory_files, ["policy_iteration", "policy_version"])
     # A row stored before rows named their sampler's iteration was sampled by the previous one.
-    used = {(number - 1 if iteration is None else iteration, version)
-            for iteration, version in zip(table["policy_iteration"].to_pylist(), table["policy_version"].to_pylist())}
+    used = sorted({(number - 1 if iteration is None else iteration, str(version)) for iteration, version
+                   in zip(table["policy_iteration"].to_pylist(), table["policy_version"].to_pylist())})
     checkpoints = Checkpoints(env, ref.name)
-    for iteration, version in sorted(used, key=str):
+    for iteration, version in used:
         if not number - 1 - most <= iteration <= number - 1:
             raise Refused(f"iteration {number}'s trajectories were sampled by checkpoint {iteration}, "
                           f"{number - 1 - iteration} training steps behind checkpoint {number - 1} that it trains "
@@ -73,10 +73,10 @@ def samplers(ref: IterationRef, env: Environment, trajectory_files: list[str], p
                           "from its rollouts.")
         now = parent_hash if iteration == number - 1 else checkpoints.current_hash(iteration)
         if version != now:
-            raise Refused(f"iteration {number}'s trajectories were sampled by {str(version)[:12]}, not by checkpoint "
+            raise Refused(f"iteration {number}'s trajectories were sampled by {version[:12]}, not by checkpoint "
                           f"{iteration} as it is now ({now[:12]}): materialize iteration {number} again from its "
                           "rollouts.")
-    return [{"iteration": iteration, "content_hash": version} for iteration, version in sorted(used)]
+    return [{"iteration": iteration, "content_hash": version} for iteration, version in used]
 
 
 def judge_step(ref: IterationRef, env: Environment, job: TrainJob) -> StepRecord:
