@@ -22,8 +22,8 @@ def _add_all(home: str, start) -> None:
 def test_processes_adding_the_same_iterations_at_once_all_succeed(tmp_path):
     """Two `crucible run`s of one experiment added its next iteration at one moment; Dagster's SQLite
     storage looks, then inserts, and the second failed on the key's unique index (CI, stop 54)."""
-    with DagsterInstance.local_temp(str(tmp_path)):
-        pass  # its tables, made once: instances opening a new folder at once would each migrate it
+    # Its tables, made once: instances opening a new folder at once would each migrate it.
+    DagsterInstance.local_temp(str(tmp_path)).dispose()
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(WRITERS)
     writers = [context.Process(target=_add_all, args=(str(tmp_path), start)) for _ in range(WRITERS)]

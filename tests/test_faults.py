@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,14 +111,19 @@ def crucible_run(environment: dict[str, str], iterations: int, kill: Kill | None
 
 
 def _kill_when(process: subprocess.Popen, kill: Kill, shown: threading.Event) -> None:
-    while not shown.wait(0.05) and process.poll() is None:
-        pass
+    _wait_for(shown.is_set, process)
     command = psutil.Process(process.pid)
-    while kill.sandbox_open and SANDBOX not in _names(command) and process.poll() is None:
-        time.sleep(0.05)
+    if kill.sandbox_open:
+        _wait_for(lambda: SANDBOX in _names(command), process)
     for member in [command, *command.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()
+
+
+def _wait_for(condition: Callable[[], bool], process: subprocess.Popen) -> None:
+    """Until `condition` holds, or the command has ended."""
+    while not condition() and process.poll() is None:
+        time.sleep(0.05)
 
 
 def _names(process: psutil.Process) -> set[str]:
