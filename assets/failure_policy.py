@@ -30,21 +30,26 @@ def failure_policy(storage: DatasetStore) -> Iterator[None]:
     """Apply the module's rules to what the body raises; `storage` is the root the step uses."""
     try:
         yield
-    except Failure:
+    except (Failure, RetryRequested):
         raise
     except (Refused, StorageFull, CheckpointSpaceError) as refusal:
         raise Failure(str(refusal), allow_retries=False) from None
     except StorageUnreachable as outage:
         _ask_again(outage)
-    except Exception:
+    except Exception as error:
         outage = storage.unreachable()
         if outage is None:
             raise
-        _ask_again(outage)
+        _ask_again(outage, error)
 
 
-def _ask_again(outage: StorageUnreachable) -> NoReturn:
-    """Retry the step; once the retries are spent, its failure is this sentence (the cause)."""
+def _ask_again(outage: StorageUnreachable, error: Exception | None = None) -> NoReturn:
+    """Retry the step; once the retries are spent, its failure is this sentence (the cause), which
+    names the step's own `error` (Dagster records a retry's cause, not what lies under it)."""
+    met = ""
+    if error is not None:
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        met = f" (the step met {type(error).__name__}: {first_line})"
     told = Failure(f"{outage} (a step asks again up to {STORAGE_RETRIES} times, {STORAGE_RETRY_WAIT_S} s apart, "
-                   "before it fails): once it answers, `crucible run` resumes the experiment where it stopped")
+                   f"before it fails): once it answers, `crucible run` resumes the experiment where it stopped{met}")
     raise RetryRequested(max_retries=STORAGE_RETRIES, seconds_to_wait=STORAGE_RETRY_WAIT_S) from told

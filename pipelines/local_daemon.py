@@ -52,12 +52,12 @@ STOP_TIMEOUT_S = 60.0
 CODE_SERVER_GRACE_S = 1.0
 POLL_S = 1.0
 UNFINISHED = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-# A command's code server lives in a folder named for this machine (its host name and, where the
-# system has one, its machine id), so that a run's record (the socket path of the code server that
-# started its worker) says on which machine its worker ran.
+# A command's code server lives in a folder named for this machine (its machine id; where the system
+# has none, its host name, which a cloud VM may change on restart), so that a run's record (the socket
+# path of the code server that started its worker) says on which machine its worker ran.
 MACHINE_ID = Path("/etc/machine-id")
 MACHINE = hashlib.sha256(
-    (os.uname().nodename + (MACHINE_ID.read_text().strip() if MACHINE_ID.is_file() else "")).encode()).hexdigest()[:8]
+    (MACHINE_ID.read_text().strip() if MACHINE_ID.is_file() else os.uname().nodename).encode()).hexdigest()[:8]
 SERVER_FOLDER = re.compile(r"/crucible-(?P<machine>[0-9a-f]{8})-[^/]+/[^/]+$")
 
 

@@ -139,7 +139,8 @@ def test_an_error_of_its_own_while_the_root_does_not_answer_is_the_outage(outage
         [told] = run_failures(instance, result.run_id)
     assert told.startswith(f"storage {outage.store.uri} did not answer: EndpointConnectionError: Could not connect")
     assert told.endswith("(a step asks again up to 1 times, 0 s apart, before it fails): once it answers, "
-                         "`crucible run` resumes the experiment where it stopped")
+                         "`crucible run` resumes the experiment where it stopped (the step met RuntimeError: IO Error: "
+                         "an error of the reader's own words)")
     outage.restart()
     monkeypatch.delenv("AWS_MAX_ATTEMPTS")  # a restarted server answers 500 until its volumes are up: retried
     S3FileSystem.clear_instance_cache()
