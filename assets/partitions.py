@@ -70,6 +70,15 @@ def refuse_beside_other_writers(instance: DagsterInstance, run_id: str, experime
                               allow_retries=False)
 
 
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+             DagsterRunStatus.CANCELING]
+
+
+def in_flight(instance: DagsterInstance, tags: Mapping[str, str]) -> bool:
+    """Whether a run with these tags is queued or under way."""
+    return bool(instance.get_run_records(RunsFilter(tags=dict(tags), statuses=IN_FLIGHT), limit=1))
+
+
 def add_experiment(instance: DagsterInstance, experiment: str) -> None:
     _add_key(instance, experiments.name, experiment)
 

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 
 from dagster import (
     AssetIn,
+    DagsterInstance,
     DynamicOut,
     DynamicOutput,
+    Failure,
     In,
     MetadataValue,
     Nothing,
@@ -28,6 +30,7 @@ from dagster import (
 from assets.failure_policy import failure_policy
 from assets.fan_out import Shard, ShardDone, gathered, planned
 from assets.iteration import ITERATION, this_iteration
+from assets.partitions import in_flight, iteration_key
 from assets.pools import ACCELERATOR
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
@@ -36,6 +39,7 @@ from datastore.schema import TRUNCATED
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
 from training.iteration import sampling
+from training.iteration.context import SamplingPolicy
 from training.iteration.lineage import Checkpoints
 from training.iteration.sampling import Sampler
 from training.iteration.tasks import usable_task_set
@@ -50,7 +54,20 @@ def plan_rollout_shards(context: OpExecutionContext, crucible: CrucibleResource,
     iteration, planned_at = this_iteration(context, crucible), dt.datetime.now(dt.timezone.utc)
     with failure_policy(crucible.store()):
         policy = Checkpoints(crucible, iteration.name).sampled_by(iteration.number, iteration.experiment.max_staleness)
+    refuse_without_a_parent_on_the_way(context.instance, iteration.name, iteration.number, policy)
     yield from planned(sampling.shards(iteration.experiment, task_set), planned_at, policy)
+
+
+def refuse_without_a_parent_on_the_way(instance: DagsterInstance, experiment: str, number: int,
+                                       policy: SamplingPolicy) -> None:
+    """Sampling from an older checkpoint is worth it only while the one the iteration trains from
+    (number - 1) is being made: without a run of it, the iteration would sample and grade, then be
+    refused at its training step."""
+    parent = number - 1
+    if policy.iteration < parent and not in_flight(instance, {"dagster/partition": str(iteration_key(experiment, parent))}):
+        raise Failure(f"iteration {number} trains from checkpoint {parent}, which has not finished its training step, "
+                      f"and no run of iteration {parent} is queued or under way: materialize iteration {parent} first",
+                      allow_retries=False)
 
 
 @op(out=Out(ShardDone, io_manager_key=STEP_OUTPUTS), pool=ACCELERATOR)

@@ -40,7 +40,7 @@ from statuses import RewardStatus
 from task_sets.schema import TaskBase
 from training.agent.rollout import Rollout
 from training.agent.trajectory import VerifiedRollout
-from training.iteration.context import slices
+from training.iteration.context import IterationRef, SamplingPolicy, slices
 from training.iteration.lineage import Checkpoints
 from training.iteration.sampling import Sampler, more_samples
 from training.iteration.tasks import usable_task_set
@@ -82,9 +82,7 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
         verification = verify(
             iteration, task_set=usable, sampled=task_set, rollouts=rollouts, graded=grades,
             grader=Grader.of(crucible, usable, log),
-            sample_more=more_samples(sampler, iteration,
-                                     lambda: Checkpoints(crucible, iteration.name).sampled_by(
-                                         iteration.number, iteration.experiment.max_staleness)))
+            sample_more=more_samples(sampler, iteration, lambda: their_sampler(crucible, iteration, rollouts)))
         record_stage(crucible.store(), iteration.name, iteration.number, "verified_rollouts", started_at=first.planned_at)
     graded, repeat = verification.graded, verification.regraded
     if repeat.disagreeing_task_ids:
@@ -111,6 +109,14 @@ def gather_verified_rollouts(context: OpExecutionContext, crucible: CrucibleReso
         metadata={"regraded": repeat.sampled, "agreement": repeat.rate,
                   "disagreeing_tasks": ", ".join(repeat.disagreeing_task_ids) or "none"},
     )
+
+
+def their_sampler(crucible: CrucibleResource, iteration: IterationRef, rollouts: list[Rollout]) -> SamplingPolicy:
+    """The checkpoint that sampled `rollouts` (rollouts stored before they named it: the previous
+    one), checked again: refills come from it, so an iteration has one sampler."""
+    sampler = rollouts[0].policy_iteration
+    return Checkpoints(crucible, iteration.name).sampling(
+        iteration.number, iteration.number - 1 if sampler is None else sampler)
 
 
 @graph_asset(**ITERATION, ins={"task_set": AssetIn(), "rollouts": AssetIn()},

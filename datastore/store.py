@@ -280,6 +280,7 @@ class DatasetStore:
             # connection too): asked again, the filesystem raises the real reason, or finds them
             # all (a server back from an outage), and they are read again.
             for path in paths:
+                self._forget_listings(path)  # else a cached listing would say it is there
                 self.fs.info(path)
             return pq.read_table(paths, filesystem=self.fs, schema=DATASETS[dataset], columns=columns)
 

@@ -23,15 +23,12 @@ from dagster import (
     sensor,
 )
 
-from assets.partitions import experiments, iteration_key, iteration_numbers, parse_iteration_key
+from assets.partitions import experiments, in_flight, iteration_key, iteration_numbers, parse_iteration_key
 from assets.resources import CrucibleResource
 from datastore import catalog, metrics
 from pipelines.jobs import evaluation_job, iteration_job
 from training.continuation import reason_to_stop
 from training.experiment import ExperimentFileError
-
-IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
-             DagsterRunStatus.CANCELING]
 
 
 def latest_iterations(context: SensorEvaluationContext | ScheduleEvaluationContext,
@@ -61,7 +58,7 @@ def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name:
         return "continuous training is off (`crucible continue NAME` switches it on)"
     instance = context.instance
     for tags in ({"dagster/partition/experiment": name}, {"dagster/partition": name}):  # iterations, base policy
-        if instance.get_run_records(RunsFilter(tags=tags, statuses=IN_FLIGHT), limit=1):
+        if in_flight(instance, tags):
             return "a run of it is queued or in progress"
     following = str(iteration_key(name, last + 1))
     failed = instance.get_run_records(RunsFilter(tags={"dagster/partition": following},

@@ -15,6 +15,7 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    Failure,
     build_schedule_context,
     build_sensor_context,
     evaluate_automation_conditions,
@@ -31,6 +32,7 @@ from assets.partitions import (
     parse_iteration_key,
 )
 from assets.resources import CrucibleResource
+from assets.rollouts import refuse_without_a_parent_on_the_way
 from commands.settings import load_settings
 from datastore.schema import WRITTEN_BY
 from pipelines.definitions import defs
@@ -38,6 +40,7 @@ from pipelines.jobs import ITERATION_ASSETS
 from pipelines.resources import crucible_resource
 from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints
 from training.experiment import ExperimentConfig
+from training.iteration.context import SamplingPolicy
 
 SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
 
@@ -179,6 +182,19 @@ def test_sensor_never_launches_an_experiment_with_a_run_in_flight(instance, cruc
     instance.add_run(DagsterRun(job_name="iteration", status=DagsterRunStatus.STARTED,
                                 tags={"dagster/partition/experiment": "exp", "dagster/partition": "exp|0002"}))
     assert "exp: a run of it is queued or in progress" in _evaluate(instance, crucible).skip_message
+
+
+def test_sampling_an_older_checkpoint_is_refused_unless_a_run_is_making_the_parent(instance):
+    """max_staleness lets iteration 3 sample checkpoint 1 while 2 trains; with no run making 2,
+    it would sample and grade, then be refused at its training step."""
+    older = SamplingPolicy(1, (Path("ckpt/1"), "1" * 64))
+    with pytest.raises(Failure, match="iteration 3 trains from checkpoint 2, which has not finished its training "
+                                      "step, and no run of iteration 2 is queued or under way"):
+        refuse_without_a_parent_on_the_way(instance, "exp", 3, older)
+    instance.add_run(DagsterRun(job_name="iteration", status=DagsterRunStatus.STARTED,
+                                tags={"dagster/partition/experiment": "exp", "dagster/partition": "exp|0002"}))
+    refuse_without_a_parent_on_the_way(instance, "exp", 3, older)  # 2 is on its way
+    refuse_without_a_parent_on_the_way(instance, "exp", 4, SamplingPolicy(3, (Path("ckpt/3"), "3" * 64)))
 
 
 def test_sensor_stops_at_the_experiment_iteration_limit(instance, crucible):

@@ -23,7 +23,11 @@ class Checkpoints:
         oldest = max(0, number - 1 - max_staleness)
         candidate = next(candidate for candidate in range(number - 1, oldest - 1, -1)
                          if candidate == oldest or self.has_record(candidate))
-        return SamplingPolicy(candidate, self.usable(candidate, f"iteration {number} samples from", rerun_through=number))
+        return self.sampling(number, candidate)
+
+    def sampling(self, number: int, iteration: int) -> SamplingPolicy:
+        """Checkpoint `iteration` as iteration `number`'s sampler, refused as `usable` says."""
+        return SamplingPolicy(iteration, self.usable(iteration, f"iteration {number} samples from", rerun_through=number))
 
     def trained_from(self, number: int) -> Checkpoint:
         """The checkpoint iteration `number`'s training step starts from: `number` - 1, refused as
@@ -93,12 +97,11 @@ class Checkpoints:
                           f"replaced it), and {use}: materialize iteration {iteration}'s checkpoint again.")
         return record
 
-    def current_hash(self, iteration: int) -> str:
-        """The content hash of checkpoint `iteration` on the lineage as it is now: the base
-        policy's on disk, a later one's as its training step recorded it."""
-        if iteration == 0:
-            return self.verified(0, "the lineage starts from")[1]
-        return self.record(iteration, "its samples are trained on")["content_hash"]
+    def hash_as_trained_from(self, iteration: int) -> str:
+        """The content hash checkpoint `iteration` had when the next training step started from
+        it, as that step recorded it: on a lineage `lineage_holds` has checked, the checkpoint as
+        it is now, read without hashing its weights again."""
+        return self.record(iteration + 1, f"checkpoint {iteration + 1} descends from it")["parent_hash"]
 
     def recorded_hash(self, iteration: int) -> str | None:
         """The content hash `iteration`'s last training step recorded, if it has one."""

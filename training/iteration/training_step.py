@@ -1,5 +1,5 @@
-"""The training step's side of an iteration: the job (its stored trajectories, from the policy that
-sampled them), and afterwards its health signals judged against the experiment's monitors and
+"""The training step's side of an iteration: the job (its stored trajectories, from the previous
+checkpoint), and afterwards its health signals judged against the experiment's monitors and
 stored as the `checkpoints` row. The step itself runs in a process of its own (training/rl/step.py)."""
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def train_job(ref: IterationRef, env: Environment) -> TrainJob:
 def samplers(ref: IterationRef, env: Environment, trajectory_files: list[str], parent_hash: str) -> list[dict]:
     """The checkpoints that sampled the trajectories ({iteration, content_hash}, oldest first),
     refused unless each is at most the experiment's max_staleness steps behind the checkpoint the
-    step trains from (`parent_hash`, iteration N-1), and is that checkpoint as it is now."""
+    step trains from (`parent_hash`, iteration N-1, whose lineage `trained_from` has checked), and
+    is that checkpoint as it is now."""
     number, most = ref.number, ref.experiment.max_staleness
     table = env.store().read_files("trajectories", trajectory_files, ["policy_iteration", "policy_version"])
     # A row stored before rows named their sampler's iteration was sampled by the previous one.
@@ -71,7 +72,7 @@ def samplers(ref: IterationRef, env: Environment, trajectory_files: list[str], p
                           f"{number - 1 - iteration} training steps behind checkpoint {number - 1} that it trains "
                           f"from, and the experiment's max_staleness is {most}: materialize iteration {number} again "
                           "from its rollouts.")
-        now = parent_hash if iteration == number - 1 else checkpoints.current_hash(iteration)
+        now = parent_hash if iteration == number - 1 else checkpoints.hash_as_trained_from(iteration)
         if version != now:
             raise Refused(f"iteration {number}'s trajectories were sampled by {version[:12]}, not by checkpoint "
                           f"{iteration} as it is now ({now[:12]}): materialize iteration {number} again from its "
