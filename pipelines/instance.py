@@ -58,7 +58,9 @@ def prepare_instance(settings: Settings | None = None) -> Path:
         _write_atomically(config, wanted)
     if url is not None:
         check_postgres(url)
-    marker = home / f"{INITIALIZED}-{hashlib.sha256((url or 'sqlite').encode()).hexdigest()[:12]}"
+    # Named for the storage (its password left out: the name is on disk for anyone to read).
+    storage = _without_password(url) if url else "sqlite"
+    marker = home / f"{INITIALIZED}-{hashlib.sha256(storage.encode()).hexdigest()[:12]}"
     if not marker.exists():
         _initialize(home, marker)
     return home

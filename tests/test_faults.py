@@ -26,6 +26,7 @@ from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
 from pipelines.local_daemon import live_daemons
+from sandbox.local import BWRAP
 from task_sets.importers.records import write_task_set
 from task_sets.loader import load_task_set
 from tests.lineage import EVERY_STEP_MOVES, assert_one_lineage
@@ -85,7 +86,7 @@ KILLED_IN = {
     3: Kill("checkpoint", after="checkpoint: step start"),  # the training step, with its job's process
     4: Kill("checkpoint_eval", after="checkpoint: step start", sandbox_open=True),
 }
-SANDBOX = "bwrap"
+SANDBOX = Path(BWRAP).name
 
 
 def crucible_run(environment: dict[str, str], iterations: int, kill: Kill | None = None) -> tuple[int, str]:
@@ -141,8 +142,8 @@ def steps(instance: DagsterInstance, run_id: str, event: DagsterEventType) -> se
 def test_a_run_killed_with_its_command_at_any_stage_resumes_at_that_stage(experiment):
     for number, kill in KILLED_IN.items():
         stage = kill.stage
-        killed, _ = crucible_run(experiment, number, kill)
-        assert killed == -9
+        killed, said = crucible_run(experiment, number, kill)
+        assert killed == -9, said[-3000:]
         with DagsterInstance.from_config(experiment["DAGSTER_HOME"]) as instance:
             # Its daemon's last heartbeat is fresh, but it died with its command: not one to wait for.
             assert live_daemons(instance) == set()
