@@ -3,15 +3,18 @@ thin functions over training/iteration/, which holds the rules, a module per sta
 `verified_rollouts`, fan-outs over shards, are in assets/rollouts.py and assets/verification.py).
 
     base_policy[experiment] -> task_set -> rollouts -> verified_rollouts -> trajectories -> iteration_rewards
-                                           -> checkpoint -> checkpoint_eval
+                                           -> parent_checkpoint -> checkpoint -> checkpoint_eval
 
-Iteration N samples from checkpoint N-1 (the experiment's base policy for N = 1). Dagster maps a
-partition to an earlier one only on a time dimension, so that edge is not drawn: the data path
-checks it instead (training/iteration/lineage.py refuses a checkpoint whose lineage does not hold), and the
-run queue runs one iteration of an experiment at a time (pipelines/dagster.yaml).
+Iteration N samples from checkpoint N-1 (the experiment's base policy for N = 1), or, with
+`max_staleness` k, from the newest of N-1-k … N-1 trained when it starts; it always trains from
+N-1. Dagster maps a partition to an earlier one only on a time dimension, so those edges are not
+drawn: the data path checks them instead (training/iteration/lineage.py refuses a checkpoint whose
+lineage does not hold), and the run queue's lanes run one iteration of an experiment at a time, or
+k+1 (pipelines/run_lanes.py).
 """
 
 import math
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -32,9 +35,9 @@ from dagster import (
 from assets.datasets import report_stored
 from assets.failure_policy import STORAGE_RETRIES, STORAGE_RETRY_WAIT_S, failure_policy
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
-from assets.partitions import iterations, parse_iteration_key, refuse_beside_other_writers
+from assets.partitions import in_flight, iteration_key, iterations, parse_iteration_key, refuse_beside_other_writers
 from assets.policy import stored_experiment
-from assets.pools import ACCELERATOR
+from assets.pools import SAMPLING, TRAINING
 from assets.resources import CrucibleResource
 from assets.stages import timed_stage
 from assets.step_messages import step_messages
@@ -94,7 +97,8 @@ def task_set(
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
-    refuse_beside_other_writers(context.instance, context.run_id, iteration.name)
+    refuse_beside_other_writers(context.instance, context.run_id, iteration.name,
+                                iteration.experiment.max_staleness)
     backend = crucible.sandbox_backend
     loaded = tasks.loaded_task_set(crucible, iteration.experiment)
     proven = tasks.prove_unproven(crucible, loaded, context.log.info)
@@ -165,6 +169,33 @@ def trajectories(
     )
 
 
+PARENT_POLL_S = 2.0  # a training step takes seconds at the least: the wait sees its record within a poll
+
+
+@asset(**ITERATION, deps=["iteration_rewards"])
+def parent_checkpoint(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
+    """Checkpoint N-1, the one iteration N trains from, once its training step has ended. Where
+    iterations overlap (`max_staleness` ≥ 1: pipelines/run_lanes.py) another run is making it
+    beside this one; this step waits for it outside the `training` pool, which that run's training
+    step needs. Refused when it has no record and no run of iteration N-1 is queued or under way."""
+    iteration = this_iteration(context, crucible)
+    name, number, store = iteration.name, iteration.number, crucible.store()
+    parent, checkpoints = number - 1, Checkpoints(crucible, name)
+    making_it = {"dagster/partition": str(iteration_key(name, parent))}
+    with failure_policy(store), timed_stage(store, name, number, "parent_checkpoint"):
+        started = time.perf_counter()
+        while parent > 0 and not checkpoints.has_record(parent):
+            if not in_flight(context.instance, making_it) and not checkpoints.has_record(parent):
+                raise Failure(f"iteration {number} trains from checkpoint {parent}, which has no training step on "
+                              f"record, and no run of iteration {parent} is queued or under way: materialize "
+                              f"iteration {parent} first", allow_retries=False)
+            time.sleep(PARENT_POLL_S)
+        waited = time.perf_counter() - started
+    if waited >= PARENT_POLL_S:
+        context.log.info(f"waited {waited:.0f} s for checkpoint {parent}'s training step")
+    return MaterializeResult(metadata={"parent_iteration": parent, "waited_s": round(waited, 1)})
+
+
 STABILITY_CHECKS = {
     "training_finite": ("loss, gradients and weights are finite; otherwise no iteration samples from "
                         "this checkpoint", True),
@@ -187,7 +218,7 @@ def not_judged() -> list[Verdict]:
 
 @asset(
     # iteration_rewards (assets/analytics.py) judges the samples first: its failed error checks stop the step.
-    **ITERATION, deps=[trajectories, "iteration_rewards"], kinds={"pytorch"}, pool=ACCELERATOR,
+    **ITERATION, deps=[trajectories, "iteration_rewards", parent_checkpoint], kinds={"pytorch"}, pool=TRAINING,
     # Retried when its job died or lost a connection (assets/training_step.py), resuming from its saved
     # progress; as patient as any step with storage that does not answer (assets/failure_policy.py).
     retry_policy=RetryPolicy(max_retries=STORAGE_RETRIES, delay=STORAGE_RETRY_WAIT_S),
@@ -238,7 +269,7 @@ def checkpoint(
     )
 
 
-@asset(**ITERATION, deps=[checkpoint], pool=ACCELERATOR)
+@asset(**ITERATION, deps=[checkpoint], pool=SAMPLING)
 def checkpoint_eval(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
     """Pass rate of the new checkpoint on the held-out split, with its standard error, against
     the base policy's on the same tasks (stored as iteration 0, evaluated again after a rebuild),

@@ -54,20 +54,26 @@ def experiment_of_run(tags: Mapping[str, str]) -> str | None:
     return partition if partition and "|" not in partition else None
 
 
-def refuse_beside_other_writers(instance: DagsterInstance, run_id: str, experiment: str) -> None:
-    """Fail unless this run is the only one of the experiment under way. The queue keeps one
-    iteration run of an experiment at a time, and one base-policy run, but cannot keep the two
-    apart (their runs carry different tags), nor order a run executed outside it (`materialize()`,
-    `dagster asset materialize`): a base policy rebuilt under an iteration would change the model
-    it samples or trains."""
+def refuse_beside_other_writers(instance: DagsterInstance, run_id: str, experiment: str,
+                                max_staleness: int | None = None) -> None:
+    """Fail when another run writes the experiment beside this one, unless the experiment lets
+    iterations overlap: an iteration run (`max_staleness` k given) may run beside k others, never
+    beside a base-policy run; a base-policy run (None) beside nothing. The queue keeps to that
+    (pipelines/run_lanes.py) but cannot order a run executed outside it (`materialize()`, `dagster
+    asset materialize`): a base policy rebuilt under an iteration would change the model it
+    samples or trains."""
     under_way = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
-    for tags in ({"dagster/partition/experiment": experiment}, {"dagster/partition": experiment}):
-        for record in instance.get_run_records(RunsFilter(tags=tags, statuses=under_way)):
-            other = record.dagster_run
-            if other.run_id != run_id:
-                raise Failure(f"experiment {experiment!r} is being written by run {other.run_id} ({other.job_name}, "
-                              f"{other.tags.get('dagster/partition')}); launch this one again once that has ended",
-                              allow_retries=False)
+    allowed = {"iteration": max_staleness or 0, "base policy": 0}
+    for kind, tags in (("iteration", {"dagster/partition/experiment": experiment}),
+                       ("base policy", {"dagster/partition": experiment})):
+        others = [record.dagster_run for record in instance.get_run_records(RunsFilter(tags=tags, statuses=under_way))
+                  if record.dagster_run.run_id != run_id]
+        if len(others) > allowed[kind]:
+            other, more = others[0], (f" and {len(others) - 1} more, beyond the {allowed[kind]} max_staleness allows"
+                                      if allowed[kind] else "")
+            raise Failure(f"experiment {experiment!r} is being written by run {other.run_id} ({other.job_name}, "
+                          f"{other.tags.get('dagster/partition')}){more}: launch this one again once that has ended",
+                          allow_retries=False)
 
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,

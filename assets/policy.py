@@ -9,7 +9,7 @@ from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataV
 from assets.failure_policy import failure_policy
 from assets.lineage_check import report_off_lineage
 from assets.partitions import experiments, refuse_beside_other_writers
-from assets.pools import ACCELERATOR
+from assets.pools import TRAINING
 from assets.resources import CrucibleResource
 from assets.training_step import TrainingStepClient
 from training.experiment import ExperimentConfig, ExperimentFileError
@@ -38,7 +38,7 @@ def _content_hash(directory) -> str | None:
         return None
 
 
-@asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"}, pool=ACCELERATOR)
+@asset(partitions_def=experiments, group_name="policy", kinds={"pytorch"}, pool=TRAINING)
 def base_policy(context: AssetExecutionContext, crucible: CrucibleResource,
                 training_step: TrainingStepClient) -> MaterializeResult:
     """The experiment's own starting model: its `base_model` imported as it is (weights, config,

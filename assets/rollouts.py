@@ -31,7 +31,7 @@ from assets.failure_policy import failure_policy
 from assets.fan_out import Shard, ShardDone, gathered, planned
 from assets.iteration import ITERATION, this_iteration
 from assets.partitions import in_flight, iteration_key
-from assets.pools import ACCELERATOR
+from assets.pools import SAMPLING
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
 from assets.step_outputs import STEP_OUTPUTS, hand_overs_gathered
@@ -70,7 +70,7 @@ def refuse_without_a_parent_on_the_way(instance: DagsterInstance, experiment: st
                       allow_retries=False)
 
 
-@op(out=Out(ShardDone, io_manager_key=STEP_OUTPUTS), pool=ACCELERATOR)
+@op(out=Out(ShardDone, io_manager_key=STEP_OUTPUTS), pool=SAMPLING)
 def sample_rollout_shard(context: OpExecutionContext, crucible: CrucibleResource, shard: Shard) -> ShardDone:
     """K samples per task of one shard, from the previous iteration's checkpoint."""
     iteration = this_iteration(context, crucible)

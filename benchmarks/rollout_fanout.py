@@ -11,7 +11,7 @@ iteration's `rollouts` with `dagster asset materialize`, as an operator would, t
   2 shards, one process              the same two shards one after the other, in the run's process
   2 shards, a process each           the multiprocess executor, a process per step, both shards at once
                                      (CRUCIBLE_STEP_PROCESSES=3: the planning step's process counts
-                                     until it exits; the accelerator pool given 2 slots)
+                                     until it exits; the sampling pool given 2 slots)
 
 The last two must give the same samples, token for token and log-prob for log-prob: a shard's
 threads and engine are its own, whatever runs beside it. The first samples differently (one engine
@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from assets.io_manager import DatasetIOManager  # noqa: E402
 from assets.iteration import task_set  # noqa: E402
 from assets.partitions import add_iteration, experiments  # noqa: E402
+from assets.pools import SAMPLING  # noqa: E402
 from assets.policy import base_policy  # noqa: E402
 from assets.training_step import TrainingStepClient  # noqa: E402
 from commands.settings import load_settings  # noqa: E402
@@ -111,7 +112,7 @@ def main() -> None:
                            run_config=QUIET).success
         assert materialize([base_policy, task_set], selection=[task_set], partition_key=add_iteration(instance, NAME, 1),
                            instance=instance, resources=resources, run_config=QUIET).success
-        instance.event_log_storage.set_concurrency_slots("accelerator", 2)
+        instance.event_log_storage.set_concurrency_slots(SAMPLING, 2)
     store, results = crucible.store(), []
     for label, shards, processes in (("1 shard, in the run's process", 1, 1), ("2 shards, one process", 2, 1),
                                      ("2 shards, a process each", 2, 3)):

@@ -54,7 +54,7 @@ DERIVED_VIEWS = {
     "iterations": """
         WITH timing AS (
             PIVOT (SELECT experiment, iteration, stage, seconds FROM stages)
-            ON stage IN ('rollouts', 'verified_rollouts', 'trajectories', 'checkpoint',
+            ON stage IN ('rollouts', 'verified_rollouts', 'trajectories', 'parent_checkpoint', 'checkpoint',
                          'checkpoint_eval')
             USING sum(seconds) GROUP BY experiment, iteration
         )

@@ -100,7 +100,7 @@ def eval_curve_png(experiment: str, points: list[tuple[int, float, float]],
 
 
 STAGES = {"rollouts": "sampling", "verified_rollouts": "grading", "trajectories": "storing",
-          "checkpoint": "training", "checkpoint_eval": "evaluation"}
+          "parent_checkpoint": "waiting for the parent", "checkpoint": "training", "checkpoint_eval": "evaluation"}
 TRAINING_PANELS = ("held-out pass rate ± 1 s.e.", "train pass rate", "KL to the sampling policy", "entropy (nats)",
                    "sampled tokens per sample", "seconds per stage")
 

@@ -7,7 +7,7 @@ from dagster import Definitions, FilesystemIOManager
 from assets.analytics import iteration_rewards, reward_analytics
 from assets.datasets import DATASET_ASSETS
 from assets.io_manager import DatasetIOManager
-from assets.iteration import checkpoint, checkpoint_eval, task_set, trajectories
+from assets.iteration import checkpoint, checkpoint_eval, parent_checkpoint, task_set, trajectories
 from assets.policy import base_policy
 from assets.regrades import regrades
 from assets.rollouts import rollouts
@@ -21,8 +21,8 @@ from pipelines.sensors import advance_iterations, evaluate_latest_checkpoints, k
 
 settings = load_settings()
 defs = Definitions(
-    assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, checkpoint,
-            checkpoint_eval, reward_analytics, regrades, *DATASET_ASSETS],
+    assets=[base_policy, task_set, rollouts, verified_rollouts, trajectories, iteration_rewards, parent_checkpoint,
+            checkpoint, checkpoint_eval, reward_analytics, regrades, *DATASET_ASSETS],
     jobs=[iteration_job, evaluation_job, base_policy_job, analytics_job, create_experiment],
     schedules=[evaluate_latest_checkpoints],
     sensors=[advance_iterations, keep_analytics_current],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dagster import (
@@ -22,6 +23,7 @@ from dagster import (
     DagsterInstance,
     DagsterRunStatus,
     Definitions,
+    MultiPartitionKey,
 )
 
 from assets.partitions import add_experiment, add_iteration, iteration_key
@@ -53,6 +55,7 @@ class ExperimentRunner:
         self.crucible = crucible_resource(deployment)
         self.through = through or config.iterations  # this run's last iteration
         self.daemon: LocalDaemon | None = None  # while run() runs
+        self._ours: set[str] = set()  # the runs this command queued and follows now
 
     @classmethod
     def for_experiment(cls, name: str, settings: ExperimentConfig | None = None, *, deployment: Settings,
@@ -95,31 +98,64 @@ class ExperimentRunner:
         self._refuse_old_instance()
         if not self._base_policy_ready():
             check_base_model(self.config)  # before a daemon starts: a refusal takes a second, not a minute
-        name = self.config.name
         with LocalDaemon(self.instance, self.deployment.environment(), say) as self.daemon:
             self._ensure_base_policy()
-            evaluated = [self._evaluated(iteration_key(name, n)) for n in range(1, self.through + 1)] + [False]
-            for iteration in range(1, self.through + 1):
-                key = add_iteration(self.instance, name, iteration)
-                since = 0.0  # evaluated at any time is done; for a re-run, evaluated after it started
-                if evaluated[iteration - 1]:
-                    # Only the checkpoint the next iteration samples from is verified (a hash of
-                    # every file: minutes for a large model); the lineage behind it, by its records.
-                    unusable = None if evaluated[iteration] else self._unusable(iteration)
-                    if rerun_from is not None and iteration >= rerun_from:
-                        console.print(f"iteration {iteration}: evaluated, and run again from {rerun_from}",
-                                      markup=False)
-                    elif unusable is not None:
-                        console.print(f"iteration {iteration}: evaluated, but its checkpoint cannot be built on, so "
-                                      f"it runs again: {unusable}", markup=False)
-                        rerun_from = iteration  # and every later one, whose lineage then changes
-                    else:
-                        console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
-                        continue
-                    since = time.time()
-                console.rule(f"iteration {iteration}/{self.through}  ({key})")
-                self._execute("iteration", key, done=lambda key=key, since=since: self._evaluated(key, since))
+            planned = self._planned(rerun_from)
+            if self.config.max_staleness:
+                self._overlapping(planned, window=self.config.max_staleness + 1)
+            else:
+                for iteration, key, since in planned:
+                    self._iteration(iteration, key, since, say)
             self._execute("reward_analytics_job", done=self._analytics_current)
+
+    def _planned(self, rerun_from: int | None) -> list[tuple[int, MultiPartitionKey, float]]:
+        """The iterations to run, in order, each with the time after which its evaluation counts
+        as done (0: any time; a re-run: after this command started)."""
+        name, planned = self.config.name, []
+        evaluated = [self._evaluated(iteration_key(name, n)) for n in range(1, self.through + 1)] + [False]
+        for iteration in range(1, self.through + 1):
+            key = add_iteration(self.instance, name, iteration)
+            since = 0.0  # evaluated at any time is done; for a re-run, evaluated after it started
+            if evaluated[iteration - 1]:
+                # Only the checkpoint the next iteration samples from is verified (a hash of
+                # every file: minutes for a large model); the lineage behind it, by its records.
+                unusable = None if evaluated[iteration] else self._unusable(iteration)
+                if rerun_from is not None and iteration >= rerun_from:
+                    console.print(f"iteration {iteration}: evaluated, and run again from {rerun_from}", markup=False)
+                elif unusable is not None:
+                    console.print(f"iteration {iteration}: evaluated, but its checkpoint cannot be built on, so "
+                                  f"it runs again: {unusable}", markup=False)
+                    rerun_from = iteration  # and every later one, whose lineage then changes
+                else:
+                    console.print(f"[dim]iteration {iteration}: already materialized ({key})[/dim]")
+                    continue
+                since = time.time()
+            planned.append((iteration, key, since))
+        return planned
+
+    def _iteration(self, iteration: int, key: MultiPartitionKey, since: float, said: Callable[[str], None]) -> None:
+        console.rule(f"iteration {iteration}/{self.through}  ({key})")
+        self._execute("iteration", key, done=lambda: self._evaluated(key, since), said=said)
+
+    def _overlapping(self, planned: list[tuple[int, MultiPartitionKey, float]], window: int) -> None:
+        """Up to `window` (max_staleness + 1) iterations under way at once: each is queued when
+        the one `window` places before it has ended, and the queue's lanes start it then
+        (pipelines/run_lanes.py). Their lines are told apart by the iteration. The first failure
+        in order ends the command: the iterations after it, which would train on what it did not
+        make, are cancelled (ours; another launcher's runs are left to it)."""
+        with ThreadPoolExecutor(max_workers=window, thread_name_prefix="iteration") as threads:
+            started = [threads.submit(self._iteration, iteration, key, since, _prefixed(iteration))
+                       for iteration, key, since in planned]
+            try:
+                for iteration in started:
+                    iteration.result()
+            except BaseException as error:  # a failure, or Ctrl-C (which reaches this thread only)
+                for iteration in started:
+                    iteration.cancel()
+                why = "interrupted" if isinstance(error, KeyboardInterrupt) else "an iteration before it failed"
+                for run_id in list(self._ours):
+                    self._cancel(run_id, say, why)
+                raise
 
     def _evaluated(self, key, since: float = 0.0) -> bool:
         """checkpoint_eval is materialized for the partition (after `since`, a time.time())."""
@@ -172,14 +208,16 @@ class ExperimentRunner:
             return False
         return True
 
-    def _execute(self, job_name: str, partition_key: str | None = None, done: Callable[[], bool] = lambda: False):
+    def _execute(self, job_name: str, partition_key: str | None = None, done: Callable[[], bool] = lambda: False,
+                 said: Callable[[str], None] = say):
         """Run `job_name` for the partition unless `done()` says it is made (by another run
-        meanwhile: a UI launch, a sensor, another `crucible run`)."""
+        meanwhile: a UI launch, a sensor, another `crucible run`); its lines go to `said`."""
         started = time.perf_counter()
-        self._submit_and_follow(job_name, partition_key, done)
+        self._submit_and_follow(job_name, partition_key, done, said)
         console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
 
-    def _submit_and_follow(self, job_name: str, partition_key: str | None, done: Callable[[], bool]) -> None:
+    def _submit_and_follow(self, job_name: str, partition_key: str | None, done: Callable[[], bool],
+                           say: Callable[[str], None]) -> None:
         """Queue the run and follow it to its end. A run of the partition already queued or under
         way (the UI, a sensor) is followed instead, and ours is cancelled if one was queued a moment
         before it: two runs of a partition would train the same iteration twice. One queued after
@@ -199,22 +237,25 @@ class ExperimentRunner:
             self.instance.run_coordinator.cancel_run(run_id)
             say(f"{job_name} {partition_key}: run {rivals[0].dagster_run.run_id} was queued first; ours cancelled")
         say(f"{job_name} {partition_key or ''}: queued as run {run_id}")
+        self._ours.add(run_id)
         try:
             run = run_submission.follow(self.instance, self.daemon, run_id, say)
         except KeyboardInterrupt:
             self._cancel(run_id, say)
             raise
+        finally:
+            self._ours.discard(run_id)
         if run.status != DagsterRunStatus.SUCCESS:
             raise RunFailed(f"{job_name} {partition_key or ''} {run.status.value.lower()} (run {run.run_id}):\n"
                             + "\n".join(run_failures(self.instance, run.run_id)))
 
-    def _cancel(self, run_id: str, say: Callable[[str], None]) -> None:
+    def _cancel(self, run_id: str, say: Callable[[str], None], why: str = "interrupted") -> None:
         """Cancel our run (or the retry that replaced it) if it has not ended."""
         run = self.instance.get_run_by_id(run_id)
         while run.tags.get(run_submission.RETRY_TAG):
             run = self.instance.get_run_by_id(run.tags[run_submission.RETRY_TAG])
         if not run.is_finished:
-            say(f"run {run.run_id[:8]}: interrupted, cancelling it")
+            say(f"run {run.run_id[:8]}: {why}, cancelling it")
             self.instance.run_coordinator.cancel_run(run.run_id)
 
     def _unfinished(self, tags: dict[str, str]) -> list:
@@ -226,6 +267,11 @@ class ExperimentRunner:
             run = record.dagster_run
             say(f"{job_name} {partition_key}: run {run.run_id} is {run.status.value.lower()} already; following it")
             run_submission.follow(self.instance, self.daemon, run.run_id, say)
+
+
+def _prefixed(iteration: int) -> Callable[[str], None]:
+    """`say`, for one of several iterations under way at once."""
+    return lambda line: say(f"[{iteration}] {line}")
 
 
 def refuse_unusable(config: ExperimentConfig, crucible: CrucibleResource, new: bool) -> None:

@@ -12,7 +12,7 @@ A dagster.yaml Crucible did not write (it lacks the first line Crucible's have) 
 operator's own and is used as it is. One Crucible wrote is brought up to date with the template,
 but never switched between SQLite and Postgres, or between run launchers, by a command whose
 environment differs: a shell without the URL beside a UI with it would split the runs (and the
-accelerator pool) between two instances, and one without the launcher would launch in a process
+pools) between two instances, and one without the launcher would launch in a process
 what the daemon launches in containers. To switch, remove the file. Run history does not move between
 SQLite and Postgres; the datasets and checkpoints, in the storage root, do not depend on it.
 """
@@ -28,13 +28,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from assets.pools import POOLS
 from commands.errors import UserError
 from commands.settings import Settings, load_settings
 
 POSTGRES_URL_ENV = "CRUCIBLE_POSTGRES_URL"  # Dagster reads the URL from here: dagster.yaml names the variable
 RUN_LAUNCHER_ENV, RUN_IMAGE_ENV = "CRUCIBLE_RUN_LAUNCHER", "CRUCIBLE_RUN_IMAGE"
 MARK = "# Written by Crucible"
-INITIALIZED = ".initialized"  # in DAGSTER_HOME, per storage: its tables and the accelerator pool exist
+INITIALIZED = ".initialized"  # in DAGSTER_HOME, per storage and pools: its tables and the pools exist
 WRITTEN_BY = f"{MARK} (pipelines/instance.py): edit pipelines/dagster.yaml, or remove this line to keep your edits.\n"
 _TEMPLATES = Path(__file__).parent
 
@@ -60,7 +61,7 @@ def prepare_instance(settings: Settings | None = None) -> Path:
         check_postgres(url)
     # Named for the storage (its password left out: the name is on disk for anyone to read).
     storage = _without_password(url) if url else "sqlite"
-    marker = home / f"{INITIALIZED}-{hashlib.sha256(storage.encode()).hexdigest()[:12]}"
+    marker = home / f"{INITIALIZED}-{hashlib.sha256(' '.join((storage, *POOLS)).encode()).hexdigest()[:12]}"
     if not marker.exists():
         _initialize(home, marker)
     return home
@@ -69,12 +70,10 @@ def prepare_instance(settings: Settings | None = None) -> Path:
 def _initialize(home: Path, marker: Path) -> None:
     """Dagster creates an instance's tables when it is first opened, and a pool's slots when a
     step first claims one: two processes doing either at once (a UI and a `crucible run` started
-    together, two runs' first accelerator steps) collide ("table runs already exists", a unique
+    together, two runs' first steps of a pool) collide ("table runs already exists", a unique
     violation on the pool's limit) and one fails. One process at a time does both here, once per
     DAGSTER_HOME, and never resets a pool limit an operator set."""
     from dagster import DagsterInstance
-
-    from assets.pools import ACCELERATOR
 
     with (home / ".create-tables.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -82,8 +81,9 @@ def _initialize(home: Path, marker: Path) -> None:
             return
         with DagsterInstance.get() as instance:  # opening it is what creates the tables
             storage = instance.event_log_storage
-            if ACCELERATOR not in {limit.name for limit in storage.get_pool_limits()}:
-                storage.initialize_concurrency_limit_to_default(ACCELERATOR)
+            limited = {limit.name for limit in storage.get_pool_limits()}
+            for pool in set(POOLS) - limited:
+                storage.initialize_concurrency_limit_to_default(pool)
         marker.touch()
 
 

@@ -7,8 +7,8 @@ from dagster import AssetSelection, define_asset_job, job
 
 from assets.experiments import store_experiment
 
-ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "iteration_rewards", "checkpoint",
-                    "checkpoint_eval")
+ITERATION_ASSETS = ("task_set", "rollouts", "verified_rollouts", "trajectories", "iteration_rewards",
+                    "parent_checkpoint", "checkpoint", "checkpoint_eval")
 
 iteration_job = define_asset_job(
     "iteration",

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -109,6 +110,7 @@ class LocalDaemon:
         self._folder: Path | None = None  # our code server's socket, workspace file and logs
         self._code_server: subprocess.Popen | None = None
         self._daemon: subprocess.Popen | None = None
+        self._ensuring = threading.Lock()
 
     def __enter__(self) -> LocalDaemon:
         return self
@@ -117,7 +119,12 @@ class LocalDaemon:
         self.close()
 
     def ensure(self) -> None:
-        """Start a daemon unless one takes runs off the queue, or another command here starts one."""
+        """Start a daemon unless one takes runs off the queue, or another command here starts one
+        (the threads following overlapping iterations ask at once: one at a time does it)."""
+        with self._ensuring:
+            self._ensure()
+
+    def _ensure(self) -> None:
         if self._daemon is not None:
             self._check_alive()
             return

@@ -1,6 +1,7 @@
 """Automation: the next iteration of each experiment that asks for it, once its last one is
-evaluated, until a stopping rule (training/continuation.py) says no; reward_analytics kept
-current; and a periodic re-evaluation of the latest checkpoints (off by default)."""
+evaluated (with `max_staleness` k, while fewer than k+1 are queued or under way), until a stopping
+rule (training/continuation.py) says no; reward_analytics kept current; and a periodic
+re-evaluation of the latest checkpoints (off by default)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dagster import (
     AssetKey,
     AssetSelection,
     AutomationConditionSensorDefinition,
+    DagsterInstance,
     DagsterRunStatus,
     DefaultScheduleStatus,
     DefaultSensorStatus,
@@ -23,7 +25,7 @@ from dagster import (
     sensor,
 )
 
-from assets.partitions import experiments, in_flight, iteration_key, iteration_numbers, parse_iteration_key
+from assets.partitions import IN_FLIGHT, experiments, in_flight, iteration_key, iteration_numbers, parse_iteration_key
 from assets.resources import CrucibleResource
 from datastore import catalog, metrics
 from pipelines.jobs import evaluation_job, iteration_job
@@ -48,30 +50,45 @@ def latest_iterations(context: SensorEvaluationContext | ScheduleEvaluationConte
 
 
 def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name: str, last: int,
-             held_out: Callable[[str], list[tuple[int, float]]]) -> str | None:
-    """Why experiment `name` gets no iteration after `last` now, or None to start it."""
+             held_out: Callable[[str], list[tuple[int, float]]]) -> tuple[int | None, str | None]:
+    """The iteration experiment `name` gets next, after `last` (its latest evaluated), or None and
+    why not. An experiment with `max_staleness` k has up to k+1 iterations queued or under way:
+    the next follows the newest of them."""
     try:
         experiment = crucible.experiment(name)
     except ExperimentFileError as error:
-        return f"its stored settings no longer validate: {error}"
+        return None, f"its stored settings no longer validate: {error}"
     if not experiment.continuous:
-        return "continuous training is off (`crucible continue NAME` switches it on)"
+        return None, "continuous training is off (`crucible continue NAME` switches it on)"
     instance = context.instance
-    for tags in ({"dagster/partition/experiment": name}, {"dagster/partition": name}):  # iterations, base policy
-        if in_flight(instance, tags):
-            return "a run of it is queued or in progress"
-    following = str(iteration_key(name, last + 1))
-    failed = instance.get_run_records(RunsFilter(tags={"dagster/partition": following},
+    if in_flight(instance, {"dagster/partition": name}):
+        return None, "a run of its base policy is queued or in progress"
+    under_way = iterations_in_flight(instance, name)
+    if len(under_way) > experiment.max_staleness:
+        return None, ("a run of it is queued or in progress" if not experiment.max_staleness else
+                      f"{len(under_way)} runs of it are queued or in progress, max_staleness "
+                      f"{experiment.max_staleness} + 1")
+    following = max([last, *under_way]) + 1
+    failed = instance.get_run_records(RunsFilter(tags={"dagster/partition": str(iteration_key(name, following))},
                                                  statuses=[DagsterRunStatus.FAILURE]), limit=1)
     if failed:
-        return (f"the last run of {following} failed (run {failed[0].dagster_run.run_id}): fix what it says and "
-                "launch it again by hand; the sensor never repeats a failed iteration")
+        return None, (f"the last run of {iteration_key(name, following)} failed (run {failed[0].dagster_run.run_id}): "
+                      "fix what it says and launch it again by hand; the sensor never repeats a failed iteration")
+    if following > experiment.iterations:
+        return None, f"reached its limit of {experiment.iterations} iterations"
     if last == 0 and name not in instance.get_materialized_partitions(AssetKey("base_policy")):
-        return "it has no base policy yet: materialize base_policy for it"
+        return None, "it has no base policy yet: materialize base_policy for it"
     store = crucible.store()
     blocked = last > 0 and store.has_partition("checkpoints", name, last) and bool(
         store.read_partition("checkpoints", name, last)["blocked"].to_pylist()[0])
-    return reason_to_stop(experiment, last, blocked, held_out(name))
+    reason = reason_to_stop(experiment, last, blocked, held_out(name))
+    return (None, reason) if reason else (following, None)
+
+
+def iterations_in_flight(instance: DagsterInstance, experiment: str) -> list[int]:
+    """The numbers of the experiment's iterations with a run queued or under way."""
+    records = instance.get_run_records(RunsFilter(tags={"dagster/partition/experiment": experiment}, statuses=IN_FLIGHT))
+    return sorted({parse_iteration_key(record.dagster_run.tags["dagster/partition"])[1] for record in records})
 
 
 def held_out_curves(crucible: CrucibleResource) -> Callable[[str], list[tuple[int, float]]]:
@@ -95,12 +112,11 @@ def advance_iterations(context: SensorEvaluationContext, crucible: CrucibleResou
     evaluated = latest_iterations(context, context.instance.get_materialized_partitions(AssetKey("checkpoint_eval")))
     requests, reasons, held_out = [], [], held_out_curves(crucible)
     for name in crucible.experiment_names():
-        last = evaluated.get(name, 0)
-        reason = _why_not(context, crucible, name, last, held_out)
+        following, reason = _why_not(context, crucible, name, evaluated.get(name, 0), held_out)
         if reason:
             reasons.append(f"{name}: {reason}")
             continue
-        key = iteration_key(name, last + 1)
+        key = iteration_key(name, following)
         requests.append(RunRequest(run_key=str(key), partition_key=key))  # a run key is used once: no re-launch
     if not requests:
         return SkipReason("; ".join(reasons) or "no experiment is stored")

@@ -111,6 +111,9 @@ def test_the_cluster_instance_enforces_what_the_local_one_does():
     daemon, instance = values["dagsterDaemon"], values["additionalInstanceConfig"]
     assert instance["concurrency"]["runs"]["tag_concurrency_limits"] == local["concurrency"]["runs"]["tag_concurrency_limits"]
     assert instance["concurrency"]["pools"] == local["concurrency"]["pools"]
+    coordinator = daemon["runCoordinator"]["config"]["customRunCoordinator"]  # the lanes the limits count
+    assert (coordinator["module"], coordinator["class"]) == (local["run_coordinator"]["module"],
+                                                             local["run_coordinator"]["class"])
     assert (daemon["runRetries"]["maxRetries"], daemon["runRetries"]["retryOnAssetOrOpFailure"]) == (
         local["run_retries"]["max_retries"], local["run_retries"]["retry_on_asset_or_op_failure"])
     assert (daemon["runMonitoring"]["maxRuntimeSeconds"], daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"]) == (

@@ -1,6 +1,6 @@
 """The instance every command shares: SQLite files by default, PostgreSQL when
 CRUCIBLE_POSTGRES_URL is set (a real server, scripts/postgres-server), a clear sentence for a
-server that is down; and its accelerator pool: one step at a time across runs."""
+server that is down; and its pools: one step of a pool at a time across runs."""
 
 from __future__ import annotations
 
@@ -81,18 +81,18 @@ def test_the_url_stays_out_of_the_file_and_a_command_whose_environment_differs_d
     assert "storage" not in yaml.safe_load((home / "dagster.yaml").read_text())
 
 
-# A step of the accelerator pool that says when it started, then waits (up to 5 s) for the other
+# A step of the training pool that says when it started, then waits (up to 5 s) for the other
 # run's step to start: with the pool's one slot it never does, and the two never overlap.
 POOL_STEP = """
 import sys, time
 from pathlib import Path
 from dagster import DagsterInstance, asset, materialize
-from assets.pools import ACCELERATOR
+from assets.pools import TRAINING
 
 me, other = Path(sys.argv[1]), Path(sys.argv[2])
 
-@asset(pool=ACCELERATOR)
-def hold_the_accelerator() -> None:
+@asset(pool=TRAINING)
+def hold_the_trainer() -> None:
     start = time.time()
     me.write_text(f"{start}")
     while not other.exists() and time.time() < start + 5:
@@ -100,11 +100,11 @@ def hold_the_accelerator() -> None:
     me.write_text(f"{start} {time.time()}")
 
 with DagsterInstance.get() as instance:
-    assert materialize([hold_the_accelerator], instance=instance).success
+    assert materialize([hold_the_trainer], instance=instance).success
 """
 
 
-def test_two_runs_never_hold_the_accelerator_pool_at_once(home, tmp_path, postgres_url, monkeypatch):
+def test_two_runs_never_hold_the_training_pool_at_once(home, tmp_path, postgres_url, monkeypatch):
     """On the Postgres instance, where runs may run side by side. (Dagster's slot claim on SQLite
     is not atomic across processes: there the queue's one run at a time is what holds the pool.)"""
     monkeypatch.setenv(POSTGRES_URL_ENV, postgres_url)

@@ -74,9 +74,9 @@ def mini_set(workdir) -> str:
     return str(workdir / "mini")
 
 
-def create_experiment(environment, crucible: CrucibleResource, name: str, task_set: str) -> None:
+def create_experiment(environment, crucible: CrucibleResource, name: str, task_set: str, max_staleness: int = 0) -> None:
     """Its settings stored and its base policy built, as `crucible run` does before iteration 1."""
-    crucible.save_experiment(ExperimentConfig(name=name, task_set=task_set, **TINY))
+    crucible.save_experiment(ExperimentConfig(name=name, task_set=task_set, max_staleness=max_staleness, **TINY))
     with instance_of(environment) as instance:
         instance.add_dynamic_partitions(experiments.name, [name])
         assert materialize([base_policy], partition_key=name, instance=instance,
@@ -108,6 +108,32 @@ def test_two_crucible_runs_at_once_never_both_train_an_iteration(environment, cr
             assert len(trained) == 1, partition
     assert_one_lineage(crucible, "twice", 2)
     assert DatasetStore(crucible.storage_root).has_partition("evaluations", "twice", 2)
+
+
+def most_at_once(runs: list) -> int:
+    """The most of these (finished) runs that were under way at one instant."""
+    return max(sum(other.start_time <= run.start_time < other.end_time for other in runs) for run in runs)
+
+
+def iteration_runs(environment, experiment: str) -> list:
+    with instance_of(environment) as instance:
+        records = instance.get_run_records(RunsFilter(job_name="iteration", tags={"dagster/partition/experiment": experiment}))
+    return sorted(records, key=lambda record: record.dagster_run.tags["dagster/partition"])
+
+
+def test_crucible_run_keeps_two_iterations_under_way_with_max_staleness_1(environment, crucible, mini_set):
+    """Iteration 2 samples while 1 trains, from the base policy (one step stale), and trains
+    from checkpoint 1 once it is recorded; 3 starts when 1 has ended, never beside both."""
+    create_experiment(environment, crucible, "overlapped", mini_set, max_staleness=1)
+    process = crucible_run(environment, "overlapped", 3)
+    _, stderr = process.communicate(timeout=1200)
+    assert process.returncode == 0, stderr[-3000:]
+    runs = iteration_runs(environment, "overlapped")
+    assert [run.dagster_run.status for run in runs] == [DagsterRunStatus.SUCCESS] * 3
+    assert most_at_once(runs) == 2
+    assert runs[2].start_time >= runs[0].end_time  # iteration 3 shares iteration 1's lane
+    assert "[2] run " in stderr  # the lines of iterations under way at once are told apart
+    assert assert_one_lineage(crucible, "overlapped", 3, max_staleness=1)[1] == 1
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +191,20 @@ def test_a_backfill_of_two_iterations_runs_them_in_order_with_a_run_limit_of_3(
         assert later.start_time >= earlier.end_time
     assert [record.dagster_run.tags["dagster/partition"] for record in runs] == keys
     assert_one_lineage(crucible, "ordered", 2)
+
+
+def test_a_backfill_keeps_max_staleness_plus_one_iterations_under_way(environment, crucible, mini_set, graphql):
+    """The queue's lanes, for a backfill from the UI: with max_staleness 1, two iterations of the
+    experiment at a time, each within its bound, on one lineage."""
+    create_experiment(environment, crucible, "backfilled", mini_set, max_staleness=1)
+    with instance_of(environment) as instance:
+        keys = [str(add_iteration(instance, "backfilled", number)) for number in (1, 2, 3)]
+    launch_asset_backfill(graphql, keys)
+    runs = wait_for_runs(environment, "backfilled", len(keys))
+    assert [run.dagster_run.status for run in runs] == [DagsterRunStatus.SUCCESS] * 3
+    assert {run.dagster_run.tags["crucible/lane"] for run in runs} == {"backfilled/0", "backfilled/1"}
+    assert most_at_once(runs) == 2
+    assert assert_one_lineage(crucible, "backfilled", 3, max_staleness=1)[1] == 1
 
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's (scripts/install-system-packages browser); never a download

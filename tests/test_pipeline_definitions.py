@@ -20,6 +20,7 @@ from dagster import (
     build_sensor_context,
     evaluate_automation_conditions,
 )
+from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from patience import PATIENCE_S
 
 from assets.datasets import SHOWN
@@ -30,6 +31,7 @@ from assets.partitions import (
     iteration_key,
     iterations,
     parse_iteration_key,
+    refuse_beside_other_writers,
 )
 from assets.resources import CrucibleResource
 from assets.rollouts import refuse_without_a_parent_on_the_way
@@ -90,8 +92,11 @@ def test_iteration_assets_are_partitioned_by_experiment_and_iteration():
     for key in ITERATION_ASSETS:
         assert graph.get(AssetKey(key)).partitions_def == iterations
     assert graph.get(AssetKey("base_policy")).partitions_def == experiments  # one base policy per experiment
-    # The reward analytics' blocking checks stand between the trajectories and the training step.
-    assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories"), AssetKey("iteration_rewards")}
+    # The reward analytics' blocking checks stand between the trajectories and the training step, and
+    # the wait for checkpoint N-1 (outside the training pool) right before it.
+    assert graph.get(AssetKey("checkpoint")).parent_keys == {AssetKey("trajectories"), AssetKey("iteration_rewards"),
+                                                             AssetKey("parent_checkpoint")}
+    assert graph.get(AssetKey("parent_checkpoint")).parent_keys == {AssetKey("iteration_rewards")}
     checks = graph.get(AssetKey("iteration_rewards")).check_keys
     assert {key.name for key in checks if graph.get_check_spec(key).blocking} == {
         "infra_errors_within_limit", "env_errors_within_limit", "tampering_within_limit"}
@@ -182,6 +187,51 @@ def test_sensor_never_launches_an_experiment_with_a_run_in_flight(instance, cruc
     instance.add_run(DagsterRun(job_name="iteration", status=DagsterRunStatus.STARTED,
                                 tags={"dagster/partition/experiment": "exp", "dagster/partition": "exp|0002"}))
     assert "exp: a run of it is queued or in progress" in _evaluate(instance, crucible).skip_message
+
+
+def _under_way(instance, key: str, status=DagsterRunStatus.STARTED) -> None:
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("pipelines.definitions"),
+                                                    "__repository__"), "iteration")  # a queued run needs one
+    instance.add_run(DagsterRun(job_name="iteration", status=status, remote_job_origin=origin, tags={
+        "dagster/partition/experiment": key.split("|")[0], "dagster/partition": key}))
+
+
+def test_sensor_keeps_max_staleness_plus_one_iterations_of_an_experiment_in_flight(instance, crucible):
+    """With max_staleness 1, iteration 3 starts beside 2 (which samples 1's checkpoint, or the base
+    policy's), and 4 waits until fewer than two are queued or under way."""
+    crucible.save_experiment(ExperimentConfig(name="exp", iterations=5, continuous=True, max_staleness=1))
+    _evaluated(instance, "exp|0001")
+    _under_way(instance, "exp|0002")
+    assert [request.partition_key for request in _evaluate(instance, crucible).run_requests] == ["exp|0003"]
+    _under_way(instance, "exp|0003", DagsterRunStatus.QUEUED)
+    assert "exp: 2 runs of it are queued or in progress, max_staleness 1 + 1" in _evaluate(
+        instance, crucible).skip_message
+
+
+def test_sensor_starts_no_iteration_beyond_the_limit_counting_those_in_flight(instance, crucible):
+    crucible.save_experiment(ExperimentConfig(name="exp", iterations=2, continuous=True, max_staleness=1))
+    _evaluated(instance, "exp|0001")
+    _under_way(instance, "exp|0002")
+    assert "exp: reached its limit of 2 iterations" in _evaluate(instance, crucible).skip_message
+
+
+@pytest.mark.parametrize("max_staleness, others, refused", [(0, 1, True), (1, 1, False), (1, 2, True)])
+def test_an_iteration_runs_beside_at_most_max_staleness_others_of_its_experiment(
+        instance, max_staleness, others, refused):
+    for number in range(2, 2 + others):
+        _under_way(instance, f"exp|{number:04d}")
+    if refused:
+        with pytest.raises(Failure, match=r"experiment 'exp' is being written by run \S+ \(iteration, exp\|000[23]\)"):
+            refuse_beside_other_writers(instance, "mine", "exp", max_staleness)
+    else:
+        refuse_beside_other_writers(instance, "mine", "exp", max_staleness)
+
+
+def test_an_iteration_never_runs_beside_its_experiments_base_policy_run(instance):
+    instance.add_run(DagsterRun(job_name="base_policy_job", status=DagsterRunStatus.STARTED,
+                                tags={"dagster/partition": "exp"}))
+    with pytest.raises(Failure, match=r"being written by run \S+ \(base_policy_job, exp\)"):
+        refuse_beside_other_writers(instance, "mine", "exp", max_staleness=3)
 
 
 def test_sampling_an_older_checkpoint_is_refused_unless_a_run_is_making_the_parent(instance):

@@ -17,6 +17,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunSta
 from assets.io_manager import DatasetIOManager
 from assets.iteration import task_set
 from assets.partitions import add_iteration, experiments
+from assets.pools import SAMPLING
 from assets.policy import base_policy
 from assets.resources import CrucibleResource
 from assets.step_outputs import PARTITION_TAG, step_outputs_dir
@@ -60,7 +61,7 @@ def fanned_out(tmp_path_factory) -> dict:
             assert materialize([base_policy, task_set], selection=[task_set], partition_key=key, instance=instance,
                                resources={"crucible": crucible, "training_step": TrainingStepClient(),
                                           "io_manager": DatasetIOManager(storage_root=crucible.storage_root)}).success
-            instance.event_log_storage.set_concurrency_slots("accelerator", 2)  # both samplers at once
+            instance.event_log_storage.set_concurrency_slots(SAMPLING, 2)  # both samplers at once
             debris = _ended_runs_hand_overs(instance, environment, {"fan|0001": "killed", "fan|0002": "other"})
         # Three processes: the executor counts the planning step's until it has exited, and the
         # pool's two slots still keep the shards at two.

@@ -1,0 +1,54 @@
+"""The run queue's lanes (pipelines/run_lanes.py): k+1 iterations of an experiment with
+max_staleness k at once, every other run one at a time in one shared lane."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+from dagster._core.run_coordinator import SubmitRunContext
+from dagster._core.utils import make_new_run_id
+
+from assets.resources import CrucibleResource
+from pipelines.run_lanes import LANE_TAG, SHARED, lane
+from training.experiment import ExperimentConfig
+
+pytestmark = pytest.mark.unit
+ORIGIN = RemoteJobOrigin(RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("pipelines.definitions"), "__repository__"),
+                         "iteration")  # where a queued run's job is: the queue needs one
+
+
+def _iteration(experiment: str, number: int) -> dict[str, str]:
+    return {"dagster/partition/experiment": experiment, "dagster/partition/iteration": f"{number:04d}",
+            "dagster/partition": f"{experiment}|{number:04d}"}
+
+
+@pytest.mark.parametrize("number, expected", [(1, "fast/1"), (2, "fast/2"), (3, "fast/0"), (4, "fast/1")])
+def test_an_experiment_with_max_staleness_k_has_k_plus_1_lanes_taken_in_turn(number, expected):
+    assert lane(_iteration("fast", number), {"fast": 2}.__getitem__) == expected
+
+
+@pytest.mark.parametrize("tags", [_iteration("serial", 3), {"dagster/partition": "serial"}, {}],
+                         ids=["an iteration of max_staleness 0", "a base policy", "the analytics"])
+def test_every_other_run_shares_one_lane(tags):
+    assert lane(tags, {"serial": 0}.__getitem__) == SHARED
+
+
+def test_a_queued_run_is_tagged_with_its_lane_from_the_experiments_stored_settings(tmp_path, monkeypatch):
+    storage = tmp_path / "data"
+    monkeypatch.setenv("CRUCIBLE_STORAGE_ROOT", str(storage))
+    CrucibleResource(storage_root=str(storage), checkpoint_root=str(tmp_path / "ckpt")).save_experiment(
+        ExperimentConfig(name="fast", max_staleness=1))
+    overrides = {"run_coordinator": {"module": "pipelines.run_lanes", "class": "IterationLanes"}}
+    launches = {"fast|0002": _iteration("fast", 2), "fast|0003": _iteration("fast", 3),
+                "new|0001": _iteration("new", 1), "fast|0004 by hand": {**_iteration("fast", 4), LANE_TAG: "mine"}}
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides=overrides) as instance:
+        lanes = {}
+        for name, tags in launches.items():
+            run = instance.add_run(DagsterRun(job_name="iteration", run_id=make_new_run_id(), tags=tags,
+                                              remote_job_origin=ORIGIN))
+            queued = instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None))
+            assert queued.status == DagsterRunStatus.QUEUED
+            lanes[name] = instance.get_run_by_id(run.run_id).tags[LANE_TAG]
+    assert lanes == {"fast|0002": "fast/0", "fast|0003": "fast/1", "new|0001": SHARED, "fast|0004 by hand": "mine"}
