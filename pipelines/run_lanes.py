@@ -1,20 +1,19 @@
 """The run queue's lanes: how many iterations of an experiment are under way at once.
 
-Every run submitted to the instance (the UI, a backfill, a sensor, `crucible run`) is given the
-tag `crucible/lane` before it is queued, and the queue starts one run per lane at a time
-(pipelines/dagster.yaml's tag limit):
+Every run of an experiment submitted to the instance (the UI, a backfill, a sensor, `crucible
+run`) is given the tag `crucible/lane` before it is queued, and the queue starts one run per lane
+at a time (pipelines/dagster.yaml's tag limit):
 
-    <experiment>/<N mod (k+1)>   iteration N of an experiment with `max_staleness` k ≥ 1
-    shared                       every other run: iterations of experiments with `max_staleness`
-                                 0, base policies, analytics, creating an experiment
+    <experiment>/<N mod (k+1)>   iteration N of an experiment with `max_staleness` k
+    <experiment>/0               its base policy
 
-So an experiment with k ≥ 1 has at most k+1 consecutive iterations under way (iteration N+k+1
-waits for N, which shares its lane), each sampling from the newest checkpoint within its bound,
-and the runs of the shared lane start one at a time, in the order they were queued, as every run
-did before lanes. One training step at a time follows from the data: iteration N trains from
+So an experiment with k = 0 (the default) runs one iteration at a time, in the order they were
+queued, as before lanes; one with k ≥ 1 has at most k+1 consecutive iterations under way
+(iteration N+k+1 waits for N, which shares its lane), each sampling from the newest checkpoint
+within its bound. One training step at a time follows from the data: iteration N trains from
 checkpoint N-1 and waits for it (assets/iteration.py `parent_checkpoint`), and the `training`
-pool orders training steps across experiments (assets/pools.py). A lane tag set by hand on a
-launch is kept.
+pool orders training steps across runs (assets/pools.py). How many lanes are busy at once across
+experiments is the queue's `max_concurrent_runs`. A lane tag set by hand on a launch is kept.
 """
 
 from __future__ import annotations
@@ -24,17 +23,19 @@ from collections.abc import Callable, Mapping
 from dagster import DagsterRun, DagsterRunStatus
 from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
 
+from assets.partitions import experiment_of_run
+
 LANE_TAG = "crucible/lane"
-SHARED = "shared"
 
 
-def lane(tags: Mapping[str, str], max_staleness: Callable[[str], int]) -> str:
-    """The lane of a run with these tags; `max_staleness(experiment)` is the experiment's setting."""
-    experiment, number = tags.get("dagster/partition/experiment"), tags.get("dagster/partition/iteration", "")
-    if experiment is None or not number.isdigit():
-        return SHARED
-    bound = max_staleness(experiment)
-    return f"{experiment}/{int(number) % (bound + 1)}" if bound else SHARED
+def lane(tags: Mapping[str, str], max_staleness: Callable[[str], int]) -> str | None:
+    """The lane of a run with these tags, None for a run of no experiment (the analytics);
+    `max_staleness(experiment)` is the experiment's setting."""
+    experiment = experiment_of_run(tags)
+    if experiment is None:
+        return None
+    number = tags.get("dagster/partition/iteration", "")
+    return f"{experiment}/{int(number) % (max_staleness(experiment) + 1) if number.isdigit() else 0}"
 
 
 class IterationLanes(QueuedRunCoordinator):
@@ -42,21 +43,22 @@ class IterationLanes(QueuedRunCoordinator):
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
-        if run.status == DagsterRunStatus.NOT_STARTED and LANE_TAG not in run.tags:
-            self._instance.add_run_tags(run.run_id, {LANE_TAG: lane(run.tags, self._max_staleness)})
+        if run.status == DagsterRunStatus.NOT_STARTED and LANE_TAG not in run.tags and \
+                (its_lane := lane(run.tags, self._max_staleness)) is not None:
+            self._instance.add_run_tags(run.run_id, {LANE_TAG: its_lane})
             context = SubmitRunContext(self._instance.get_run_by_id(run.run_id), context.workspace)
         return super().submit_run(context)
 
     def _max_staleness(self, experiment: str) -> int:
-        """The experiment's stored `max_staleness`, from the storage the environment names; 0 (the
-        shared lane, one run at a time) with a warning when its settings cannot be read: the run
-        then fails on them where it executes, in one sentence."""
+        """The experiment's stored `max_staleness`, from the storage the environment names; 0 (one
+        iteration at a time) with a warning when its settings cannot be read: the run then fails
+        on them where it executes, in one sentence."""
         from commands.settings import load_settings  # the settings of the process that queues the run
         from pipelines.resources import crucible_resource
 
         try:
             return crucible_resource(load_settings()).experiment(experiment).max_staleness
         except Exception as error:  # noqa: BLE001 (a run is queued whatever its settings say)
-            self._logger.warning(f"experiment {experiment!r}: its settings could not be read ({error}); its run "
-                                 "goes in the shared lane, one run at a time")
+            self._logger.warning(f"experiment {experiment!r}: its settings could not be read ({error}); its "
+                                 "iterations are queued one at a time")
             return 0

@@ -9,6 +9,7 @@ and the steps' own messages (pipelines/logging.py chooses which).
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import time
@@ -28,6 +29,7 @@ POLL_S = 0.5  # a step's lines show within half a second; a query of the run's n
 EVENTS_PER_READ = 1000
 DAEMON_CHECK_POLLS = 20  # while a run is followed, that a daemon is still there: every 10 s
 RETRY_WAIT_S = 300.0  # the retry daemon's ticks are seconds apart; one that declines says nothing here
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt)(:|$)")  # a traceback's last line
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
@@ -49,9 +51,18 @@ def submit(daemon: LocalDaemon, job_name: str, tags: dict[str, str]) -> str:
         cwd=PROJECT_DIR, env=daemon.environment, capture_output=True, text=True,
     )
     if launched.returncode != 0:
-        last = (launched.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RunFailed(f"{job_name} could not be queued: {last}")
+        raise RunFailed(f"{job_name} could not be queued: {_why(launched.stderr)}")
     return run_id
+
+
+def _why(stderr: str) -> str:
+    """The line of a failed command's output that says why: the last exception a traceback names
+    (Dagster's errors carry another process's traceback inside their message), else its last line
+    but for a traceback's `^^^^` markers."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    raised = [line for line in lines if _EXCEPTION.match(line)]
+    said = raised or [line for line in lines if set(line) - set("^~ ")]
+    return said[-1] if said else "(no output)"
 
 
 def follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Callable[[str], None]) -> DagsterRun:

@@ -1,5 +1,5 @@
 """The run queue's lanes (pipelines/run_lanes.py): k+1 iterations of an experiment with
-max_staleness k at once, every other run one at a time in one shared lane."""
+max_staleness k at once, one with k = 0 (and its base policy) one at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dagster._core.run_coordinator import SubmitRunContext
 from dagster._core.utils import make_new_run_id
 
 from assets.resources import CrucibleResource
-from pipelines.run_lanes import LANE_TAG, SHARED, lane
+from pipelines.run_lanes import LANE_TAG, lane
 from training.experiment import ExperimentConfig
 
 pytestmark = pytest.mark.unit
@@ -28,10 +28,14 @@ def test_an_experiment_with_max_staleness_k_has_k_plus_1_lanes_taken_in_turn(num
     assert lane(_iteration("fast", number), {"fast": 2}.__getitem__) == expected
 
 
-@pytest.mark.parametrize("tags", [_iteration("serial", 3), {"dagster/partition": "serial"}, {}],
-                         ids=["an iteration of max_staleness 0", "a base policy", "the analytics"])
-def test_every_other_run_shares_one_lane(tags):
-    assert lane(tags, {"serial": 0}.__getitem__) == SHARED
+@pytest.mark.parametrize("tags", [_iteration("serial", 1), _iteration("serial", 2), {"dagster/partition": "serial"}],
+                         ids=["iteration 1", "iteration 2", "the base policy"])
+def test_an_experiment_with_max_staleness_0_runs_in_one_lane_with_its_base_policy(tags):
+    assert lane(tags, {"serial": 0}.__getitem__) == "serial/0"
+
+
+def test_a_run_of_no_experiment_has_no_lane():
+    assert lane({}, {}.__getitem__) is None
 
 
 def test_a_queued_run_is_tagged_with_its_lane_from_the_experiments_stored_settings(tmp_path, monkeypatch):
@@ -41,7 +45,8 @@ def test_a_queued_run_is_tagged_with_its_lane_from_the_experiments_stored_settin
         ExperimentConfig(name="fast", max_staleness=1))
     overrides = {"run_coordinator": {"module": "pipelines.run_lanes", "class": "IterationLanes"}}
     launches = {"fast|0002": _iteration("fast", 2), "fast|0003": _iteration("fast", 3),
-                "new|0001": _iteration("new", 1), "fast|0004 by hand": {**_iteration("fast", 4), LANE_TAG: "mine"}}
+                "new|0001": _iteration("new", 1), "fast|0004 by hand": {**_iteration("fast", 4), LANE_TAG: "mine"},
+                "analytics": {}}
     (tmp_path / "dagster").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides=overrides) as instance:
         lanes = {}
@@ -50,5 +55,6 @@ def test_a_queued_run_is_tagged_with_its_lane_from_the_experiments_stored_settin
                                               remote_job_origin=ORIGIN))
             queued = instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None))
             assert queued.status == DagsterRunStatus.QUEUED
-            lanes[name] = instance.get_run_by_id(run.run_id).tags[LANE_TAG]
-    assert lanes == {"fast|0002": "fast/0", "fast|0003": "fast/1", "new|0001": SHARED, "fast|0004 by hand": "mine"}
+            lanes[name] = instance.get_run_by_id(run.run_id).tags.get(LANE_TAG)
+    assert lanes == {"fast|0002": "fast/0", "fast|0003": "fast/1", "new|0001": "new/0", "fast|0004 by hand": "mine",
+                     "analytics": None}
