@@ -4,7 +4,8 @@ Views: one per dataset (trajectories, evaluations, tasks, stages, checkpoints, t
 regrades, outputs, model_evaluations; a column added to a dataset after its data was stored reads
 as null);
 the metrics of datastore/metrics.py (task_rewards, difficulty_rewards, staleness_rewards and
-iteration_rewards: the reward analytics; held_out_tasks and held_out: the held-out evaluation; feedback_value: the same
+iteration_rewards: the reward analytics; logprob_mismatch and logprob_mismatch_by_staleness: the
+trainer's log-probs against the sampler's; held_out_tasks and held_out: the held-out evaluation; feedback_value: the same
 evaluation with observations blanked beside it; episodes, turn_analytics, pass_rate_by_turns and
 failing_observations: episodes turn by turn; model_eval_*: the report of `crucible eval`);
 test_results (one row

@@ -107,6 +107,23 @@ METRIC_VIEWS = {
         SELECT experiment, iteration, coalesce(staleness, 0) AS staleness, {SAMPLE_MEASURES}
         FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, coalesce(staleness, 0)
     """,
+    # The trainer's log-probs against the sampler's, per trained sample (training/rl/mismatch.py),
+    # with the sample's task and staleness; measured where the step computes them (grpo.tis_cap).
+    "logprob_mismatch": """
+        WITH measured AS (
+            SELECT experiment, iteration, unnest(logprob_mismatch, recursive := true) FROM checkpoints
+        )
+        SELECT m.experiment, m.iteration, t.task_id, m.group_id, m.sample_index, coalesce(t.staleness, 0) AS staleness,
+               m.tokens, m.mean_diff, m.mean_abs_diff, m.max_abs_diff, m.max_at, m.max_token
+        FROM measured m
+        LEFT JOIN trajectories t USING (experiment, iteration, group_id, sample_index)
+    """,
+    "logprob_mismatch_by_staleness": """
+        SELECT experiment, iteration, staleness, count(*) AS samples, sum(tokens)::BIGINT AS tokens,
+               sum(mean_diff * tokens) / sum(tokens) AS mean_diff,
+               sum(mean_abs_diff * tokens) / sum(tokens) AS mean_abs_diff, max(max_abs_diff) AS max_abs_diff
+        FROM logprob_mismatch GROUP BY experiment, iteration, staleness
+    """,
     "iteration_rewards": f"""
         SELECT experiment, iteration, count(DISTINCT task_id) AS tasks, {SAMPLE_MEASURES},
                zero_variance_groups / groups AS zero_variance_fraction,

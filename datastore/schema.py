@@ -13,7 +13,7 @@ from statuses import ClosedSet, ExecStatus, FailureReason, Outcome, RewardStatus
 
 # Written into every Parquet file and manifest; raised whenever a dataset's columns change, so a
 # reader can tell which columns a file has (what each version changed: CHANGELOG.md).
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 class Observations(ClosedSet):
@@ -207,6 +207,13 @@ CHECKPOINTS = pa.schema(
         _field("tamper_rate", pa.float64(), "share of samples with a tamper flag (iteration_rewards)"),
         _field("train_tokens", pa.int64(), "tokens through forward and backward (prompt + response, padded)"),
         _field("tokens_per_s", pa.float64(), "training throughput"),
+        _field("logprob_mismatch", pa.list_(pa.struct([
+            ("group_id", pa.string()), ("sample_index", pa.int32()), ("tokens", pa.int32()),
+            ("mean_diff", pa.float64()), ("mean_abs_diff", pa.float64()), ("max_abs_diff", pa.float64()),
+            ("max_at", pa.int32()), ("max_token", pa.string())])),
+               "per trained sample, the trainer's log-prob of each sampled token at the step's starting weights "
+               "minus the sampler's (training/rl/mismatch.py): mean, mean absolute, the largest absolute and the "
+               "token and position it is at; null where the step does not compute them (grpo.tis_cap unset)"),
         _field("blocked", pa.bool_(), "a stability check failed: no iteration may sample from this checkpoint"),
         _field("monitor_messages", pa.list_(pa.string()), "every stability check: name, verdict, detail"),
     ]

@@ -129,3 +129,23 @@ def test_rewards_per_staleness_count_samples_stored_before_rows_named_their_samp
     store.write_partition("trajectories", "exp", 2, rows_to_table("trajectories", rows))
     query = "SELECT staleness, samples, reward_mean FROM staleness_rewards ORDER BY staleness"
     assert catalog.connect(str(tmp_path)).execute(query).fetchall() == [(0, 2, 0.5), (1, 2, 0.5)]
+
+
+def test_the_logprob_mismatch_views_weight_samples_by_their_tokens_and_name_their_staleness(tmp_path):
+    store = DatasetStore(str(tmp_path))
+    rows = [{**trajectory_row(f"t/{i}", i, 1.0), "group_id": f"g{i}", "sample_index": 0, "staleness": staleness}
+            for i, staleness in enumerate([0, 1, 1])]
+    store.write_partition("trajectories", "exp", 2, rows_to_table("trajectories", rows))
+    measured = [{"group_id": f"g{i}", "sample_index": 0, "tokens": tokens, "mean_diff": diff, "mean_abs_diff": abs(diff),
+                 "max_abs_diff": top, "max_at": 0, "max_token": "x"}
+                for i, (tokens, diff, top) in enumerate([(4, 0.1, 0.2), (1, -0.5, 0.5), (3, 0.3, 2.0)])]
+    checkpoint = {field.name: None for field in DATASETS["checkpoints"]}
+    store.write_partition("checkpoints", "exp", 2, rows_to_table("checkpoints", [
+        {**checkpoint, "path": "ckpt/2", "logprob_mismatch": measured}]))
+    con = catalog.connect(str(tmp_path))
+    assert con.execute("SELECT task_id, staleness FROM logprob_mismatch ORDER BY max_abs_diff DESC LIMIT 1").fetchall() == [
+        ("t/2", 1)]
+    query = "SELECT staleness, samples, tokens, mean_diff, mean_abs_diff, max_abs_diff FROM logprob_mismatch_by_staleness"
+    by_staleness = {row[0]: row[1:] for row in con.execute(query).fetchall()}
+    assert by_staleness[0] == (1, 4, pytest.approx(0.1), pytest.approx(0.1), 0.2)
+    assert by_staleness[1] == (2, 4, pytest.approx((-0.5 + 0.9) / 4), pytest.approx((0.5 + 0.9) / 4), 2.0)

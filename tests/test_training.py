@@ -49,6 +49,7 @@ from training.rl.grpo import (
     kl_to_reference,
     truncated_is_weights,
 )
+from training.rl.mismatch import logprob_mismatch
 from training.rl.settings import GRPOConfig
 from training.rl.trainer import TrainSample, train_policy
 from training.sft.demonstrations import single_turn_examples
@@ -743,6 +744,20 @@ def test_truncated_importance_sampling_corrects_an_engine_that_disagrees_with_th
     uncorrected = train_policy(sft_result[0], samples, tmp_path / "plain",
                                one_pass(lr=1e-3, minibatch_size=2, micro_batch_tokens=64, keep_optimizer_state=False))
     assert uncorrected["mean_ratio"] == pytest.approx(math.e, rel=1e-3)  # against the engine's numbers
+    assert [(row["tokens"], row["mean_diff"], row["max_abs_diff"]) for row in metrics["logprob_mismatch"]] == [
+        (3, pytest.approx(1.0, abs=1e-4), pytest.approx(1.0, abs=1e-4))] * 2
+    assert uncorrected["logprob_mismatch"] is None  # not computed without tis_cap
+
+
+def test_the_logprob_mismatch_of_a_sample_is_over_its_sampled_tokens_hand_computed():
+    """Trainer minus sampler on the sampled tokens only (an observation's token, mask 0, is the
+    environment's): gaps +0.5, -1.5 (masked: +9), +0.1: mean -0.3, mean |d| 0.7, largest 1.5 at 1."""
+    sample = TrainSample([1], [10, 11, 12, 13], [-1.0, -0.5, -9.0, -2.0], 1.0, "g", loss_mask=[1, 1, 0, 1],
+                         sample_index=3)
+    [row] = logprob_mismatch([sample], [[-0.5, -2.0, 0.0, -1.9]], lambda token: f"<{token}>")
+    assert row == {"group_id": "g", "sample_index": 3, "tokens": 3, "mean_diff": pytest.approx(-0.3),
+                   "mean_abs_diff": pytest.approx(0.7), "max_abs_diff": pytest.approx(1.5), "max_at": 1,
+                   "max_token": "<11>"}
 
 
 def _weights(path) -> list[torch.Tensor]:

@@ -103,6 +103,7 @@ def judge_step(ref: IterationRef, env: Environment, job: TrainJob) -> StepRecord
         "config_hash": job.lineage["config_hash"], "code_version": job.lineage["code_version"],
         "global_step": manifest["global_step"], **signals,
         "train_tokens": trainer["tokens"], "tokens_per_s": trainer["tokens_per_s"],
+        "logprob_mismatch": trainer.get("logprob_mismatch"),
         "blocked": bool(blocking_failures(verdicts)),
         "monitor_messages": [f"{v.check}: {'ok' if v.passed else v.severity}: {v.message}" for v in verdicts]
         if learned else [NOTHING_LEARNED],

@@ -15,6 +15,7 @@ class TrainSample:
     # 1 where the policy sampled the token, 0 where the environment wrote it (a multi-turn
     # episode's observations); None: every response token was sampled.
     loss_mask: list[int] | None = None
+    sample_index: int | None = None  # its place in the group, where it came from a trajectories row
 
     @property
     def trained_tokens(self) -> int:

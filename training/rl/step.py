@@ -35,7 +35,8 @@ def run_train_job(job: TrainJob, progress: ProgressFn | None = None) -> tuple[di
 def train_samples(table: pa.Table) -> list[TrainSample]:
     """Scored rows as training samples; infrastructure errors, invalid grades and samples
     without behaviour log-probs (text-only HTTP engines) are masked out."""
-    columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id", "loss_mask"]
+    columns = ["prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "group_id", "sample_index",
+               "loss_mask"]
     usable = pc.and_(pc.equal(table["reward_status"], RewardStatus.SCORED.value), pc.is_valid(table["behaviour_logprobs"]))
     rows = table.filter(usable).select(columns).to_pylist()
     return [
@@ -46,6 +47,7 @@ def train_samples(table: pa.Table) -> list[TrainSample]:
             reward=row["reward"],
             group_id=row["group_id"],
             loss_mask=row["loss_mask"],
+            sample_index=row["sample_index"],
         )
         for row in rows
     ]

@@ -46,6 +46,7 @@ from training.policy.chat import ChatFormat
 from training.policy.checkpoint import copy_checkpoint, read_manifest
 from training.rl.forward import Forward, MicroBatch
 from training.rl.grpo import advantages, approx_kl, clipped_policy_loss, informative_samples, truncated_is_weights
+from training.rl.mismatch import logprob_mismatch
 from training.rl.sample import TrainSample
 from training.rl.settings import GRPOConfig
 
@@ -105,6 +106,9 @@ def train_policy(
     metrics = _metrics(samples, batch, advantages, done, time.perf_counter() - start, config)
     learned = metrics["optimizer_steps"] > 0
     metrics["final_kl"] = _final_kl(policy, batch, forward, rollout_logprobs) if learned else None
+    # Measured where the step computes the trainer's own log-probs at the sampling weights (tis_cap).
+    metrics["logprob_mismatch"] = None if rollout_logprobs is None else logprob_mismatch(
+        batch, rollout_logprobs, lambda token: tokenizer.decode([token]))
     manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + (len(minibatches) if learned else 0),
                 "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
                 **place.manifest(), "lineage": lineage or {}}
