@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--out", help="keep each variant's storage and instance here (default: a scratch folder)")
     args = parser.parse_args()
     config = Path(args.config).read_text()
-    console = Console()
+    console = Console(width=180)  # a table of ten columns, kept whole in a log
     with tempfile.TemporaryDirectory(prefix="staleness-") as scratch:
         out = Path(args.out or scratch)
         results = [run_variant(config, variant, args.iterations, out, console) for variant in args.variants.split(",")]
