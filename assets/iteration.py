@@ -14,7 +14,6 @@ k+1 (pipelines/run_lanes.py).
 """
 
 import math
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -35,7 +34,8 @@ from dagster import (
 from assets.datasets import report_stored
 from assets.failure_policy import STORAGE_RETRIES, STORAGE_RETRY_WAIT_S, failure_policy
 from assets.lineage_check import LINEAGE_CHECK, LINEAGE_CHECK_DESCRIPTION, report_off_lineage
-from assets.partitions import in_flight, iteration_key, iterations, parse_iteration_key, refuse_beside_other_writers
+from assets.parent_wait import POLL_S, wait_for_parent
+from assets.partitions import iterations, parse_iteration_key, refuse_beside_other_writers
 from assets.policy import stored_experiment
 from assets.pools import SAMPLING, TRAINING
 from assets.resources import CrucibleResource
@@ -97,7 +97,7 @@ def task_set(
     """The train tasks this iteration samples (a seeded subset when the experiment asks for one);
     the asset check `eval_split_held_out` proves none of them belongs to, or copies, the eval split."""
     iteration = this_iteration(context, crucible)
-    refuse_beside_other_writers(context.instance, context.run_id, iteration.name,
+    refuse_beside_other_writers(context.instance, context.run_id, iteration.name, iteration.number,
                                 iteration.experiment.max_staleness)
     backend = crucible.sandbox_backend
     loaded = tasks.loaded_task_set(crucible, iteration.experiment)
@@ -169,31 +169,18 @@ def trajectories(
     )
 
 
-PARENT_POLL_S = 2.0  # a training step takes seconds at the least: the wait sees its record within a poll
-
-
 @asset(**ITERATION, deps=["iteration_rewards"])
 def parent_checkpoint(context: AssetExecutionContext, crucible: CrucibleResource) -> MaterializeResult:
-    """Checkpoint N-1, the one iteration N trains from, once its training step has ended. Where
-    iterations overlap (`max_staleness` ≥ 1: pipelines/run_lanes.py) another run is making it
-    beside this one; this step waits for it outside the `training` pool, which that run's training
-    step needs. Refused when it has no record and no run of iteration N-1 is queued or under way."""
+    """Checkpoint N-1, the one iteration N trains from, once its training step has ended: where
+    iterations overlap (`max_staleness` ≥ 1) another run is making it beside this one, and this
+    step waits for it outside the `training` pool (assets/parent_wait.py)."""
     iteration = this_iteration(context, crucible)
     name, number, store = iteration.name, iteration.number, crucible.store()
-    parent, checkpoints = number - 1, Checkpoints(crucible, name)
-    making_it = {"dagster/partition": str(iteration_key(name, parent))}
     with failure_policy(store), timed_stage(store, name, number, "parent_checkpoint"):
-        started = time.perf_counter()
-        while parent > 0 and not checkpoints.has_record(parent):
-            if not in_flight(context.instance, making_it) and not checkpoints.has_record(parent):
-                raise Failure(f"iteration {number} trains from checkpoint {parent}, which has no training step on "
-                              f"record, and no run of iteration {parent} is queued or under way: materialize "
-                              f"iteration {parent} first", allow_retries=False)
-            time.sleep(PARENT_POLL_S)
-        waited = time.perf_counter() - started
-    if waited >= PARENT_POLL_S:
-        context.log.info(f"waited {waited:.0f} s for checkpoint {parent}'s training step")
-    return MaterializeResult(metadata={"parent_iteration": parent, "waited_s": round(waited, 1)})
+        waited = wait_for_parent(context.instance, Checkpoints(crucible, name), number)
+    if waited >= POLL_S:
+        context.log.info(f"waited {waited:.0f} s for checkpoint {number - 1}'s training step")
+    return MaterializeResult(metadata={"parent_iteration": number - 1, "waited_s": round(waited, 1)})
 
 
 STABILITY_CHECKS = {

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from dagster import (
     DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DynamicPartitionsDefinition,
     Failure,
@@ -54,26 +55,41 @@ def experiment_of_run(tags: Mapping[str, str]) -> str | None:
     return partition if partition and "|" not in partition else None
 
 
-def refuse_beside_other_writers(instance: DagsterInstance, run_id: str, experiment: str,
-                                max_staleness: int | None = None) -> None:
-    """Fail when another run writes the experiment beside this one, unless the experiment lets
-    iterations overlap: an iteration run (`max_staleness` k given) may run beside k others, never
-    beside a base-policy run; a base-policy run (None) beside nothing. The queue keeps to that
-    (pipelines/run_lanes.py) but cannot order a run executed outside it (`materialize()`, `dagster
-    asset materialize`): a base policy rebuilt under an iteration would change the model it
-    samples or trains."""
+def refuse_beside_other_writers(instance: DagsterInstance, run_id: str, experiment: str, number: int | None = None,
+                                max_staleness: int = 0) -> None:
+    """Fail when another run writes the experiment beside this one: a base-policy run (`number`
+    None) beside any; iteration `number` beside its base policy's, another run of itself, or
+    iterations more than `max_staleness` away or more than `max_staleness` of them. The queue's
+    lanes keep to that (pipelines/run_lanes.py) but cannot order a run executed outside them
+    (`materialize()`, `dagster asset materialize`): a base policy rebuilt under an iteration would
+    change the model it samples or trains."""
     under_way = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
-    allowed = {"iteration": max_staleness or 0, "base policy": 0}
-    for kind, tags in (("iteration", {"dagster/partition/experiment": experiment}),
-                       ("base policy", {"dagster/partition": experiment})):
-        others = [record.dagster_run for record in instance.get_run_records(RunsFilter(tags=tags, statuses=under_way))
-                  if record.dagster_run.run_id != run_id]
-        if len(others) > allowed[kind]:
-            other, more = others[0], (f" and {len(others) - 1} more, beyond the {allowed[kind]} max_staleness allows"
-                                      if allowed[kind] else "")
-            raise Failure(f"experiment {experiment!r} is being written by run {other.run_id} ({other.job_name}, "
-                          f"{other.tags.get('dagster/partition')}){more}: launch this one again once that has ended",
-                          allow_retries=False)
+    others = [record.dagster_run for tags in ({"dagster/partition/experiment": experiment},
+                                              {"dagster/partition": experiment})
+              for record in instance.get_run_records(RunsFilter(tags=tags, statuses=under_way))
+              if record.dagster_run.run_id != run_id]
+    refusal = _not_beside(others, number, max_staleness)
+    if refusal:
+        other, why = refusal
+        raise Failure(f"experiment {experiment!r} is being written by run {other.run_id} ({other.job_name}, "
+                      f"{other.tags.get('dagster/partition')}){why}: launch this one again once that has ended",
+                      allow_retries=False)
+
+
+def _not_beside(others: list[DagsterRun], number: int | None, max_staleness: int) -> tuple[DagsterRun, str] | None:
+    """The run this one may not run beside, and why (beyond its being there), if there is one."""
+    for other in others:
+        their = other.tags.get("dagster/partition/iteration")
+        if number is None or their is None or not max_staleness:
+            return other, ""
+        distance = abs(int(their) - number)
+        if distance == 0:
+            return other, ", the same iteration"
+        if distance > max_staleness:
+            return other, f", more than max_staleness {max_staleness} iterations from {number}"
+    if len(others) > max_staleness:
+        return others[0], f" and {len(others) - 1} more, beyond the {max_staleness} max_staleness allows beside it"
+    return None
 
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
@@ -83,6 +99,15 @@ IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunSt
 def in_flight(instance: DagsterInstance, tags: Mapping[str, str]) -> bool:
     """Whether a run with these tags is queued or under way."""
     return bool(instance.get_run_records(RunsFilter(tags=dict(tags), statuses=IN_FLIGHT), limit=1))
+
+
+def runs_making(instance: DagsterInstance, experiment: str, iteration: int) -> list[DagsterRun]:
+    """The runs of an iteration queued or under way, and those failed that Dagster's run retries
+    are about to launch again (between the two, no run of it is in flight)."""
+    records = instance.get_run_records(RunsFilter(tags={"dagster/partition": str(iteration_key(experiment, iteration))},
+                                                  statuses=[*IN_FLIGHT, DagsterRunStatus.FAILURE]))
+    return [record.dagster_run for record in records if record.dagster_run.status != DagsterRunStatus.FAILURE
+            or record.dagster_run.is_complete_and_waiting_to_retry]
 
 
 def add_experiment(instance: DagsterInstance, experiment: str) -> None:

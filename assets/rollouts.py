@@ -30,7 +30,7 @@ from dagster import (
 from assets.failure_policy import failure_policy
 from assets.fan_out import Shard, ShardDone, gathered, planned
 from assets.iteration import ITERATION, this_iteration
-from assets.partitions import in_flight, iteration_key
+from assets.partitions import runs_making
 from assets.pools import SAMPLING
 from assets.resources import CrucibleResource
 from assets.stages import record_stage
@@ -64,7 +64,7 @@ def refuse_without_a_parent_on_the_way(instance: DagsterInstance, experiment: st
     (number - 1) is being made: without a run of it, the iteration would sample and grade, then be
     refused at its training step."""
     parent = number - 1
-    if policy.iteration < parent and not in_flight(instance, {"dagster/partition": str(iteration_key(experiment, parent))}):
+    if policy.iteration < parent and not runs_making(instance, experiment, parent):
         raise Failure(f"iteration {number} trains from checkpoint {parent}, which has not finished its training step, "
                       f"and no run of iteration {parent} is queued or under way: materialize iteration {parent} first",
                       allow_retries=False)

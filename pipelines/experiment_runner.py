@@ -12,9 +12,10 @@ experiment follows the first's runs and goes on after them.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from dagster import (
@@ -55,7 +56,8 @@ class ExperimentRunner:
         self.crucible = crucible_resource(deployment)
         self.through = through or config.iterations  # this run's last iteration
         self.daemon: LocalDaemon | None = None  # while run() runs
-        self._ours: set[str] = set()  # the runs this command queued and follows now
+        self._ours: dict[str, int] = {}  # the runs this command queued and follows now, and their iterations
+        self._queueing, self._stopped = threading.Lock(), False  # _stop: no more runs are queued
 
     @classmethod
     def for_experiment(cls, name: str, settings: ExperimentConfig | None = None, *, deployment: Settings,
@@ -133,29 +135,52 @@ class ExperimentRunner:
             planned.append((iteration, key, since))
         return planned
 
-    def _iteration(self, iteration: int, key: MultiPartitionKey, since: float, said: Callable[[str], None]) -> None:
+    def _iteration(self, iteration: int, key: MultiPartitionKey, since: float, said: Callable[[str], None] = say,
+                   queued: threading.Event | None = None) -> None:
         console.rule(f"iteration {iteration}/{self.through}  ({key})")
-        self._execute("iteration", key, done=lambda: self._evaluated(key, since), said=said)
+        self._execute("iteration", key, done=lambda: self._evaluated(key, since), said=said, queued=queued)
 
     def _overlapping(self, planned: list[tuple[int, MultiPartitionKey, float]], window: int) -> None:
-        """Up to `window` (max_staleness + 1) iterations under way at once: each is queued when
-        the one `window` places before it has ended, and the queue's lanes start it then
-        (pipelines/run_lanes.py). Their lines are told apart by the iteration. The first failure
-        in order ends the command: the iterations after it, which would train on what it did not
-        make, are cancelled (ours; another launcher's runs are left to it)."""
-        with ThreadPoolExecutor(max_workers=window, thread_name_prefix="iteration") as threads:
-            started = [threads.submit(self._iteration, iteration, key, since, _prefixed(iteration))
-                       for iteration, key, since in planned]
+        """Up to `window` (max_staleness + 1) iterations under way at once, their lines told apart
+        by the iteration. Each is queued after the one before it (the queue starts runs in that
+        order: a later iteration never takes the slot an earlier one waits for) and once the one
+        `window` places before it has ended. A failure stops the queueing: the iterations after
+        the failed one, which would train on what it did not make, are cancelled (ours; another
+        launcher's runs are left to it), the ones before it finish, and the command fails with it.
+        Interrupted, every run of ours is cancelled."""
+        queued = [threading.Event() for _ in planned]
+
+        def one(index: int, iteration: int, key: MultiPartitionKey, since: float) -> None:
             try:
-                for iteration in started:
-                    iteration.result()
-            except BaseException as error:  # a failure, or Ctrl-C (which reaches this thread only)
-                for iteration in started:
-                    iteration.cancel()
-                why = "interrupted" if isinstance(error, KeyboardInterrupt) else "an iteration before it failed"
-                for run_id in list(self._ours):
-                    self._cancel(run_id, say, why)
+                if index:
+                    queued[index - 1].wait()
+                self._iteration(iteration, key, since, _prefixed(iteration), queued[index])
+            finally:
+                queued[index].set()
+
+        with ThreadPoolExecutor(max_workers=window, thread_name_prefix="iteration") as threads:
+            started = {threads.submit(one, index, *plan): plan[0] for index, plan in enumerate(planned)}
+            try:
+                done, _ = wait(started, return_when=FIRST_EXCEPTION)
+            except KeyboardInterrupt:
+                self._stop(after=0, why="interrupted")
+                threads.shutdown(wait=False, cancel_futures=True)
                 raise
+            first = _first_failed(started, done)
+            if first is not None:
+                self._stop(after=started[first], why=f"iteration {started[first]} failed")
+                threads.shutdown(wait=False, cancel_futures=True)
+        first = _first_failed(started, started)  # an iteration before it may have failed since
+        if first is not None:
+            raise first.exception()
+
+    def _stop(self, after: int, why: str) -> None:
+        """Queue no more runs, and cancel ours of the iterations after `after`."""
+        with self._queueing:
+            self._stopped = True
+            for run_id, iteration in list(self._ours.items()):
+                if iteration > after:
+                    self._cancel(run_id, say, why)
 
     def _evaluated(self, key, since: float = 0.0) -> bool:
         """checkpoint_eval is materialized for the partition (after `since`, a time.time())."""
@@ -209,15 +234,16 @@ class ExperimentRunner:
         return True
 
     def _execute(self, job_name: str, partition_key: str | None = None, done: Callable[[], bool] = lambda: False,
-                 said: Callable[[str], None] = say):
+                 said: Callable[[str], None] = say, queued: threading.Event | None = None):
         """Run `job_name` for the partition unless `done()` says it is made (by another run
-        meanwhile: a UI launch, a sensor, another `crucible run`); its lines go to `said`."""
+        meanwhile: a UI launch, a sensor, another `crucible run`); its lines go to `said`, and
+        `queued` is set once our run is queued."""
         started = time.perf_counter()
-        self._submit_and_follow(job_name, partition_key, done, said)
+        self._submit_and_follow(job_name, partition_key, done, said, queued)
         console.print(f"[green]{job_name} {partition_key or ''} done in {time.perf_counter() - started:.1f}s[/green]")
 
     def _submit_and_follow(self, job_name: str, partition_key: str | None, done: Callable[[], bool],
-                           say: Callable[[str], None]) -> None:
+                           said: Callable[[str], None], queued: threading.Event | None) -> None:
         """Queue the run and follow it to its end. A run of the partition already queued or under
         way (the UI, a sensor) is followed instead, and ours is cancelled if one was queued a moment
         before it: two runs of a partition would train the same iteration twice. One queued after
@@ -226,28 +252,39 @@ class ExperimentRunner:
         job = self.defs.resolve_job_def(job_name)
         tags = dict(job.partitions_def.get_tags_for_partition_key(str(partition_key))) if partition_key else {}
         while True:
-            self._follow_others(job_name, partition_key, tags, say)
+            self._follow_others(job_name, partition_key, tags, said)
             if done():  # looked at after the others' runs ended: their materializations are recorded by then
                 return
-            run_id = run_submission.submit(self.daemon, job_name, tags)
+            run_id = self._submit(job_name, tags, partition_key)
             ours = self.instance.get_run_record_by_id(run_id).storage_id
             rivals = [r for r in self._unfinished(tags) if r.storage_id < ours]
             if not rivals:
                 break
             self.instance.run_coordinator.cancel_run(run_id)
-            say(f"{job_name} {partition_key}: run {rivals[0].dagster_run.run_id} was queued first; ours cancelled")
-        say(f"{job_name} {partition_key or ''}: queued as run {run_id}")
-        self._ours.add(run_id)
+            self._ours.pop(run_id, None)
+            said(f"{job_name} {partition_key}: run {rivals[0].dagster_run.run_id} was queued first; ours cancelled")
+        said(f"{job_name} {partition_key or ''}: queued as run {run_id}")
+        if queued is not None:
+            queued.set()
         try:
-            run = run_submission.follow(self.instance, self.daemon, run_id, say)
-        except KeyboardInterrupt:
-            self._cancel(run_id, say)
+            run = run_submission.follow(self.instance, self.daemon, run_id, said)
+        except KeyboardInterrupt:  # in the command's own thread: overlapping iterations are cancelled by _stop
+            self._cancel(run_id, said)
             raise
         finally:
-            self._ours.discard(run_id)
+            self._ours.pop(run_id, None)
         if run.status != DagsterRunStatus.SUCCESS:
             raise RunFailed(f"{job_name} {partition_key or ''} {run.status.value.lower()} (run {run.run_id}):\n"
                             + "\n".join(run_failures(self.instance, run.run_id)))
+
+    def _submit(self, job_name: str, tags: dict[str, str], partition_key: str | None) -> str:
+        """Queue a run (counted as ours before anyone may cancel ours), unless queueing has stopped."""
+        with self._queueing:
+            if self._stopped:
+                raise RunFailed(f"{job_name} {partition_key or ''} was not queued: an iteration before it failed")
+            run_id = run_submission.submit(self.daemon, job_name, tags)
+            self._ours[run_id] = int(tags.get("dagster/partition/iteration", 0))
+        return run_id
 
     def _cancel(self, run_id: str, say: Callable[[str], None], why: str = "interrupted") -> None:
         """Cancel our run (or the retry that replaced it) if it has not ended."""
@@ -267,6 +304,12 @@ class ExperimentRunner:
             run = record.dagster_run
             say(f"{job_name} {partition_key}: run {run.run_id} is {run.status.value.lower()} already; following it")
             run_submission.follow(self.instance, self.daemon, run.run_id, say)
+
+
+def _first_failed(started: dict[Future, int], ended: Iterable[Future]) -> Future | None:
+    """The earliest iteration's future among those ended that failed."""
+    failed = [future for future in ended if future.done() and not future.cancelled() and future.exception()]
+    return min(failed, key=started.__getitem__, default=None)
 
 
 def _prefixed(iteration: int) -> Callable[[str], None]:

@@ -5,7 +5,8 @@ run`) is given the tag `crucible/lane` before it is queued, and the queue starts
 at a time (pipelines/dagster.yaml's tag limit):
 
     <experiment>/<N mod (k+1)>   iteration N of an experiment with `max_staleness` k
-    <experiment>/0               its base policy
+    <experiment>/0               its base policy (with k ≥ 1, an iteration of another lane may
+                                 start beside a rebuild of it, and is refused: assets/partitions.py)
 
 So an experiment with k = 0 (the default) runs one iteration at a time, in the order they were
 queued, as before lanes; one with k ≥ 1 has at most k+1 consecutive iterations under way
@@ -42,23 +43,28 @@ class IterationLanes(QueuedRunCoordinator):
     """Dagster's queued run coordinator, which tags each run with its lane as it is queued."""
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
+        """Tag the run with its lane and queue it; fail it, in one sentence, when its experiment's
+        settings cannot be read (a run in the wrong lane would start beside what it must follow)."""
         run = context.dagster_run
-        if run.status == DagsterRunStatus.NOT_STARTED and LANE_TAG not in run.tags and \
-                (its_lane := lane(run.tags, self._max_staleness)) is not None:
-            self._instance.add_run_tags(run.run_id, {LANE_TAG: its_lane})
-            context = SubmitRunContext(self._instance.get_run_by_id(run.run_id), context.workspace)
+        if run.status == DagsterRunStatus.NOT_STARTED and LANE_TAG not in run.tags:
+            try:
+                its_lane = lane(run.tags, _max_staleness)
+            except Exception as error:  # noqa: BLE001 (the storage's or the settings' own error, named)
+                self._instance.report_run_failed(run, f"run {run.run_id} was not queued: the settings of experiment "
+                                                      f"{experiment_of_run(run.tags)!r} could not be read to choose "
+                                                      f"its lane ({error}); launch it again once they can")
+                return self._instance.get_run_by_id(run.run_id)
+            if its_lane is not None:
+                self._instance.add_run_tags(run.run_id, {LANE_TAG: its_lane})
+                context = SubmitRunContext(self._instance.get_run_by_id(run.run_id), context.workspace)
         return super().submit_run(context)
 
-    def _max_staleness(self, experiment: str) -> int:
-        """The experiment's stored `max_staleness`, from the storage the environment names; 0 (one
-        iteration at a time) with a warning when its settings cannot be read: the run then fails
-        on them where it executes, in one sentence."""
-        from commands.settings import load_settings  # the settings of the process that queues the run
-        from pipelines.resources import crucible_resource
 
-        try:
-            return crucible_resource(load_settings()).experiment(experiment).max_staleness
-        except Exception as error:  # noqa: BLE001 (a run is queued whatever its settings say)
-            self._logger.warning(f"experiment {experiment!r}: its settings could not be read ({error}); its "
-                                 "iterations are queued one at a time")
-            return 0
+def _max_staleness(experiment: str) -> int:
+    """The experiment's stored `max_staleness`, from the storage the queueing process's settings
+    name (the defaults' 0 for an experiment not stored yet). Imported here: the instance loads this
+    coordinator in every process that opens it, most of which queue nothing."""
+    from commands.settings import load_settings
+    from pipelines.resources import crucible_resource
+
+    return crucible_resource(load_settings()).experiment(experiment).max_staleness

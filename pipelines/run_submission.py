@@ -105,7 +105,7 @@ def _follow(instance: DagsterInstance, daemon: LocalDaemon, run_id: str, say: Ca
             if status == DagsterRunStatus.STARTED and (gone := worker_gone(instance, run)) and \
                     instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED:  # not ended meanwhile
                 # As run monitoring does for a run it fails: its pool slots go back at once (its
-                # retry waits for the accelerator's), and Dagster's run retries resume it from
+                # retry waits for a pool's), and Dagster's run retries resume it from
                 # its failure, skipping the steps that succeeded.
                 say(f"run {run_id[:8]}: {gone}")
                 instance.report_run_failed(run, gone)

@@ -69,11 +69,13 @@ def _why_not(context: SensorEvaluationContext, crucible: CrucibleResource, name:
                       f"{len(under_way)} runs of it are queued or in progress, max_staleness "
                       f"{experiment.max_staleness} + 1")
     following = max([last, *under_way]) + 1
-    failed = instance.get_run_records(RunsFilter(tags={"dagster/partition": str(iteration_key(name, following))},
-                                                 statuses=[DagsterRunStatus.FAILURE]), limit=1)
-    if failed:
-        return None, (f"the last run of {iteration_key(name, following)} failed (run {failed[0].dagster_run.run_id}): "
-                      "fix what it says and launch it again by hand; the sensor never repeats a failed iteration")
+    for number in sorted(set(range(last + 1, following + 1)) - set(under_way)):  # one that failed holds up the rest
+        key = iteration_key(name, number)
+        failed = instance.get_run_records(RunsFilter(tags={"dagster/partition": str(key)},
+                                                     statuses=[DagsterRunStatus.FAILURE]), limit=1)
+        if failed:
+            return None, (f"the last run of {key} failed (run {failed[0].dagster_run.run_id}): fix what it says and "
+                          "launch it again by hand; the sensor never repeats a failed iteration")
     if following > experiment.iterations:
         return None, f"reached its limit of {experiment.iterations} iterations"
     if last == 0 and name not in instance.get_materialized_partitions(AssetKey("base_policy")):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from patience import PATIENCE_S
 import yaml
 from dagster import DagsterInstance, asset, materialize
+from patience import PATIENCE_S
 
 from commands.errors import UserError
 from pipelines.instance import POSTGRES_URL_ENV, prepare_instance
@@ -106,7 +106,7 @@ with DagsterInstance.get() as instance:
 
 def test_two_runs_never_hold_the_training_pool_at_once(home, tmp_path, postgres_url, monkeypatch):
     """On the Postgres instance, where runs may run side by side. (Dagster's slot claim on SQLite
-    is not atomic across processes: there the queue's one run at a time is what holds the pool.)"""
+    is not atomic across processes: two runs starting steps of a pool at once can both take it.)"""
     monkeypatch.setenv(POSTGRES_URL_ENV, postgres_url)
     prepare_instance()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -192,8 +192,9 @@ def test_sensor_never_launches_an_experiment_with_a_run_in_flight(instance, cruc
 def _under_way(instance, key: str, status=DagsterRunStatus.STARTED) -> None:
     origin = RemoteJobOrigin(RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("pipelines.definitions"),
                                                     "__repository__"), "iteration")  # a queued run needs one
+    experiment, number = key.split("|")
     instance.add_run(DagsterRun(job_name="iteration", status=status, remote_job_origin=origin, tags={
-        "dagster/partition/experiment": key.split("|")[0], "dagster/partition": key}))
+        "dagster/partition/experiment": experiment, "dagster/partition/iteration": number, "dagster/partition": key}))
 
 
 def test_sensor_keeps_max_staleness_plus_one_iterations_of_an_experiment_in_flight(instance, crucible):
@@ -208,6 +209,16 @@ def test_sensor_keeps_max_staleness_plus_one_iterations_of_an_experiment_in_flig
         instance, crucible).skip_message
 
 
+def test_sensor_holds_an_experiment_whose_iteration_failed_while_a_later_one_runs(instance, crucible):
+    """With max_staleness 1, iteration 3 may fail while 4 is under way: 5 would train on what 3 did
+    not make, so nothing more starts until 3 is launched again by hand."""
+    crucible.save_experiment(ExperimentConfig(name="exp", iterations=9, continuous=True, max_staleness=1))
+    _evaluated(instance, "exp|0001", "exp|0002")
+    _under_way(instance, "exp|0003", DagsterRunStatus.FAILURE)
+    _under_way(instance, "exp|0004")
+    assert "exp: the last run of exp|0003 failed" in _evaluate(instance, crucible).skip_message
+
+
 def test_sensor_starts_no_iteration_beyond_the_limit_counting_those_in_flight(instance, crucible):
     crucible.save_experiment(ExperimentConfig(name="exp", iterations=2, continuous=True, max_staleness=1))
     _evaluated(instance, "exp|0001")
@@ -215,23 +226,27 @@ def test_sensor_starts_no_iteration_beyond_the_limit_counting_those_in_flight(in
     assert "exp: reached its limit of 2 iterations" in _evaluate(instance, crucible).skip_message
 
 
-@pytest.mark.parametrize("max_staleness, others, refused", [(0, 1, True), (1, 1, False), (1, 2, True)])
-def test_an_iteration_runs_beside_at_most_max_staleness_others_of_its_experiment(
-        instance, max_staleness, others, refused):
-    for number in range(2, 2 + others):
+@pytest.mark.parametrize("max_staleness, others, refusal", [
+    (0, [2], r"\(iteration, exp\|0002\): launch"), (1, [2], None), (1, [4], None),
+    (1, [2, 4], r"\(iteration, exp\|000[24]\) and 1 more, beyond the 1 max_staleness allows beside it"),
+    (1, [3], r"\(iteration, exp\|0003\), the same iteration"),
+    (1, [1], r"\(iteration, exp\|0001\), more than max_staleness 1 iterations from 3")])
+def test_iteration_3_runs_beside_at_most_max_staleness_others_of_its_experiment_each_within_it(
+        instance, max_staleness, others, refusal):
+    for number in others:
         _under_way(instance, f"exp|{number:04d}")
-    if refused:
-        with pytest.raises(Failure, match=r"experiment 'exp' is being written by run \S+ \(iteration, exp\|000[23]\)"):
-            refuse_beside_other_writers(instance, "mine", "exp", max_staleness)
-    else:
-        refuse_beside_other_writers(instance, "mine", "exp", max_staleness)
+    if refusal is None:
+        refuse_beside_other_writers(instance, "mine", "exp", 3, max_staleness)
+        return
+    with pytest.raises(Failure, match=r"experiment 'exp' is being written by run \S+ " + refusal):
+        refuse_beside_other_writers(instance, "mine", "exp", 3, max_staleness)
 
 
 def test_an_iteration_never_runs_beside_its_experiments_base_policy_run(instance):
     instance.add_run(DagsterRun(job_name="base_policy_job", status=DagsterRunStatus.STARTED,
                                 tags={"dagster/partition": "exp"}))
     with pytest.raises(Failure, match=r"being written by run \S+ \(base_policy_job, exp\)"):
-        refuse_beside_other_writers(instance, "mine", "exp", max_staleness=3)
+        refuse_beside_other_writers(instance, "mine", "exp", 2, max_staleness=3)
 
 
 def test_sampling_an_older_checkpoint_is_refused_unless_a_run_is_making_the_parent(instance):

@@ -58,3 +58,19 @@ def test_a_queued_run_is_tagged_with_its_lane_from_the_experiments_stored_settin
             lanes[name] = instance.get_run_by_id(run.run_id).tags.get(LANE_TAG)
     assert lanes == {"fast|0002": "fast/0", "fast|0003": "fast/1", "new|0001": "new/0", "fast|0004 by hand": "mine",
                      "analytics": None}
+
+
+def test_a_run_whose_experiment_settings_cannot_be_read_fails_in_one_sentence_unqueued(tmp_path, monkeypatch):
+    storage = tmp_path / "data"
+    monkeypatch.setenv("CRUCIBLE_STORAGE_ROOT", str(storage))
+    (storage / "experiments").mkdir(parents=True)
+    (storage / "experiments" / "broken.json").write_text("{not json")
+    (tmp_path / "dagster").mkdir()
+    overrides = {"run_coordinator": {"module": "pipelines.run_lanes", "class": "IterationLanes"}}
+    with DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides=overrides) as instance:
+        run = instance.add_run(DagsterRun(job_name="iteration", run_id=make_new_run_id(), tags=_iteration("broken", 1),
+                                          remote_job_origin=ORIGIN))
+        failed = instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None))
+        assert failed.status == DagsterRunStatus.FAILURE and LANE_TAG not in failed.tags
+        messages = [entry.message for entry in instance.all_logs(run.run_id)]
+    assert any("the settings of experiment 'broken' could not be read to choose its lane" in m for m in messages)
