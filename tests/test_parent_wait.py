@@ -7,12 +7,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, Failure, asset, materialize
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, Failure
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+from held_runs import run_under_way
 from patience import PATIENCE_S
 
 from assets.parent_wait import wait_for_parent
-from assets.partitions import add_iteration, iterations, runs_making
+from assets.partitions import add_iteration, runs_making
 from assets.resources import CrucibleResource
 from assets.step_outputs import WILL_RETRY_TAG
 from datastore.schema import DATASETS
@@ -64,27 +65,12 @@ def test_a_parent_without_a_record_or_a_run_making_it_is_refused(instance, check
 
 def test_a_parent_being_made_again_is_waited_for_though_an_earlier_run_left_its_record(instance, checkpoints):
     _recorded(checkpoints, 1)  # the first run of iteration 1; a second is training it again now
-    started, release = threading.Event(), threading.Event()
-
-    @asset(partitions_def=iterations, name="checkpoint")
-    def training_again() -> None:
-        started.set()
-        release.wait(timeout=PATIENCE_S)
-
-    key = add_iteration(instance, "exp", 1)
-    making = threading.Thread(target=materialize, args=([training_again],),
-                              kwargs={"instance": instance, "partition_key": key})
-    making.start()
-    try:
-        assert started.wait(timeout=PATIENCE_S)
+    with run_under_way(instance, "checkpoint", add_iteration(instance, "exp", 1)):
         waiting = threading.Thread(target=wait_for_parent, args=(instance, checkpoints, 2), kwargs=FAST)
         waiting.start()
         waiting.join(timeout=1.0)
         assert waiting.is_alive()  # the record there is the replaced checkpoint's
-    finally:
-        release.set()
-        making.join()
-    waiting.join(timeout=PATIENCE_S)
+    waiting.join(timeout=PATIENCE_S)  # the run has materialized its checkpoint
     assert not waiting.is_alive()
 
 

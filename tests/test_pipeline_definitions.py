@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,9 +18,10 @@ from dagster import (
     build_schedule_context,
     build_sensor_context,
     evaluate_automation_conditions,
+    materialize,
 )
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
-from patience import PATIENCE_S
+from held_runs import run_under_way
 
 from assets.datasets import SHOWN
 from assets.partitions import (
@@ -318,33 +318,17 @@ def test_settings_made_in_one_folder_hold_in_a_process_started_in_another(tmp_pa
 
 
 def test_a_base_policy_is_not_rebuilt_while_an_iteration_of_its_experiment_is_under_way(instance, crucible):
-    """The queue cannot keep an experiment's base-policy run and its iteration runs apart (their
-    tags differ): the base policy refuses, naming the run, before it writes anything."""
-    from dagster import Failure, asset, materialize
-
+    """The queue's lanes keep an experiment's base-policy run and its iterations apart, but not a
+    run executed outside the queue (`materialize()`): the base policy refuses, naming the run,
+    before it writes anything."""
     from assets.policy import base_policy
     from assets.training_step import TrainingStepClient
 
-    started, release = threading.Event(), threading.Event()
-
-    @asset(partitions_def=iterations, name="an_iteration_under_way")
-    def under_way() -> None:
-        started.set()
-        release.wait(timeout=PATIENCE_S)
-
-    key = add_iteration(instance, "exp", 1)
-    holder = threading.Thread(target=materialize, args=([under_way],),
-                              kwargs={"instance": instance, "partition_key": key})
-    holder.start()
-    try:
-        assert started.wait(timeout=PATIENCE_S)
+    with run_under_way(instance, "an_iteration_under_way", add_iteration(instance, "exp", 1)):
         refusal = r"experiment 'exp' is being written by run \S+ \(__ephemeral_asset_job__, exp\|0001\)"
         with pytest.raises(Failure, match=refusal):
             materialize([base_policy], instance=instance, partition_key="exp",
                         resources={"crucible": crucible, "training_step": TrainingStepClient()})
-    finally:
-        release.set()
-        holder.join()
     assert not Path(crucible.base_policy_dir("exp")).exists()
 
 
