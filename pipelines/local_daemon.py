@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -111,6 +112,10 @@ class LocalDaemon:
         self._code_server: subprocess.Popen | None = None
         self._daemon: subprocess.Popen | None = None
         self._ensuring = threading.Lock()
+        # The kernel sends a process its parent-death signal when the *thread* that started it ends:
+        # the services are started by one thread that lives as long as this object, not by whichever
+        # thread (an overlapping iteration's, which ends before the command) first asks for them.
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-daemon")
 
     def __enter__(self) -> LocalDaemon:
         return self
@@ -157,12 +162,13 @@ class LocalDaemon:
             self._code_server = None
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+        self._starter.shutdown()
 
     def _start_code_server(self) -> None:
         # Short: a socket path has 107 bytes.
         self._folder = Path(tempfile.mkdtemp(prefix=f"crucible-{MACHINE}-"))
         socket = self._folder / "code.sock"
-        self._code_server = _start(
+        self._code_server = self._start(
             [console_script("dagster"), "api", "grpc", "--module-name", LOCATION, "--working-directory",
              str(PROJECT_DIR), "--location-name", LOCATION, "--socket", str(socket)],
             self._folder / "code-server.log", self.environment, dies_with=signal.SIGKILL)
@@ -173,13 +179,17 @@ class LocalDaemon:
 
     def _start_daemon(self) -> None:
         log, before = self._folder / "daemon.log", _heartbeating(self.instance)
-        self._daemon = _start([console_script("dagster-daemon"), "run", "-w", str(self.workspace)], log,
+        self._daemon = self._start([console_script("dagster-daemon"), "run", "-w", str(self.workspace)], log,
                               self.environment)
         self._wait_for(lambda: _heartbeating(self.instance) - before, "the Dagster daemon", self._daemon, log)
         daemon_id = min(_heartbeating(self.instance) - before)  # ours: the one that was not there before
         self._name_in_lock(daemon_id)  # first: once in the file below, only the lock says it lives
         with (Path(self.instance.root_directory) / COMMAND_DAEMONS_FILE).open("a") as started:
             started.write(f"{daemon_id}\n")
+
+    def _start(self, command: list[str], log: Path, environment: dict[str, str],
+               dies_with: signal.Signals = signal.SIGTERM) -> subprocess.Popen:
+        return self._starter.submit(_spawn, command, log, environment, dies_with).result()
 
     def _name_in_lock(self, daemon_id: str) -> None:
         self._lock.truncate(0)
@@ -216,9 +226,9 @@ def console_script(name: str) -> str:
     return str(beside) if beside.exists() else name
 
 
-def _start(command: list[str], log: Path, environment: dict[str, str],
+def _spawn(command: list[str], log: Path, environment: dict[str, str],
            dies_with: signal.Signals = signal.SIGTERM) -> subprocess.Popen:
-    """A service process that ends with this one however it ends: the kernel sends it `dies_with`
+    """A service process that ends with this thread however it ends: the kernel sends it `dies_with`
     (the daemon stops cleanly on SIGTERM; `dagster api grpc` defers interrupts and serves on, so
     it is killed, and a run worker it started goes on to its run's end)."""
     with log.open("ab") as out:
