@@ -15,6 +15,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from itertools import takewhile
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,7 @@ EVENTS_PER_READ = 1000
 DAEMON_CHECK_POLLS = 20  # while a run is followed, that a daemon is still there: every 10 s
 RETRY_WAIT_S = 300.0  # the retry daemon's ticks are seconds apart; one that declines says nothing here
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt)(:|$)")  # a traceback's last line
+_RPC_FIELD = re.compile(r"^(status|details) = ")  # a gRPC error's message, on the lines below its name
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
@@ -60,8 +62,11 @@ def _why(stderr: str) -> str:
     (Dagster's errors carry another process's traceback inside their message), else its last line
     but for a traceback's `^^^^` markers."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    raised = [line for line in lines if _EXCEPTION.match(line)]
-    said = raised or [line for line in lines if set(line) - set("^~ ")]
+    raised = [at for at, line in enumerate(lines) if _EXCEPTION.match(line)]
+    if raised:  # with the lines of its message below it (gRPC's: the status and what failed)
+        said = lines[raised[-1]:]
+        return " ".join(said[:1] + list(takewhile(_RPC_FIELD.match, said[1:])))
+    said = [line for line in lines if set(line) - set("^~ ")]
     return said[-1] if said else "(no output)"
 
 
