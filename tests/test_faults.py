@@ -76,6 +76,11 @@ class Kill:
     after: str
     sandbox_open: bool = False
 
+    def said_in(self, line: str) -> bool:
+        """Whether a line of the command (`HH:MM:SS step: message`) says `after`: from the step's
+        name on, so "checkpoint: step start" is not parent_checkpoint's."""
+        return line.partition(" ")[2].startswith(self.after)
+
 
 # One stage per iteration. A grading step cannot have ended while one of its sandboxes is open, and
 # none opens between `after` and it: a line read seconds late on a loaded machine still kills it.
@@ -99,7 +104,7 @@ def crucible_run(environment: dict[str, str], iterations: int, kill: Kill | None
     def read() -> None:  # all along: a full pipe would stop the processes that write to it
         for line in process.stderr:
             lines.append(line)
-            if kill and kill.after in line:
+            if kill and kill.said_in(line):
                 shown.set()
 
     reader = threading.Thread(target=read, daemon=True)
