@@ -108,7 +108,7 @@ METRIC_VIEWS = {
         FROM {SAMPLES_WITH_GROUP_FLAG} GROUP BY experiment, iteration, coalesce(staleness, 0)
     """,
     # The trainer's log-probs against the sampler's, per trained sample (training/rl/mismatch.py),
-    # with the sample's task and staleness; measured where the step computes them (grpo.tis_cap).
+    # with the sample's task and staleness; every step that trains measures them.
     "logprob_mismatch": """
         WITH measured AS (
             SELECT experiment, iteration, unnest(logprob_mismatch, recursive := true) FROM checkpoints

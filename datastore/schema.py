@@ -213,7 +213,7 @@ CHECKPOINTS = pa.schema(
             ("max_at", pa.int32()), ("max_token", pa.string())])),
                "per trained sample, the trainer's log-prob of each sampled token at the step's starting weights "
                "minus the sampler's (training/rl/mismatch.py): mean, mean absolute, the largest absolute and the "
-               "token and position it is at; null where the step does not compute them (grpo.tis_cap unset)"),
+               "token and position it is at; null where the step trained no sample"),
         _field("blocked", pa.bool_(), "a stability check failed: no iteration may sample from this checkpoint"),
         _field("monitor_messages", pa.list_(pa.string()), "every stability check: name, verdict, detail"),
     ]

@@ -79,7 +79,10 @@ def train_policy(
     advantages = _advantages(batch, config)
     forward = Forward(pad_id, config.micro_batch_tokens, temperature, place.ranks,
                       place.shares_prefixes(model, config.share_prefixes))
-    rollout_logprobs = forward.logprobs(place.scorer(model), batch) if config.tis_cap and batch else None
+    # The trainer's own log-probs at the sampling weights: always measured against the engine's
+    # (logprob_mismatch), the ratio's base only under truncated IS (tis_cap).
+    proximal_logprobs = forward.logprobs(place.scorer(model), batch) if batch else None
+    rollout_logprobs = proximal_logprobs if config.tis_cap else None
     reference_logprobs = None
     if config.kl_coef and batch:
         reference_logprobs = forward.logprobs(place.scorer(place.load(reference_dir)[0]), batch)
@@ -106,9 +109,8 @@ def train_policy(
     metrics = _metrics(samples, batch, advantages, done, time.perf_counter() - start, config)
     learned = metrics["optimizer_steps"] > 0
     metrics["final_kl"] = _final_kl(policy, batch, forward, rollout_logprobs) if learned else None
-    # Measured where the step computes the trainer's own log-probs at the sampling weights (tis_cap).
-    metrics["logprob_mismatch"] = None if rollout_logprobs is None else logprob_mismatch(
-        batch, rollout_logprobs, lambda token: tokenizer.decode([token]))
+    metrics["logprob_mismatch"] = None if proximal_logprobs is None else logprob_mismatch(
+        batch, proximal_logprobs, lambda token: tokenizer.decode([token]))
     manifest = {"kind": "grpo", "parent": str(policy_dir), "global_step": first_step + (len(minibatches) if learned else 0),
                 "grpo_config": config.model_dump(mode="json"), "temperature": temperature, "metrics": metrics,
                 **place.manifest(), "lineage": lineage or {}}
