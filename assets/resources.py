@@ -60,7 +60,7 @@ class CrucibleResource(ConfigurableResource):
         if self.sandbox_backend not in BACKENDS:
             raise ValueError(f"sandbox backend {self.sandbox_backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
         return SandboxPool(
-            lambda spec: open_sandbox(self.sandbox_backend, spec, self.hosts()),
+            lambda spec: open_sandbox(self.sandbox_backend, spec, self.hosts(), warm_workers=True),
             PoolConfig(cpu_slots=max(1, self.grading_workers // shares)),
             is_infra_failure=is_infra_failure,
         )

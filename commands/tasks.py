@@ -280,5 +280,5 @@ def grading_pool(backend: str, workers: int, settings: Settings) -> SandboxPool:
         open_sandbox(backend, hosts=hosts)  # fail once, clearly, rather than once per submission
     except SandboxUnavailable as e:
         raise UserError(f"the {backend} sandbox is unavailable: {e}") from None
-    return SandboxPool(lambda spec: open_sandbox(backend, spec, hosts), PoolConfig(cpu_slots=workers),
+    return SandboxPool(lambda spec: open_sandbox(backend, spec, hosts, warm_workers=True), PoolConfig(cpu_slots=workers),
                        is_infra_failure=GradeResult.infra_failed)

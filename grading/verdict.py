@@ -150,7 +150,7 @@ def grade(
     # The built-in harness writes its report to stdout unless it is told a file.
     report_on_stdout = HARNESS_IN_SANDBOX in command and "--report" not in command
     grader = {**harness_files(), **{f"tests/{name}": source for name, source in tests.items()}}
-    with _grading_dirs(sandbox, {"/grader": grader}) as dirs:
+    with _grading_dirs(sandbox, {"/grader": grader}, report=not report_on_stdout) as dirs:
         result = sandbox.run(command, workspace_files, dirs.mounts)
         report = _parse(result.stdout if report_on_stdout else _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
                         or b"")
@@ -504,17 +504,19 @@ def _unscored(status: RewardStatus, exec_result: ExecResult, message: str, expec
 @dataclass(frozen=True)
 class _GradingDirs:
     mounts: list[Mount]
-    report: Path
+    report: Path | None
     verdict: Path | None
 
 
 @contextmanager
 def _grading_dirs(
     sandbox: Sandbox, trees: Mapping[str, Mapping[str, str | bytes]], verdict_at: str | None = None,
+    report: bool = True,
 ) -> Iterator[_GradingDirs]:
     """Fresh directories in the sandbox's scratch space: each tree of grader files (root-owned
     and world-readable, so the sandbox user can read but not change them) shown at its path,
-    and report/ (plus a verdict directory when asked) owned by the sandbox user."""
+    and report/ (unless the report comes on stdout; plus a verdict directory when asked) owned
+    by the sandbox user."""
     root = Path(tempfile.mkdtemp(prefix="crucible-grade-", dir=sandbox.scratch_dir))
     try:
         mounts = []
@@ -522,15 +524,16 @@ def _grading_dirs(
             tree = root / f"grader-{number}"
             _write_read_only_tree(tree, files)
             mounts.append(Mount(tree, sandbox_path))
-        report = root / "report"
+        report_dir = root / "report" if report else None
         verdict = root / "verdict" if verdict_at else None
-        for private in filter(None, (report, verdict)):
+        for private in filter(None, (report_dir, verdict)):
             private.mkdir(mode=0o700)
             os.chown(private, sandbox.spec.uid, sandbox.spec.gid)
-        mounts.append(Mount(report, "/report", writable=True))
+        if report_dir is not None:
+            mounts.append(Mount(report_dir, "/report", writable=True))
         if verdict is not None:
             mounts.append(Mount(verdict, verdict_at, writable=True))
-        yield _GradingDirs(mounts, report, verdict)
+        yield _GradingDirs(mounts, report_dir, verdict)
     finally:
         shutil.rmtree(root)
 

@@ -5,6 +5,10 @@
 - `SupervisedExecutor`: one bubblewrap sandbox for the session's whole life, whose supervisor
   (sandbox/harness/supervisor.py) forks each exec: it costs an interpreter start once, then
   every exec is a few milliseconds. What multi-turn sessions use.
+- `ZygoteExecutor`: the same, but each exec is a fresh sandbox of its own (new user, mount and
+  pid namespaces over a fresh tmpfs holding the files it is given), forked by a zygote
+  (sandbox/harness/zygote.py) that has the built-in harness imported. What a warm grading
+  worker of LocalSandbox.run uses.
 
 Both put the command in the same namespaces, mounts, seccomp filter, cgroup and rlimits, as
 uid 65534 without capabilities; both kill everything the command left behind when it ends, and
@@ -21,7 +25,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +33,7 @@ from sandbox import cgroups, seccomp
 from sandbox.base import WORKSPACE, OutputCallback, SandboxUnavailable
 from sandbox.capture import OutputCapture
 from sandbox.spec import Limits, SandboxSpec
+from sandbox.workspace import as_bytes, safe_relative
 from statuses import ExecStatus
 
 SH = "/bin/sh"
@@ -36,10 +41,14 @@ SETPRIV = "/usr/bin/setpriv"
 # Debian's interpreter runs the supervisor: it needs nothing outside /usr (a pyenv Python
 # would need its own prefix bound in).
 SANDBOX_PYTHON = "/usr/bin/python3"
-SUPERVISOR = Path(__file__).with_name("harness") / "supervisor.py"
-SUPERVISOR_IN_SANDBOX = "/.crucible/supervisor.py"
+HARNESS_DIR = Path(__file__).with_name("harness")  # shown read-only at /.crucible
+HARNESS_IN_SANDBOX = "/.crucible"
+SUPERVISOR_IN_SANDBOX = f"{HARNESS_IN_SANDBOX}/supervisor.py"
+ZYGOTE_IN_SANDBOX = f"{HARNESS_IN_SANDBOX}/zygote.py"
 # Enough to switch to the sandbox user, clear its capabilities and kill what it leaves.
 SUPERVISOR_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SETPCAP")
+# And to make each run's namespaces and mounts, and give its workspace to the sandbox user.
+ZYGOTE_CAPS = (*SUPERVISOR_CAPS, "CAP_SYS_ADMIN", "CAP_CHOWN")
 NOFILE = 1024
 # With a pids cgroup the per-session limit lives there; RLIMIT_NPROC counts every uid-65534
 # process on the machine, so it is only a machine-wide backstop that parallel runs share.
@@ -94,8 +103,9 @@ class Sandboxing:
         return [str(len(files)), *files]
 
     def launch(self, tail: list[str], stdin, stdout, stderr, extra_fds: tuple[int, ...] = (),
-               caps: tuple[str, ...] = ()) -> subprocess.Popen:
-        seccomp_fd = seccomp.bpf_fd() if self.has_seccomp else None
+               caps: tuple[str, ...] = (), filtered: bool = True) -> subprocess.Popen:
+        """bwrap running `tail`; `filtered`: under the seccomp deny-list (else `tail` applies it)."""
+        seccomp_fd = seccomp.bpf_fd() if self.has_seccomp and filtered else None
         argv = [SH, "-c", _JOIN_CGROUPS, "sh", *self.join_args(), *self.bwrap_args(seccomp_fd, caps), *tail]
         try:
             return subprocess.Popen(
@@ -195,14 +205,19 @@ class OneShotExecutor:
 class SupervisedExecutor:
     """One bubblewrap sandbox for the session; its supervisor forks each exec."""
 
+    _program = SUPERVISOR_IN_SANDBOX
+    _caps = SUPERVISOR_CAPS
+    _filtered = True  # the supervisor runs under the deny-list itself
+
     def __init__(self, sandboxing: Sandboxing):
         self.sandboxing = sandboxing
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control: socket.socket | None = ours
         with open(sandboxing.log_path, "ab") as log:
             try:
-                tail = [SANDBOX_PYTHON, "-I", "-S", SUPERVISOR_IN_SANDBOX, str(theirs.fileno())]
-                self._proc = sandboxing.launch(tail, subprocess.DEVNULL, log, log, (theirs.fileno(),), SUPERVISOR_CAPS)
+                tail = [SANDBOX_PYTHON, "-I", "-S", self._program, str(theirs.fileno())]
+                self._proc = sandboxing.launch(tail, subprocess.DEVNULL, log, log, (theirs.fileno(),), self._caps,
+                                               self._filtered)
             finally:
                 theirs.close()
         with selectors.DefaultSelector() as sel:  # not select(): a run of a thousand episodes holds fds past 1024
@@ -214,16 +229,14 @@ class SupervisedExecutor:
 
     def execute(self, command: list[str], stdout: OutputCapture, stderr: OutputCapture, outcome: Outcome,
                 deadline: float, on_output: OutputCallback | None) -> None:
-        spec = self.sandboxing.spec
-        request = {"op": "exec", "argv": command, "env": dict(spec.env), "cwd": WORKSPACE, "uid": spec.uid,
-                   "gid": spec.gid, "rlimits": _rlimits(spec.limits, self.sandboxing.cgroup)}
+        request, sent = self._request(command)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            socket.send_fds(self._control, [marshal.dumps(request, MARSHAL_VERSION)], [out_w, err_w])
+            socket.send_fds(self._control, [marshal.dumps(request, MARSHAL_VERSION)], [out_w, err_w, *sent])
         finally:
-            os.close(out_w)
-            os.close(err_w)
+            for fd in (out_w, err_w, *sent):
+                os.close(fd)
         try:
             self._pump(out_r, err_r, stdout, stderr, outcome, deadline, on_output)
         finally:
@@ -231,6 +244,12 @@ class SupervisedExecutor:
             os.close(err_r)
         if outcome.broken:
             self.close()  # takes every process of the session with it
+
+    def _request(self, command: list[str]) -> tuple[dict, list[int]]:
+        """The exec message, and the descriptors it sends beside the command's stdout and stderr."""
+        spec = self.sandboxing.spec
+        return {"op": "exec", "argv": command, "env": dict(spec.env), "cwd": WORKSPACE, "uid": spec.uid,
+                "gid": spec.gid, "rlimits": _rlimits(spec.limits, self.sandboxing.cgroup)}, []
 
     def _pump(self, out_r, err_r, stdout, stderr, outcome: Outcome, deadline: float, on_output) -> None:
         """Read both streams and the supervisor's reports until the command has finished and
@@ -293,6 +312,52 @@ class SupervisedExecutor:
         except subprocess.TimeoutExpired:
             _kill_group(self._proc.pid)
             self._proc.wait()
+
+
+class ZygoteExecutor(SupervisedExecutor):
+    """One bubblewrap sandbox holding a zygote; each exec is a fresh sandbox it forks, holding the
+    files `stage` gave it and nothing any earlier exec left (see sandbox/harness/zygote.py)."""
+
+    _program = ZYGOTE_IN_SANDBOX
+    _caps = ZYGOTE_CAPS
+    _filtered = False  # the zygote makes namespaces and mounts; each run loads the deny-list before it runs
+
+    def __init__(self, sandboxing: Sandboxing):
+        if not sandboxing.has_seccomp:
+            raise SandboxUnavailable("a warm worker needs the seccomp filter, which each of its runs loads")
+        super().__init__(sandboxing)
+        program = seccomp.bpf_fd()
+        try:
+            socket.send_fds(self._control, [marshal.dumps({"op": "seccomp"}, MARSHAL_VERSION)], [program])
+        finally:
+            os.close(program)
+        self._staged: tuple[dict, dict, bool] | None = None
+
+    def stage(self, workspace: Mapping[str, str | bytes], trees: Mapping[str, Mapping[str, bytes]],
+              harness: bool) -> None:
+        """The files of the next exec: the workspace's, and read-only trees by where they are
+        shown; `harness`: the command is the built-in harness's, which the zygote runs itself."""
+        self._staged = ({str(safe_relative(path)): as_bytes(content) for path, content in workspace.items()},
+                        {mount: {str(safe_relative(path)): content for path, content in tree.items()}
+                         for mount, tree in trees.items()}, harness)
+
+    def _request(self, command: list[str]) -> tuple[dict, list[int]]:
+        if self._staged is None:
+            raise ValueError("a warm worker runs only what was staged for it")
+        (workspace, trees, harness), self._staged = self._staged, None
+        request, _ = super()._request(command)
+        limits = self.sandboxing.spec.limits
+        files = os.memfd_create("crucible-run-files", os.MFD_CLOEXEC)
+        _write_all(files, marshal.dumps({"workspace": workspace, "trees": trees}, MARSHAL_VERSION))
+        os.lseek(files, 0, os.SEEK_SET)
+        return {**request, "op": "run", "tmpfs": f"size={limits.disk_mb}m,nr_inodes={limits.inodes},mode=0755",
+                "trees": list(trees), "harness": harness}, [files]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _take_output(fd: int, capture: OutputCapture, on_output: OutputCallback | None) -> bool:

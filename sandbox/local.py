@@ -12,6 +12,9 @@ own (`run()`, one command, no start-up cost). Layers, outermost first:
   then either          setpriv + sh: uid/gid 65534, no capability, no_new_privs, rlimits, exec
   or the supervisor    (uid 0 with CAP_SETUID/SETGID/KILL/SETPCAP only, out of the sandbox
                        user's reach) forks per exec; the child does the same as setpriv + sh
+  or the zygote        (the same, without the filter) forks each exec into a fresh sandbox of its
+                       own: new user, mount and pid namespaces over a fresh tmpfs, then the
+                       filter (sandbox/harness/zygote.py); what `run` uses with warm workers
 An exec is "ready" once our machinery started the command (a byte from the sandbox user's
 shell, or the supervisor's report); without it the failure is ours (XX), and the command
 cannot fake it.
@@ -50,19 +53,22 @@ from sandbox.base import (
     run_once,
 )
 from sandbox.bwrap_exec import (
+    HARNESS_DIR,
+    HARNESS_IN_SANDBOX,
     SANDBOX_PYTHON,
     SETPRIV,
     SH,
-    SUPERVISOR,
-    SUPERVISOR_IN_SANDBOX,
     OneShotExecutor,
     Outcome,
     Sandboxing,
     SupervisedExecutor,
+    ZygoteExecutor,
 )
 from sandbox.capture import OutputCapture
-from sandbox.result import ExecResult
+from sandbox.harness.bundle import runs_builtin_harness
+from sandbox.result import ExecResult, infrastructure_error
 from sandbox.spec import ENVIRONMENT_ROOT, SandboxSpec
+from sandbox.warm_workers import WarmWorkers
 from sandbox.workspace import HostWorkspace, clear_directory
 from statuses import ExecStatus
 
@@ -73,6 +79,10 @@ _SESSION_DIR = re.compile(r"crucible-(?P<owner>\d+)-(?P<session>[0-9a-f]{16})-\w
 _SYSTEM_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64"}
 _ETC_BASE = ("alternatives", "ld.so.cache", "localtime")
 _ETC_NETWORK = ("resolv.conf", "hosts", "nsswitch.conf", "gai.conf", "ssl", "ca-certificates")
+# Where a warm worker's run may show a read-only tree: not in the sandbox's own layout.
+_LAYOUT = {"", "workspace", "tmp", "dev", "proc", "usr", "etc", "bin", "sbin", "lib", "lib64", ".crucible",
+           PurePosixPath(ENVIRONMENT_ROOT).parts[1]}
+MAX_TREE_BYTES = 16 << 20  # read-only trees a warm worker's run copies in (a grader's: kilobytes)
 
 
 class LocalSandbox:
@@ -86,9 +96,12 @@ class LocalSandbox:
         *,
         scratch_dir: Path | None = None,
         cgroup_parent: str = "crucible",
+        warm_workers: bool = False,
     ):
         """`scratch_dir` holds session and grading directories (default: see `_default_scratch`);
-        `cgroup_parent` names the cgroup directory that per-session cgroups are created in.
+        `cgroup_parent` names the cgroup directory that per-session cgroups are created in;
+        `warm_workers`: `run` forks its fresh sandboxes from zygotes kept between runs (one per
+        run at once, until `close`), where the run allows (`_trees`): what a pool of gradings wants.
 
         Raises SandboxUnavailable when this host cannot isolate as `spec` asks."""
         self.spec = spec
@@ -105,18 +118,62 @@ class LocalSandbox:
                 "the local sandbox cannot isolate as asked on this host: " + "; ".join(self.weaknesses)
                 + " (set SandboxSpec(allow_weak_isolation=True) to run anyway with rlimits)"
             )
+        self._workers = WarmWorkers(partial(LocalSession, self, {}, (), executor=ZygoteExecutor)) \
+            if warm_workers and self.has_seccomp else None
 
     def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = (),  # noqa: B006
                 *, supervised: bool = True) -> LocalSession:
         """A session; `supervised` keeps one sandbox alive for fast execs (see bwrap_exec.py),
         else each exec starts its own. The sandbox dies with the thread that opened the session
         (bwrap's --die-with-parent follows the thread): open and use it in the same thread."""
-        return LocalSession(self, files, mounts, supervised=supervised)
+        return LocalSession(self, files, mounts, executor=SupervisedExecutor if supervised else OneShotExecutor)
 
     def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = (),
             protected: Sequence[str] = ()) -> ExecResult:
-        """One command: a one-shot session, which starts no supervisor."""
-        return run_once(self, command, files, mounts, protected, open_session=partial(self.session, supervised=False))
+        """One command in a fresh sandbox: forked by a warm worker where there are some and the
+        run allows (no protected file, every mount a small read-only directory), else a one-shot
+        session, which starts no supervisor."""
+        trees = self._trees(mounts) if self._workers is not None and not protected else None
+        if trees is None:
+            return run_once(self, command, files, mounts, protected,
+                            open_session=partial(self.session, supervised=False))
+        started = time.monotonic()
+        try:
+            worker = self._workers.take()
+        except SandboxUnavailable as e:
+            return infrastructure_error(self.spec.hash, self.name, str(e), started)
+        try:
+            return worker.run_fresh(command, files, trees, self._runs_builtin_harness(command, trees))
+        finally:
+            self._workers.give_back(worker)
+
+    def close(self) -> None:
+        """Stop the warm workers (a later `run` starts new ones)."""
+        if self._workers is not None:
+            self._workers.close()
+
+    def _runs_builtin_harness(self, command: list[str], trees: Mapping[str, Mapping[str, bytes]]) -> bool:
+        """Whether a warm worker may run the command as the built-in harness its zygote imported:
+        where a task's environment is shown, its PATH is not this host's."""
+        path = dict(self.spec.env).get("PATH", "")
+        return not self.spec.overlay and not self.spec.interpreter and runs_builtin_harness(command, trees, path)
+
+    def _trees(self, mounts: Sequence[Mount]) -> dict[str, dict[str, bytes]] | None:
+        """The mounts' files by where they are shown, when a warm worker can show them (each a
+        read-only directory outside the sandbox's own layout, all together small); else None."""
+        trees, size = {}, 0
+        for mount in mounts:
+            path = PurePosixPath(mount.sandbox_path)
+            if (mount.writable or not path.is_absolute() or len(path.parts) < 2 or path.parts[1] in _LAYOUT
+                    or str(path) == self.spec.workspace_alias or not Path(mount.host_path).is_dir()):
+                return None
+            tree = {str(file.relative_to(mount.host_path)): file for file in Path(mount.host_path).rglob("*")
+                    if file.is_file() and not file.is_symlink()}
+            size += sum(file.stat().st_size for file in tree.values())
+            if size > MAX_TREE_BYTES:
+                return None
+            trees[str(path)] = {name: file.read_bytes() for name, file in tree.items()}
+        return trees
 
     def reap(self) -> list[str]:
         """Remove what sessions of owner processes that died without closing them left behind
@@ -160,7 +217,7 @@ class LocalSession(SessionLifecycle):
     _infra_errors = (OSError, cgroups.CgroupError, SandboxUnavailable)
 
     def __init__(self, backend: LocalSandbox, files: Mapping[str, str | bytes], mounts: Sequence[Mount],
-                 supervised: bool = True):
+                 executor: type[OneShotExecutor | SupervisedExecutor | ZygoteExecutor] = SupervisedExecutor):
         self.id = secrets.token_hex(8)
         self.spec = backend.spec
         self.log: list[ExecResult] = []
@@ -178,7 +235,7 @@ class LocalSession(SessionLifecycle):
             self._initial = self.workspace.snapshot()
             sandboxing = Sandboxing(self.spec, self._bwrap_args, self._cgroup, backend.has_seccomp,
                                     self._dir / "sandbox.log")
-            self._executor = (SupervisedExecutor if supervised else OneShotExecutor)(sandboxing)
+            self._executor = executor(sandboxing)
         except BaseException as e:  # bad input files included: nothing may be left behind
             self._abandon(e)
 
@@ -214,6 +271,20 @@ class LocalSession(SessionLifecycle):
             self.workspace.clear()
             self.workspace.put(files)
             self._initial = self.workspace.snapshot()
+
+    @property
+    def usable(self) -> bool:
+        return not self._closed and self._broken is None
+
+    def run_fresh(self, command: list[str], files: Mapping[str, str | bytes],
+                  trees: Mapping[str, Mapping[str, bytes]], harness: bool) -> ExecResult:
+        """A warm worker's run (executor ZygoteExecutor): `command` in a fresh sandbox of its own
+        holding `files` and the read-only `trees`; `harness`: it is the built-in harness's."""
+        self._executor.stage(files, trees, harness)
+        try:
+            return self.exec(command)
+        finally:
+            self.log.clear()  # a worker serves thousands of runs: their results are the callers'
 
     # -- files -------------------------------------------------------------------------------
 
@@ -300,7 +371,7 @@ class LocalSession(SessionLifecycle):
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         args += ["--ro-bind", str(self._dir / "passwd"), "/etc/passwd",
                  "--ro-bind", str(self._dir / "group"), "/etc/group",
-                 "--ro-bind", str(SUPERVISOR), SUPERVISOR_IN_SANDBOX,
+                 "--ro-bind", str(HARNESS_DIR), HARNESS_IN_SANDBOX,
                  "--proc", "/proc", "--dev", "/dev",
                  "--bind", str(self._dir / "shm"), "/dev/shm",
                  "--bind", str(self._dir / "tmp"), "/tmp",

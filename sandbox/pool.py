@@ -102,11 +102,13 @@ class SandboxPool:
         return (f.result() for f in futures)
 
     def close(self) -> None:
-        """Finish queued jobs, then stop."""
+        """Finish queued jobs, then stop, and the sandboxes with it (a local one's warm workers)."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
         self._dispatcher.join()
+        for sandbox in self._sandboxes.values():
+            _close(sandbox)
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -175,9 +177,11 @@ class SandboxPool:
         with self._lock:
             sandbox = self._sandboxes.get(spec)
         if sandbox is None:
-            sandbox = self._make_sandbox(spec)  # SandboxUnavailable counts as an attempt
+            made = self._make_sandbox(spec)  # SandboxUnavailable counts as an attempt
             with self._lock:
-                self._sandboxes[spec] = sandbox
+                sandbox = self._sandboxes.setdefault(spec, made)
+            if sandbox is not made:  # another job's came first
+                _close(made)
         return sandbox
 
     def _record(self, spec: SandboxSpec, failed: bool, evidence: object) -> None:
@@ -191,8 +195,15 @@ class SandboxPool:
         reason = str(getattr(getattr(evidence, "exec", evidence), "error", None) or evidence)[:500]
         reap = getattr(sandbox, "reap", None)
         try:
+            _close(sandbox)
             if reap is not None:
                 reap()
         except Exception as e:  # noqa: BLE001 (recorded: a failed clean-up must not fail the job)
             reason += f"; reaping failed: {type(e).__name__}: {e}"
         self.quarantined.append(Quarantined(getattr(sandbox, "name", "?"), spec.hash, reason))
+
+
+def _close(sandbox: Sandbox | None) -> None:
+    """What a sandbox keeps between jobs (a local one's warm workers), where it keeps any."""
+    if hasattr(sandbox, "close"):
+        sandbox.close()

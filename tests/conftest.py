@@ -1,5 +1,6 @@
 """Sandbox backends for the tests: every backend-neutral test runs once per backend, and the
-local backend twice: its one-shot `run` and its supervised sessions (`local-session`).
+local backend three times: its one-shot `run`, its supervised sessions (`local-session`) and
+its `run` forked by warm workers (`local-warm`).
 
 A backend that cannot run on this host is skipped loudly: the reason goes into the skip and a
 banner at the end of the run. Where CRUCIBLE_REQUIRE_BACKENDS names it (CI sets
@@ -26,7 +27,7 @@ import pytest
 from sandbox.base import SandboxUnavailable, run_once
 from sandbox.spec import Limits, SandboxSpec
 
-BACKENDS = ("local", "local-session", "docker")
+BACKENDS = ("local", "local-session", "local-warm", "docker")
 REQUIRED = {b for b in os.environ.get("CRUCIBLE_REQUIRE_BACKENDS", "").split(",") if b}
 UNTESTED = re.compile(r"Skipped: (\S+) (?:sandbox backend|test dependency) unavailable: (.*)")
 # The server `make test` starts (scripts/postgres-server); its role may create databases.
@@ -146,7 +147,8 @@ def make_sandbox(backend, tmp_path):
         if backend.startswith("local"):
             from sandbox.local import LocalSandbox
 
-            sb = LocalSandbox(spec, scratch_dir=scratch, cgroup_parent=f"crucible-test-{token}")
+            sb = LocalSandbox(spec, scratch_dir=scratch, cgroup_parent=f"crucible-test-{token}",
+                              warm_workers=backend == "local-warm")
             if backend == "local-session":
                 sb = ThroughSessions(sb)
         else:
@@ -158,6 +160,8 @@ def make_sandbox(backend, tmp_path):
 
     yield make
     for sb in made:
+        if hasattr(sb, "close"):
+            sb.close()  # its warm workers
         assert residue(sb) == [], "the sandbox left things behind"
 
 

@@ -246,9 +246,12 @@ def test_death_by_signal_is_SG(sandbox):
 
 
 def test_nothing_is_left_behind(make_sandbox):
+    """By a run, or (local-warm) by the warm workers once the sandbox is closed."""
     sandbox = make_sandbox(wall_s=0.5)
     for command in (["true"], ["false"], ["sleep", "5"]):
         sandbox.run(command, {"f.txt": "x"})
+    if hasattr(sandbox, "close"):
+        sandbox.close()
     assert residue(sandbox) == []
 
 

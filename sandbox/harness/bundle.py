@@ -11,7 +11,10 @@ tag ignores the .pyc and compiles the source: slower, never wrong.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -37,6 +40,21 @@ def harness_files() -> dict[str, str | bytes]:
         tag, code = compiled
         files[f"harness/__pycache__/run_tests.{tag}.pyc"] = code
     return files
+
+
+def runs_builtin_harness(command: list[str], trees: Mapping[str, Mapping[str, bytes]], path: str) -> bool:
+    """Whether `command` runs this harness as the grader ships it: the sandbox's interpreter
+    (by name on `path`, the sandbox's PATH, whose folders it shares with this host) on the
+    launcher of a tree shown at `<dir>`, whose harness/run_tests.py is this one."""
+    if len(command) < 4 or command[1:3] != ["-I", "-S"]:
+        return False
+    found = shutil.which(command[0], path=path)
+    if found is None or os.path.realpath(found) != os.path.realpath(SANDBOX_PYTHON):
+        return False
+    folder, _, launcher = command[3].rpartition("/")
+    tree = trees.get(folder, {})
+    return (launcher == "run_tests.py" and tree.get("run_tests.py") == LAUNCHER.encode()
+            and tree.get("harness/run_tests.py") == HARNESS.read_bytes())
 
 
 @cache

@@ -51,15 +51,16 @@ def main(control_fd: int) -> None:
                 os.close(fd)
 
 
-def receive(control: socket.socket) -> tuple[dict | None, list[int]]:
-    fds = array.array("i")
-    data, ancillary, _, _ = control.recvmsg(_MESSAGE_BYTES, socket.CMSG_SPACE(2 * fds.itemsize))
+def receive(control: socket.socket, fds: int = 2) -> tuple[dict | None, list[int]]:
+    """A message and the file descriptors (up to `fds`) that came with it."""
+    received = array.array("i")
+    data, ancillary, _, _ = control.recvmsg(_MESSAGE_BYTES, socket.CMSG_SPACE(fds * received.itemsize))
     if not data:
         return None, []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return marshal.loads(data), list(fds)
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+    return marshal.loads(data), list(received)
 
 
 def send(control: socket.socket, message: dict) -> None:
