@@ -47,8 +47,8 @@ SUPERVISOR_IN_SANDBOX = f"{HARNESS_IN_SANDBOX}/supervisor.py"
 ZYGOTE_IN_SANDBOX = f"{HARNESS_IN_SANDBOX}/zygote.py"
 # Enough to switch to the sandbox user, clear its capabilities and kill what it leaves.
 SUPERVISOR_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SETPCAP")
-# And to make each run's namespaces and mounts, and give its workspace to the sandbox user.
-ZYGOTE_CAPS = (*SUPERVISOR_CAPS, "CAP_SYS_ADMIN", "CAP_CHOWN")
+# And to make each run's namespaces and mounts (and go back to its own), and give its workspace to the sandbox user.
+ZYGOTE_CAPS = (*SUPERVISOR_CAPS, "CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_CHOWN")
 NOFILE = 1024
 # With a pids cgroup the per-session limit lives there; RLIMIT_NPROC counts every uid-65534
 # process on the machine, so it is only a machine-wide backstop that parallel runs share.

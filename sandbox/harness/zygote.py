@@ -2,22 +2,24 @@
 run into a sandbox of its own, so a run costs a fork instead of an interpreter start and a new
 bubblewrap sandbox.
 
-Started by bubblewrap like the supervisor (sandbox/harness/supervisor.py; root without any
-capability but CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_SETPCAP), but with no seccomp filter of
-its own: each run loads it before anything of the run executes. Per run (docs/sandbox.md, "Warm
-grading workers"):
+Started by bubblewrap like the supervisor (sandbox/harness/supervisor.py), as root with the
+supervisor's capabilities and CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_CHOWN besides, to make each
+run's namespaces and mounts; and with no seccomp filter of its own: each run loads it before
+anything of the run executes. Per run (docs/sandboxes.md, "Warm grading workers"):
 
-  zygote (root)    forks the run's keeper, after making the mount points the run asks for
-  keeper           becomes the sandbox user (uid 65534 outside), then enters a new user, mount
-                   and pid namespace; mounts one fresh size-capped tmpfs, shown at /workspace,
-                   /tmp and /dev/shm, and one more holding the grader's files, made read-only;
-                   writes the files; forks the command; drops every capability and waits
-  command          pid 1 of the new pid namespace: no capability (none in any namespace, bounding
-                   set empty), no_new_privs, the seccomp deny-list, rlimits; then execs the command
-                   or, for the built-in harness, runs the copy this zygote imported (the same file)
+  zygote (root)   enters a new mount and pid namespace, mounts one fresh size-capped tmpfs shown
+                  at /workspace, /tmp and /dev/shm, writes the files (the workspace the sandbox
+                  user's), shows each grader tree on a tmpfs of its own, root's and read-only;
+                  forks the run's init; and goes back to its own namespaces
+  init            pid 1 of the new pid namespace: mounts its /proc, then uid 65534, no capability
+                  (bounding set empty), no_new_privs, the seccomp deny-list, rlimits. The built-in
+                  harness it runs itself (the copy this zygote imported: the same file); any other
+                  command it forks (pid 2: a pid 1 ignores the signals it sends itself) and execs,
+                  reaps what is orphaned, and reports the command's wait status
 
-The command ends its pid namespace when it exits: every process it started dies with it. Host
-protocol: the supervisor's (one SOCK_SEQPACKET message each way, marshal version 4), with
+The init's exit ends the pid namespace and every process left in it; the zygote holds the mount
+namespace until it has reported, and lets it go while the host reads the result. Host protocol:
+the supervisor's (one SOCK_SEQPACKET message each way, marshal version 4), with
   host -> {"op": "run", "argv", "env", "cwd", "uid", "gid", "rlimits", "tmpfs", "trees",
            "harness"} + fds [stdout, stderr, files]
 where files is a memfd holding marshal {"workspace": {path: bytes}, "trees": {mount: {path: bytes}}}.
@@ -53,6 +55,8 @@ PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
 # The parts of the run's tmpfs and where each is shown (the workspace last: it covers the tmpfs).
 SHOWN_AT = {"t": "/tmp", "s": "/dev/shm", "w": "/workspace"}
 _libc = supervisor._libc
+# The zygote's own mount and pid namespaces, which it goes back to after forking each run's init.
+_OWN_NAMESPACES = {kind: os.open(f"/proc/self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC) for kind in ("mnt", "pid")}
 
 
 class _SockFprog(ctypes.Structure):
@@ -83,23 +87,51 @@ def run(control, request: dict, fds: list[int], seccomp_program: bytes) -> None:
         os.makedirs(path, mode=0o755, exist_ok=True)  # in the zygote's own root: empty, and stays so
     setup_r, setup_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    keeper = os.fork()
-    if keeper == 0:
-        os.close(setup_r)
-        os.close(status_r)
-        keep(request, fds, setup_w, status_w, seccomp_program)  # never returns
-    os.close(setup_w)
-    os.close(status_w)
-    for fd in fds:
+    try:
+        init, mounts = fork_init(request, fds, setup_w, status_w, seccomp_program)
+    except OSError as e:
+        init, mounts = None, None
+        os.write(setup_w, f"{type(e).__name__}: {e}".encode())
+    for fd in (*fds[:2], setup_w, status_w):
         os.close(fd)
     failure = supervisor.read_to_end(setup_r)  # empty: the command got as far as its start
-    if failure:
-        os.waitpid(keeper, 0)
-        os.close(status_r)
-        supervisor.send(control, {"spawn_failed": failure.decode(errors="replace")})
-        return
-    supervisor.send(control, {"started": keeper})
-    pidfd = os.pidfd_open(keeper)
+    try:
+        if failure:
+            os.close(status_r)
+            if init is not None:
+                os.waitpid(init, 0)
+            supervisor.send(control, {"spawn_failed": failure.decode(errors="replace")})
+        else:
+            supervisor.send(control, {"started": init})
+            report_exit(control, init, status_r)
+    finally:
+        if mounts is not None:
+            os.close(mounts)  # the run's mount namespace, torn down now: after the host has its result
+
+
+def fork_init(request: dict, fds: list[int], setup_w: int, status_w: int, seccomp_program: bytes) -> tuple[int, int]:
+    """The run's init, forked into new mount and pid namespaces laid out for it; and a descriptor
+    of that mount namespace, which outlives the run until the zygote closes it."""
+    files = marshal.loads(supervisor.read_to_end(fds[2]))
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    try:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        lay_out(request["tmpfs"], files, request["uid"], request["gid"])
+        mounts = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        init = os.fork()
+        if init == 0:
+            os.close(mounts)
+            start_init(request, fds, setup_w, status_w, seccomp_program)  # never returns
+    finally:
+        _check(_libc.setns(_OWN_NAMESPACES["mnt"], CLONE_NEWNS), "setns(mnt)")
+        _check(_libc.setns(_OWN_NAMESPACES["pid"], CLONE_NEWPID), "setns(pid)")
+    return init, mounts
+
+
+def report_exit(control, init: int, status_r: int) -> None:
+    """Wait for the run's init (killing the run when the host asks), then report the command's
+    wait status and what the run used. Once the init is reaped, every process of the run is."""
+    pidfd = os.pidfd_open(init)
     poller = select.poll()
     poller.register(control, select.POLLIN)
     poller.register(pidfd, select.POLLIN)
@@ -112,32 +144,10 @@ def run(control, request: dict, fds: list[int], seccomp_program: bytes) -> None:
                 supervisor.kill_everyone()
     finally:
         os.close(pidfd)
-    _, kept, usage = os.wait4(keeper, 0)
-    said = supervisor.read_to_end(status_r)
-    supervisor.kill_everyone()  # nothing of the run may outlive it
-    status = int(said) if said else kept  # the command's own, unless its keeper was killed first
-    supervisor.send(control, {"exit": status, "cpu_s": usage.ru_utime + usage.ru_stime,
+    _, ended, usage = os.wait4(init, 0)
+    said = supervisor.read_to_end(status_r)  # a command's own status, where the init forked one (closes it)
+    supervisor.send(control, {"exit": int(said) if said else ended, "cpu_s": usage.ru_utime + usage.ru_stime,
                               "max_rss_kb": usage.ru_maxrss})
-
-
-def keep(request: dict, fds: list[int], setup_w: int, status_w: int, seccomp_program: bytes) -> None:
-    """The keeper: the run's mount and pid namespaces and its files, then its init; waits for
-    the init to end."""
-    try:
-        files = marshal.loads(supervisor.read_to_end(fds[2]))
-        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
-        _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        lay_out(request["tmpfs"], files, request["uid"], request["gid"])
-        init = os.fork()
-        if init == 0:
-            start_init(request, fds, setup_w, status_w, seccomp_program)  # never returns
-        for fd in (*fds[:2], status_w, setup_w):
-            os.close(fd)
-        os.waitpid(init, 0)
-        os._exit(0)
-    except BaseException as e:
-        os.write(setup_w, f"{type(e).__name__}: {e}".encode())
-        os._exit(125)
 
 
 def lay_out(tmpfs: str, files: dict, uid: int, gid: int) -> None:
@@ -188,10 +198,8 @@ def mount_proc() -> None:
 
 
 def start_init(request: dict, fds: list[int], setup_w: int, status_w: int, seccomp_program: bytes) -> None:
-    """Pid 1 of the run's namespace, as bubblewrap's init: the command's limits, privileges and
-    filter, which the command inherits; then it starts the command (pid 2: a pid 1 ignores the
-    signals it sends itself), reaps what is orphaned, and reports the command's wait status. Its
-    exit ends the namespace, and every process left in it."""
+    """Pid 1 of the run's namespace: the run's limits, privileges and filter; then the harness, or
+    the command it forks and waits for (see the module docstring)."""
     try:
         mount_proc()
         os.setsid()
@@ -215,13 +223,19 @@ def start_init(request: dict, fds: list[int], setup_w: int, status_w: int, secco
         os.chdir(request["cwd"])
         for fd in (*fds[:2], null):  # fds[2], the files, was read to its end and closed
             os.close(fd)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        for fd in _OWN_NAMESPACES.values():
+            os.close(fd)
+        if request["harness"]:
+            os.close(status_w)
+            run_harness(request, setup_w)  # never returns
         command = os.fork()
     except BaseException as e:
         os.write(setup_w, f"{type(e).__name__}: {e}".encode())
         os._exit(125)
     if command == 0:
         os.close(status_w)
-        become_command(request, setup_w)  # never returns
+        exec_command(request, setup_w)  # never returns
     os.close(setup_w)
     for fd in (0, 1, 2):
         os.close(fd)  # the command's output ends when the command's side closes
@@ -232,19 +246,23 @@ def start_init(request: dict, fds: list[int], setup_w: int, status_w: int, secco
             os._exit(0)
 
 
-def become_command(request: dict, setup_w: int) -> None:
-    """The command: an exec, or the built-in harness already imported here."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+def run_harness(request: dict, setup_w: int) -> None:
+    """python3 -I -S <launcher> ARGS, the launcher the built-in one: as that interpreter would."""
     os.closerange(3, setup_w)
     os.closerange(setup_w + 1, 1 << 16)
     argv = request["argv"]
-    if request["harness"]:  # python3 -I -S <launcher> ARGS, the launcher the built-in one: as it would
-        os.close(setup_w)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = argv[3:]
-        sys.path[:] = [os.path.join(os.path.dirname(argv[3]), "harness"), *sys.path[1:]]
-        run_tests.run()  # never returns
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = argv[3:]
+    sys.path[:] = [os.path.join(os.path.dirname(argv[3]), "harness"), *sys.path[1:]]
+    os.close(setup_w)
+    run_tests.run()  # never returns
+
+
+def exec_command(request: dict, setup_w: int) -> None:
+    os.closerange(3, setup_w)
+    os.closerange(setup_w + 1, 1 << 16)
+    argv = request["argv"]
     try:
         os.execvpe(argv[0], argv, request["env"])
     except OSError as e:  # like a shell: 127 for a command that cannot be found, 126 for one that cannot run
