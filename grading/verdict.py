@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
@@ -129,9 +129,14 @@ def expected_tests(tests: Mapping[str, str]) -> list[str]:
     found = []
     for filename in sorted(tests):
         if _is_test_file(filename):
-            with AST_LOCK:  # test_names builds an AST; this runs on the pool's threads
-                found += [f"{filename}::{name}" for name in test_names(tests[filename], filename)]
+            found += [f"{filename}::{name}" for name in _test_names(tests[filename], filename)]
     return found
+
+
+@lru_cache(maxsize=4096)  # a task's tests are graded once per submission: parsed once
+def _test_names(source: str, filename: str) -> tuple[str, ...]:
+    with AST_LOCK:  # test_names builds an AST; this runs on the pool's threads
+        return tuple(test_names(source, filename))
 
 
 def grade(
@@ -317,7 +322,12 @@ def _sessions_problem(runs: list[_SessionRun], tokens: list[str]) -> TamperFlag 
 
 def _imports_of(tests: Mapping[str, str]) -> set[str]:
     """The top-level modules the hidden test files import (our harness's tests)."""
-    return {module for source in tests.values() for module in top_level_imports(source)}
+    return {module for source in tests.values() for module in _top_level_imports(source)}
+
+
+@lru_cache(maxsize=4096)
+def _top_level_imports(source: str) -> frozenset[str]:
+    return frozenset(top_level_imports(source))
 
 
 def _import_roots(sandbox: Sandbox, workspace: Sequence[str]) -> set[str]:
