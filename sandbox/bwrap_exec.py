@@ -337,8 +337,8 @@ class ZygoteExecutor(SupervisedExecutor):
               harness: bool) -> None:
         """The files of the next exec: the workspace's, and read-only trees by where they are
         shown; `harness`: the command is the built-in harness's, which the zygote runs itself."""
-        self._staged = ({str(safe_relative(path)): as_bytes(content) for path, content in workspace.items()},
-                        {mount: {str(safe_relative(path)): content for path, content in tree.items()}
+        self._staged = ({_file_name(path): as_bytes(content) for path, content in workspace.items()},
+                        {mount: {_file_name(path): content for path, content in tree.items()}
                          for mount, tree in trees.items()}, harness)
 
     def _request(self, command: list[str]) -> tuple[dict, list[int]]:
@@ -352,6 +352,14 @@ class ZygoteExecutor(SupervisedExecutor):
         os.lseek(files, 0, os.SEEK_SET)
         return {**request, "op": "run", "tmpfs": f"size={limits.disk_mb}m,nr_inodes={limits.inodes},mode=0755",
                 "trees": list(trees), "harness": harness}, [files]
+
+
+def _file_name(path: str) -> str:
+    """A path to write a file at in a fresh run: inside (safe_relative) and without a NUL byte,
+    which no file name holds (refused as the one-shot path's writing refuses it)."""
+    if "\0" in path:
+        raise ValueError(f"embedded null byte in a file name: {path!r}")
+    return str(safe_relative(path))
 
 
 def _write_all(fd: int, data: bytes) -> None:

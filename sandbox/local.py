@@ -148,7 +148,8 @@ class LocalSandbox:
             self._workers.give_back(worker)
 
     def close(self) -> None:
-        """Stop the warm workers (a later `run` starts new ones)."""
+        """Stop the warm workers (those at work once their runs end); a later `run` of a sandbox
+        with warm workers is an infrastructure error."""
         if self._workers is not None:
             self._workers.close()
 
@@ -165,6 +166,7 @@ class LocalSandbox:
         for mount in mounts:
             path = PurePosixPath(mount.sandbox_path)
             if (mount.writable or not path.is_absolute() or len(path.parts) < 2 or path.parts[1] in _LAYOUT
+                    or ".." in path.parts
                     or str(path) == self.spec.workspace_alias or not Path(mount.host_path).is_dir()):
                 return None
             tree = {str(file.relative_to(mount.host_path)): file for file in Path(mount.host_path).rglob("*")

@@ -44,18 +44,22 @@ CORRECT = "def add(a, b):\n    return a + b\n"
 HALF_WRONG = "def add(a, b):\n    return a + b if a >= 0 and b >= 0 and a < 100 else 0\n"
 
 
-@pytest.fixture
-def make_sandbox(tmp_path):
+@pytest.fixture(params=("one-shot", "warm"))
+def make_sandbox(request, tmp_path):
+    """Sandboxes that grade in a one-shot sandbox, then (the grading pools') forked by warm
+    workers, where the harness runs in-process as the run's init."""
     made: list[LocalSandbox] = []
 
     def make(**limits) -> LocalSandbox:
         spec = SandboxSpec(limits=Limits(**{"wall_s": 5.0, **limits}))
-        sb = LocalSandbox(spec, scratch_dir=tmp_path, cgroup_parent=f"crucible-test-{secrets.token_hex(4)}")
+        sb = LocalSandbox(spec, scratch_dir=tmp_path, cgroup_parent=f"crucible-test-{secrets.token_hex(4)}",
+                          warm_workers=request.param == "warm")
         made.append(sb)
         return sb
 
     yield make
     for sb in made:
+        sb.close()
         host = sb.cgroup_host
         for parent in {p for p in (host.memory_parent, host.pids_parent) if p} if host else ():
             if parent.exists():
@@ -127,8 +131,11 @@ FORGED_REPORT = (
     f"open('/report/junit.xml', 'w').write({FORGED_REPORT!r})\nimport os\nos._exit(0)\n",
 ])
 def test_a_submission_cannot_forge_the_report(sandbox, forgery):
+    """The forged report (every test passed) never counts. (A harness that survives the kill, as
+    a warm worker's does as its run's pid 1, grades honestly: add(0, 0) == 0 passes.)"""
     g = _grade(sandbox, forgery + "def add(a, b):\n    return 0\n")
-    assert g.reward == 0.0 and "passed" not in g.outcomes.values(), g
+    wrong = ("test_task.py::test_small", "test_task.py::test_negative", "test_task.py::test_large")
+    assert g.reward < 1.0 and all(g.outcomes[test] != "passed" for test in wrong), g
 
 
 @needs_sandbox
@@ -270,7 +277,9 @@ def test_grade_result_serialises_to_json(sandbox):
 
 @needs_sandbox
 def test_grading_leaves_no_directories_behind(sandbox, tmp_path):
+    """Once the sandbox is closed (its warm workers live until then)."""
     _grade(sandbox, CORRECT)
+    sandbox.close()
     assert list(tmp_path.iterdir()) == []
 
 

@@ -26,6 +26,11 @@ for place in ("/workspace", "/tmp", "/dev/shm"):
 subprocess.Popen(["setsid", "sleep", "300"], start_new_session=True)
 print(os.getpid())
 """
+SHARED_MEMORY = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.shmget(0x5EC12E7, 1 << 20, 0o1666))  # IPC_CREAT | 0666, left behind
+"""
 UNSHARE = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -49,14 +54,25 @@ def python(code: str) -> list[str]:
     return ["/usr/bin/python3", "-I", "-S", "-c", code]
 
 
+def test_a_run_is_forked_by_the_zygote(warm):
+    """Its pid 1 is the run's init, a fork of the zygote's interpreter (a one-shot run's is bwrap)."""
+    done = warm.run(["ps", "-o", "comm=", "-p", "1"], {})
+    assert done.stdout.strip() == "python3", done
+
+
 def test_what_a_run_leaves_is_gone_before_the_next_run_of_the_same_worker(warm):
     first = warm.run(python(LEAVE_BEHIND), {"mine.txt": "1"})
     assert first.ok, first
-    second = warm.run(["sh", "-c", "ls -A /workspace /tmp /dev/shm; ps -eo comm"], {})
+    second = warm.run(["sh", "-c", "ls -A /workspace /tmp /dev/shm"], {})
     assert second.ok, second
     assert "left-" not in second.stdout and "mine.txt" not in second.stdout
-    assert "sleep" not in second.stdout
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]]
+
+
+def test_sysv_ipc_a_run_leaves_is_not_the_next_runs(warm):
+    made = warm.run(python(SHARED_MEMORY), {})
+    assert made.ok and made.stdout.strip().isdigit(), made
+    assert warm.run(["ipcs", "-m"], {}).stdout.count("0x") == 0  # a fresh IPC namespace
 
 
 def test_the_grader_files_cannot_be_changed(warm, tmp_path):

@@ -49,14 +49,14 @@ for _module in PRELOADED:
 import gc  # noqa: E402
 gc.freeze()
 
-CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWIPC = 0x00020000, 0x20000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
 # The parts of the run's tmpfs and where each is shown (the workspace last: it covers the tmpfs).
 SHOWN_AT = {"t": "/tmp", "s": "/dev/shm", "w": "/workspace"}
 _libc = supervisor._libc
 # The zygote's own mount and pid namespaces, which it goes back to after forking each run's init.
-_OWN_NAMESPACES = {kind: os.open(f"/proc/self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC) for kind in ("mnt", "pid")}
+_OWN_NAMESPACES = {kind: os.open(f"/proc/self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC) for kind in ("mnt", "pid", "ipc")}
 
 
 class _SockFprog(ctypes.Structure):
@@ -92,7 +92,7 @@ def run(control, request: dict, fds: list[int], seccomp_program: bytes) -> None:
     except OSError as e:
         init, mounts = None, None
         os.write(setup_w, f"{type(e).__name__}: {e}".encode())
-    for fd in (*fds[:2], setup_w, status_w):
+    for fd in (*fds, setup_w, status_w):
         os.close(fd)
     failure = supervisor.read_to_end(setup_r)  # empty: the command got as far as its start
     try:
@@ -110,22 +110,34 @@ def run(control, request: dict, fds: list[int], seccomp_program: bytes) -> None:
 
 
 def fork_init(request: dict, fds: list[int], setup_w: int, status_w: int, seccomp_program: bytes) -> tuple[int, int]:
-    """The run's init, forked into new mount and pid namespaces laid out for it; and a descriptor
-    of that mount namespace, which outlives the run until the zygote closes it."""
-    files = marshal.loads(supervisor.read_to_end(fds[2]))
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    """The run's init, forked into new mount, pid and IPC namespaces; and a descriptor of that
+    mount namespace, which outlives the run until the zygote closes it. The run's files are read
+    and written by the init alone: nothing of a run ever enters the zygote's memory, which every
+    later run is a copy of."""
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        lay_out(request["tmpfs"], files, request["uid"], request["gid"])
         mounts = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        init = os.fork()
-        if init == 0:
+        try:
+            init = os.fork()
+        except OSError:
             os.close(mounts)
-            start_init(request, fds, setup_w, status_w, seccomp_program)  # never returns
+            raise
+        if init == 0:
+            try:
+                start_init(request, fds, setup_w, status_w, seccomp_program)
+            finally:
+                os._exit(125)  # never back into the zygote's code, whatever happened
     finally:
-        _check(_libc.setns(_OWN_NAMESPACES["mnt"], CLONE_NEWNS), "setns(mnt)")
-        _check(_libc.setns(_OWN_NAMESPACES["pid"], CLONE_NEWPID), "setns(pid)")
+        go_home()
     return init, mounts
+
+
+def go_home() -> None:
+    """Back to the zygote's own namespaces; a zygote that cannot go back serves no other run."""
+    for kind, flag in (("mnt", CLONE_NEWNS), ("pid", CLONE_NEWPID), ("ipc", CLONE_NEWIPC)):
+        if _libc.setns(_OWN_NAMESPACES[kind], flag) != 0:
+            os._exit(1)
 
 
 def report_exit(control, init: int, status_r: int) -> None:
@@ -201,6 +213,9 @@ def start_init(request: dict, fds: list[int], setup_w: int, status_w: int, secco
     """Pid 1 of the run's namespace: the run's limits, privileges and filter; then the harness, or
     the command it forks and waits for (see the module docstring)."""
     try:
+        keep_only((*fds, setup_w, status_w))  # not the control socket, nor the zygote's own
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as pid 1: ignored when the run sends it
+        lay_out(request["tmpfs"], marshal.loads(supervisor.read_to_end(fds[2])), request["uid"], request["gid"])
         mount_proc()
         os.setsid()
         with open("/proc/self/oom_score_adj", "w") as f:
@@ -224,8 +239,6 @@ def start_init(request: dict, fds: list[int], setup_w: int, status_w: int, secco
         for fd in (*fds[:2], null):  # fds[2], the files, was read to its end and closed
             os.close(fd)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        for fd in _OWN_NAMESPACES.values():
-            os.close(fd)
         if request["harness"]:
             os.close(status_w)
             run_harness(request, setup_w)  # never returns
@@ -244,6 +257,15 @@ def start_init(request: dict, fds: list[int], setup_w: int, status_w: int, secco
         if pid == command:
             os.write(status_w, str(status).encode())
             os._exit(0)
+
+
+def keep_only(kept: tuple[int, ...]) -> None:
+    """Close every descriptor of this process above stderr but `kept`."""
+    low = 3
+    for fd in sorted(fd for fd in kept if fd >= low):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
 
 
 def run_harness(request: dict, setup_w: int) -> None:
