@@ -37,7 +37,7 @@ from grading.diagnosis import (
     what_it_was_doing,
 )
 from grading.test_report import MAX_REPORT_BYTES, ReportError, TestOutcome, parse_junit, read_untrusted
-from sandbox.base import WORKSPACE, Mount, Sandbox
+from sandbox.base import WORKSPACE, Mount, Sandbox, write_read_only_tree
 from sandbox.harness.bundle import HARNESS, harness_files
 from sandbox.harness.run_tests import test_names
 from sandbox.harness.session_files import progress_files, session_files
@@ -155,8 +155,8 @@ def grade(
     # The built-in harness writes its report to stdout unless it is told a file.
     report_on_stdout = HARNESS_IN_SANDBOX in command and "--report" not in command
     grader = {**harness_files(), **{f"tests/{name}": source for name, source in tests.items()}}
-    with _grading_dirs(sandbox, {"/grader": grader}, report=not report_on_stdout) as dirs:
-        result = sandbox.run(command, workspace_files, dirs.mounts)
+    with _grading_dirs(sandbox, {}, report=not report_on_stdout) as dirs:
+        result = sandbox.run(command, workspace_files, dirs.mounts, trees={"/grader": grader})
         report = _parse(result.stdout if report_on_stdout else _read_small(dirs.report / REPORT_NAME, MAX_REPORT_BYTES)
                         or b"")
     if not expected:
@@ -526,13 +526,16 @@ def _grading_dirs(
     """Fresh directories in the sandbox's scratch space: each tree of grader files (root-owned
     and world-readable, so the sandbox user can read but not change them) shown at its path,
     and report/ (unless the report comes on stdout; plus a verdict directory when asked) owned
-    by the sandbox user."""
+    by the sandbox user. None at all when none is asked for."""
+    if not (trees or report or verdict_at):
+        yield _GradingDirs([], None, None)
+        return
     root = Path(tempfile.mkdtemp(prefix="crucible-grade-", dir=sandbox.scratch_dir))
     try:
         mounts = []
         for number, (sandbox_path, files) in enumerate(trees.items()):
             tree = root / f"grader-{number}"
-            _write_read_only_tree(tree, files)
+            write_read_only_tree(tree, files)
             mounts.append(Mount(tree, sandbox_path))
         report_dir = root / "report" if report else None
         verdict = root / "verdict" if verdict_at else None
@@ -548,23 +551,7 @@ def _grading_dirs(
         shutil.rmtree(root)
 
 
-def _write_read_only_tree(tree: Path, files: Mapping[str, str | bytes]) -> None:
-    tree.mkdir()
-    for filename, content in files.items():
-        target = tree / _safe_name(filename)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content.encode() if isinstance(content, str) else content)
-    for path in [tree, *tree.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" else 0o644)
-
-
 def _is_test_file(filename: str) -> bool:
     path = PurePosixPath(filename)
     return len(path.parts) == 1 and path.name.startswith("test_") and path.suffix == ".py"
 
-
-def _safe_name(filename: str) -> PurePosixPath:
-    path = PurePosixPath(filename)
-    if path.is_absolute() or ".." in path.parts or not path.parts:
-        raise ValueError(f"grader file name must be a relative path: {filename!r}")
-    return path

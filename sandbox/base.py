@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
 from typing import Protocol
 
 from sandbox.capture import OutputCapture
@@ -38,6 +42,9 @@ from sandbox.result import ExecResult, infrastructure_error
 from sandbox.spec import SandboxSpec
 
 WORKSPACE = "/workspace"
+# Read-only files given by content, by the folder they are shown at ({"/grader": {"tests/t.py": ...}}).
+Trees = Mapping[str, Mapping[str, str | bytes]]
+NO_TREES: Trees = MappingProxyType({})
 
 # Called with ("stdout" | "stderr", chunk) as output arrives, for streaming.
 OutputCallback = Callable[[str, bytes], None]
@@ -153,7 +160,9 @@ class Sandbox(Protocol):
 
     def session(self, files: Mapping[str, str | bytes] = {}, mounts: Sequence[Mount] = ()) -> Session: ...  # noqa: B006
     def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = (),
-            protected: Sequence[str] = ()) -> ExecResult: ...
+            protected: Sequence[str] = (), trees: Trees = NO_TREES) -> ExecResult:
+        """One command in a fresh sandbox holding `files`, `mounts` and the read-only `trees`."""
+        ...
 
 
 def run_once(
@@ -163,18 +172,56 @@ def run_once(
     mounts: Sequence[Mount],
     protected: Sequence[str] = (),
     open_session: Callable[..., Session] | None = None,
+    trees: Trees = NO_TREES,
 ) -> ExecResult:
     """One command in a fresh session (what `Sandbox.run` does; `open_session` defaults to
-    `sandbox.session`), `protected` files sealed first; a session that cannot open is an XX
-    result."""
+    `sandbox.session`), `trees` written beside it and mounted, `protected` files sealed first; a
+    session that cannot open is an XX result."""
     started = time.monotonic()
     try:
-        with (open_session or sandbox.session)(files, mounts) as session:
+        with trees_as_mounts(sandbox.scratch_dir, trees) as shown, \
+                (open_session or sandbox.session)(files, [*mounts, *shown]) as session:
             if protected:
                 session.protect(protected)
             return session.exec(command)
     except SandboxUnavailable as e:
         return infrastructure_error(sandbox.spec.hash, sandbox.name, str(e), started)
+
+
+@contextmanager
+def trees_as_mounts(scratch_dir: Path, trees: Trees) -> Iterator[list[Mount]]:
+    """Each tree written in a fresh directory of `scratch_dir` (root-owned and world-readable, so
+    the sandbox user can read but not change it) and shown read-only; removed afterwards."""
+    if not trees:
+        yield []
+        return
+    root = Path(tempfile.mkdtemp(prefix="crucible-grade-", dir=scratch_dir))
+    try:
+        mounts = []
+        for number, (sandbox_path, files) in enumerate(trees.items()):
+            write_read_only_tree(root / f"tree-{number}", files)
+            mounts.append(Mount(root / f"tree-{number}", sandbox_path))
+        yield mounts
+    finally:
+        shutil.rmtree(root)
+
+
+def write_read_only_tree(tree: Path, files: Mapping[str, str | bytes]) -> None:
+    tree.mkdir()
+    for filename, content in files.items():
+        target = tree / tree_file_name(filename)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content.encode() if isinstance(content, str) else content)
+    for path in [tree, *tree.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() or path.suffix == ".sh" else 0o644)
+
+
+def tree_file_name(filename: str) -> PurePosixPath:
+    """A tree's file name as a path that stays inside it; ValueError otherwise."""
+    path = PurePosixPath(filename)
+    if path.is_absolute() or ".." in path.parts or not path.parts or "\0" in filename:
+        raise ValueError(f"grader file name must be a relative path: {filename!r}")
+    return path
 
 
 _reaped: set[str] = set()

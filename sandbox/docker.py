@@ -41,10 +41,12 @@ from docker.types import Ulimit
 
 from sandbox import seccomp
 from sandbox.base import (
+    NO_TREES,
     WORKSPACE,
     Mount,
     SandboxUnavailable,
     SessionLifecycle,
+    Trees,
     WorkspacePathError,
     process_alive,
     reap_once,
@@ -151,8 +153,8 @@ class DockerSandbox:
         return DockerSession(self, files, mounts)
 
     def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = (),
-            protected: Sequence[str] = ()) -> ExecResult:
-        return run_once(self, command, files, mounts, protected)
+            protected: Sequence[str] = (), trees: Trees = NO_TREES) -> ExecResult:
+        return run_once(self, command, files, mounts, protected, trees=trees)
 
     def containers(self, **labels: str) -> list:
         """Containers of any Crucible sandbox on the answering daemons, narrowed by `labels`."""

@@ -47,7 +47,9 @@ from sandbox.base import (
     WORKSPACE,
     Mount,
     SandboxUnavailable,
+    NO_TREES,
     SessionLifecycle,
+    Trees,
     process_alive,
     reap_once,
     run_once,
@@ -69,7 +71,7 @@ from sandbox.harness.bundle import runs_builtin_harness
 from sandbox.result import ExecResult, infrastructure_error
 from sandbox.spec import ENVIRONMENT_ROOT, SandboxSpec
 from sandbox.warm_workers import WarmWorkers
-from sandbox.workspace import HostWorkspace, clear_directory
+from sandbox.workspace import HostWorkspace, as_bytes, clear_directory
 from statuses import ExecStatus
 
 BWRAP = "/usr/bin/bwrap"
@@ -129,21 +131,21 @@ class LocalSandbox:
         return LocalSession(self, files, mounts, executor=SupervisedExecutor if supervised else OneShotExecutor)
 
     def run(self, command: list[str], files: Mapping[str, str | bytes], mounts: Sequence[Mount] = (),
-            protected: Sequence[str] = ()) -> ExecResult:
+            protected: Sequence[str] = (), trees: Trees = NO_TREES) -> ExecResult:
         """One command in a fresh sandbox: forked by a warm worker where there are some and the
-        run allows (no protected file, every mount a small read-only directory), else a one-shot
-        session, which starts no supervisor."""
-        trees = self._trees(mounts) if self._workers is not None and not protected else None
-        if trees is None:
+        run allows (no protected file, every mount a small read-only directory, every tree shown
+        outside the sandbox's own layout), else a one-shot session, which starts no supervisor."""
+        shown = self._trees(mounts, trees) if self._workers is not None and not protected else None
+        if shown is None:
             return run_once(self, command, files, mounts, protected,
-                            open_session=partial(self.session, supervised=False))
+                            open_session=partial(self.session, supervised=False), trees=trees)
         started = time.monotonic()
         try:
             worker = self._workers.take()
         except SandboxUnavailable as e:
             return infrastructure_error(self.spec.hash, self.name, str(e), started)
         try:
-            return worker.run_fresh(command, files, trees, self._runs_builtin_harness(command, trees))
+            return worker.run_fresh(command, files, shown, self._runs_builtin_harness(command, shown))
         finally:
             self._workers.give_back(worker)
 
@@ -159,23 +161,30 @@ class LocalSandbox:
         path = dict(self.spec.env).get("PATH", "")
         return not self.spec.overlay and not self.spec.interpreter and runs_builtin_harness(command, trees, path)
 
-    def _trees(self, mounts: Sequence[Mount]) -> dict[str, dict[str, bytes]] | None:
-        """The mounts' files by where they are shown, when a warm worker can show them (each a
-        read-only directory outside the sandbox's own layout, all together small); else None."""
-        trees, size = {}, 0
+    def _trees(self, mounts: Sequence[Mount], trees: Trees) -> dict[str, dict[str, bytes]] | None:
+        """The trees and the mounts' files by where they are shown, when a warm worker can show
+        them (each mount a read-only directory, all shown outside the sandbox's own layout, all
+        together small); else None."""
+        if not all(map(self._may_show, [*trees, *(mount.sandbox_path for mount in mounts)])):
+            return None
+        shown = {path: {name: as_bytes(content) for name, content in tree.items()} for path, tree in trees.items()}
+        size = sum(len(content) for tree in shown.values() for content in tree.values())
         for mount in mounts:
-            path = PurePosixPath(mount.sandbox_path)
-            if (mount.writable or not path.is_absolute() or len(path.parts) < 2 or path.parts[1] in _LAYOUT
-                    or ".." in path.parts
-                    or str(path) == self.spec.workspace_alias or not Path(mount.host_path).is_dir()):
+            if mount.writable or not Path(mount.host_path).is_dir():
                 return None
             tree = {str(file.relative_to(mount.host_path)): file for file in Path(mount.host_path).rglob("*")
                     if file.is_file() and not file.is_symlink()}
             size += sum(file.stat().st_size for file in tree.values())
             if size > MAX_TREE_BYTES:
                 return None
-            trees[str(path)] = {name: file.read_bytes() for name, file in tree.items()}
-        return trees
+            shown[mount.sandbox_path] = {name: file.read_bytes() for name, file in tree.items()}
+        return shown if size <= MAX_TREE_BYTES else None
+
+    def _may_show(self, sandbox_path: str) -> bool:
+        """Whether a warm worker's run may show a tree there: a folder of its own, not in the layout."""
+        path = PurePosixPath(sandbox_path)
+        return (path.is_absolute() and len(path.parts) >= 2 and path.parts[1] not in _LAYOUT and ".." not in path.parts
+                and str(path) != self.spec.workspace_alias)
 
     def reap(self) -> list[str]:
         """Remove what sessions of owner processes that died without closing them left behind

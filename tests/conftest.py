@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from sandbox.base import SandboxUnavailable, run_once
+from sandbox.base import NO_TREES, SandboxUnavailable, run_once
 from sandbox.spec import Limits, SandboxSpec
 
 BACKENDS = ("local", "local-session", "local-warm", "docker")
@@ -175,8 +175,8 @@ class ThroughSessions:
     def __getattr__(self, name):
         return getattr(self._sandbox, name)
 
-    def run(self, command, files, mounts=(), protected=()):
-        return run_once(self._sandbox, command, files, mounts, protected)
+    def run(self, command, files, mounts=(), protected=(), trees=NO_TREES):
+        return run_once(self._sandbox, command, files, mounts, protected, trees=trees)
 
 
 def residue(sb) -> list[str]:
