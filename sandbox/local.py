@@ -44,10 +44,10 @@ from pathlib import Path, PurePosixPath
 
 from sandbox import cgroups, seccomp
 from sandbox.base import (
+    NO_TREES,
     WORKSPACE,
     Mount,
     SandboxUnavailable,
-    NO_TREES,
     SessionLifecycle,
     Trees,
     process_alive,
