@@ -5,8 +5,8 @@
 - `SupervisedExecutor`: one bubblewrap sandbox for the session's whole life, whose supervisor
   (sandbox/harness/supervisor.py) forks each exec: it costs an interpreter start once, then
   every exec is a few milliseconds. What multi-turn sessions use.
-- `ZygoteExecutor`: the same, but each exec is a fresh sandbox of its own (new user, mount and
-  pid namespaces over a fresh tmpfs holding the files it is given), forked by a zygote
+- `ZygoteExecutor`: the same, but each exec is a fresh sandbox of its own (new mount, pid and IPC
+  namespaces over a fresh tmpfs holding the files it is given), forked by a zygote
   (sandbox/harness/zygote.py) that has the built-in harness imported. What a warm grading
   worker of LocalSandbox.run uses.
 

@@ -7,12 +7,14 @@ supervisor's capabilities and CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_CHOWN beside
 run's namespaces and mounts; and with no seccomp filter of its own: each run loads it before
 anything of the run executes. Per run (docs/sandboxes.md, "Warm grading workers"):
 
-  zygote (root)   enters a new mount and pid namespace, mounts one fresh size-capped tmpfs shown
-                  at /workspace, /tmp and /dev/shm, writes the files (the workspace the sandbox
-                  user's), shows each grader tree on a tmpfs of its own, root's and read-only;
-                  forks the run's init; and goes back to its own namespaces
-  init            pid 1 of the new pid namespace: mounts its /proc, then uid 65534, no capability
-                  (bounding set empty), no_new_privs, the seccomp deny-list, rlimits. The built-in
+  zygote (root)   enters a new mount, pid and IPC namespace, forks the run's init there, and goes
+                  back to its own namespaces; it never reads the run's files (every later run is
+                  a copy of its memory)
+  init            pid 1 of the new pid namespace: closes the zygote's descriptors, mounts one
+                  fresh size-capped tmpfs shown at /workspace, /tmp and /dev/shm, writes the files
+                  (the workspace the sandbox user's), shows each grader tree on a tmpfs of its own,
+                  root's and read-only, mounts its /proc; then uid 65534, no capability (bounding
+                  set empty), no_new_privs, the seccomp deny-list, rlimits. The built-in
                   harness it runs itself (the copy this zygote imported: the same file); any other
                   command it forks (pid 2: a pid 1 ignores the signals it sends itself) and execs,
                   reaps what is orphaned, and reports the command's wait status
