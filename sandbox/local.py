@@ -13,9 +13,9 @@ own (`run()`, one command, no start-up cost). Layers, outermost first:
   or the supervisor    (uid 0 with CAP_SETUID/SETGID/KILL/SETPCAP only, out of the sandbox
                        user's reach) forks per exec; the child does the same as setpriv + sh
   or the zygote        (the same and CAP_SYS_ADMIN/SYS_CHROOT/CHOWN, without the filter) forks
-                       each exec into a fresh sandbox of its
-                       own: new mount, pid and IPC namespaces over a fresh tmpfs, then the
-                       filter (sandbox/harness/zygote.py); what `run` uses with warm workers
+                       each exec into a fresh sandbox of its own: new mount, pid and IPC
+                       namespaces over a fresh tmpfs, then the filter (sandbox/harness/zygote.py);
+                       what `run` uses with warm workers
 An exec is "ready" once our machinery started the command (a byte from the sandbox user's
 shell, or the supervisor's report); without it the failure is ours (XX), and the command
 cannot fake it.
