@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox import cgroups, seccomp
-from sandbox.base import WORKSPACE, OutputCallback, SandboxUnavailable
+from sandbox.base import WORKSPACE, OutputCallback, SandboxUnavailable, tree_file_name
 from sandbox.capture import OutputCapture
 from sandbox.spec import Limits, SandboxSpec
-from sandbox.workspace import as_bytes, safe_relative
+from sandbox.workspace import as_bytes, safe_relative, write_all
 from statuses import ExecStatus
 
 SH = "/bin/sh"
@@ -337,8 +337,8 @@ class ZygoteExecutor(SupervisedExecutor):
               harness: bool) -> None:
         """The files of the next exec: the workspace's, and read-only trees by where they are
         shown; `harness`: the command is the built-in harness's, which the zygote runs itself."""
-        self._staged = ({_file_name(path): as_bytes(content) for path, content in workspace.items()},
-                        {mount: {_file_name(path): content for path, content in tree.items()}
+        self._staged = ({str(safe_relative(path)): as_bytes(content) for path, content in workspace.items()},
+                        {mount: {str(tree_file_name(path)): content for path, content in tree.items()}
                          for mount, tree in trees.items()}, harness)
 
     def _request(self, command: list[str]) -> tuple[dict, list[int]]:
@@ -348,24 +348,10 @@ class ZygoteExecutor(SupervisedExecutor):
         request, _ = super()._request(command)
         limits = self.sandboxing.spec.limits
         files = os.memfd_create("crucible-run-files", os.MFD_CLOEXEC)
-        _write_all(files, marshal.dumps({"workspace": workspace, "trees": trees}, MARSHAL_VERSION))
+        write_all(files, marshal.dumps({"workspace": workspace, "trees": trees}, MARSHAL_VERSION))
         os.lseek(files, 0, os.SEEK_SET)
         return {**request, "op": "run", "tmpfs": f"size={limits.disk_mb}m,nr_inodes={limits.inodes},mode=0755",
                 "trees": list(trees), "harness": harness}, [files]
-
-
-def _file_name(path: str) -> str:
-    """A path to write a file at in a fresh run: inside (safe_relative) and without a NUL byte,
-    which no file name holds (refused as the one-shot path's writing refuses it)."""
-    if "\0" in path:
-        raise ValueError(f"embedded null byte in a file name: {path!r}")
-    return str(safe_relative(path))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _take_output(fd: int, capture: OutputCapture, on_output: OutputCallback | None) -> bool:

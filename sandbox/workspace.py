@@ -28,7 +28,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_C
 def safe_relative(rel: str) -> PurePosixPath:
     """`rel` as a path that stays inside the workspace, or WorkspacePathError."""
     path = PurePosixPath(rel)
-    if not rel or path.is_absolute() or ".." in path.parts or path == PurePosixPath("."):
+    if not rel or path.is_absolute() or ".." in path.parts or path == PurePosixPath(".") or "\0" in rel:
         raise WorkspacePathError(f"workspace path must be relative and stay inside: {rel!r}")
     return path
 
@@ -185,7 +185,7 @@ class HostWorkspace:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise WorkspacePathError(f"cannot write {str(path)!r}: not a regular file")
             os.ftruncate(fd, 0)
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fchown(fd, self.uid, self.gid)
             os.fchmod(fd, mode)
         finally:
@@ -233,7 +233,7 @@ def clear_directory(directory: Path) -> None:
             child.unlink()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

@@ -54,7 +54,12 @@ def runs_builtin_harness(command: list[str], trees: Mapping[str, Mapping[str, by
     folder, _, launcher = command[3].rpartition("/")
     tree = trees.get(folder, {})
     return (launcher == "run_tests.py" and tree.get("run_tests.py") == LAUNCHER.encode()
-            and tree.get("harness/run_tests.py") == HARNESS.read_bytes())
+            and tree.get("harness/run_tests.py") == _harness_bytes())
+
+
+@cache
+def _harness_bytes() -> bytes:
+    return HARNESS.read_bytes()
 
 
 @cache
