@@ -272,8 +272,7 @@ def keep_only(kept: tuple[int, ...]) -> None:
 
 def run_harness(request: dict, setup_w: int) -> None:
     """python3 -I -S <launcher> ARGS, the launcher the built-in one: as that interpreter would."""
-    os.closerange(3, setup_w)
-    os.closerange(setup_w + 1, 1 << 16)
+    keep_only((setup_w,))
     argv = request["argv"]
     os.environ.clear()
     os.environ.update(request["env"])
@@ -284,8 +283,7 @@ def run_harness(request: dict, setup_w: int) -> None:
 
 
 def exec_command(request: dict, setup_w: int) -> None:
-    os.closerange(3, setup_w)
-    os.closerange(setup_w + 1, 1 << 16)
+    keep_only((setup_w,))
     argv = request["argv"]
     try:
         os.execvpe(argv[0], argv, request["env"])
